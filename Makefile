@@ -1,0 +1,34 @@
+# Phalanx: `make demo` runs the main job, `make test` the suite, `make lint` ruff + mypy.
+# Each target bootstraps .venv: torch first (a pinned build), then the project with its dev extras.
+
+TORCH_VERSION ?= 2.13.0
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(TORCH_VERSION)
+PYTEST_ARGS ?=
+
+.PHONY: demo test lint venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet torch==$(TORCH_VERSION)
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+demo: $(STAMP)
+	$(BIN)/phalanx demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""The per-node Phalanx supervisor. Never imports torch."""

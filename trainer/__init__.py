@@ -1,0 +1,1 @@
+"""The embedded trainer: one process per rank. Never imports the daemon."""
