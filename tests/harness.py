@@ -1,0 +1,239 @@
+"""Helpers for tests that run real processes: ranks, lighthouses, daemons.
+
+Nothing here mocks torch.distributed, torchft or etcd: it starts the real
+programs, reads their JSON-lines output, and sends them real signals.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+Event = dict[str, Any]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def read_events(path: Path) -> list[Event]:
+    """Every JSON object line of a log file (other lines are skipped)."""
+    out: list[Event] = []
+    if not path.exists():
+        return out
+    for line in path.read_text(errors="replace").splitlines():
+        if line.startswith("{"):
+            with contextlib.suppress(json.JSONDecodeError):
+                out.append(json.loads(line))
+    return out
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
+    """Poll until predicate() is truthy; return its value or fail naming `what`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def children(pid: int) -> list[int]:
+    """All descendants of pid, found by walking /proc (not process groups)."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        parents.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def kill_all(pids: Sequence[int], sig: signal.Signals = signal.SIGKILL) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+@dataclass
+class Proc:
+    """A started program with its output in files."""
+
+    popen: subprocess.Popen[bytes]
+    stdout: Path
+    stderr: Path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def events(self, name: str | None = None) -> list[Event]:
+        evs = read_events(self.stderr) + read_events(self.stdout)
+        return [e for e in evs if name is None or e.get("event") == name]
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"pid {self.pid} still running after {timeout:.0f}s; last output:\n{self.tail()}"
+            ) from None
+
+    def tail(self, n: int = 30) -> str:
+        text = self.stderr.read_text(errors="replace") if self.stderr.exists() else ""
+        return "\n".join(text.splitlines()[-n:])
+
+    def stop(self) -> None:
+        """Kill it and everything it started (walking the process tree)."""
+        kill_all([*children(self.pid), self.pid])
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(10)
+
+
+def start(
+    argv: Sequence[str], log_dir: Path, name: str, env: Mapping[str, str] | None = None
+) -> Proc:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    out, err = log_dir / f"{name}.out", log_dir / f"{name}.err"
+    full_env = {**os.environ, **(env or {})}
+    with out.open("wb") as o, err.open("wb") as e:
+        popen = subprocess.Popen(list(argv), stdout=o, stderr=e, env=full_env, cwd=ROOT)
+    return Proc(popen, out, err)
+
+
+@dataclass
+class Lighthouse:
+    proc: Proc
+    address: str
+
+
+def start_lighthouse(log_dir: Path, min_replicas: int = 1) -> Lighthouse:
+    port = free_port()
+    proc = start(
+        [
+            str(BIN / "torchft_lighthouse"),
+            "--min_replicas",
+            str(min_replicas),
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--join_timeout_ms",
+            "1000",
+            "--heartbeat_timeout_ms",
+            "2000",
+        ],
+        log_dir,
+        "lighthouse",
+    )
+    with socket.socket() as s:
+        wait_for(lambda: s.connect_ex(("127.0.0.1", port)) == 0, 20, "the lighthouse to listen")
+    return Lighthouse(proc, f"http://127.0.0.1:{port}")
+
+
+@dataclass
+class Group:
+    """The ranks of one replica group, launched directly (as the daemon does)."""
+
+    ranks: list[Proc] = field(default_factory=list)
+
+    @property
+    def rank0(self) -> Proc:
+        return self.ranks[0]
+
+    def events(self, name: str | None = None) -> list[Event]:
+        return self.rank0.events(name)
+
+    def wait(self, timeout: float) -> list[int]:
+        deadline = time.monotonic() + timeout
+        return [r.wait(max(1.0, deadline - time.monotonic())) for r in self.ranks]
+
+    def kill(self, sig: signal.Signals = signal.SIGKILL) -> None:
+        kill_all([r.pid for r in self.ranks], sig)
+
+    def stop(self) -> None:
+        for r in self.ranks:
+            r.stop()
+
+    def committed_steps(self) -> list[int]:
+        return [int(e["step"]) for e in self.events("train_step")]
+
+
+def launch_group(
+    config: Path | str,
+    log_dir: Path,
+    group: int = 0,
+    num_groups: int = 1,
+    nproc: int = 1,
+    lighthouse: str | None = None,
+    overrides: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    name: str | None = None,
+) -> Group:
+    """Start nproc ranks of `python -m trainer` with the env contract; fresh store port."""
+    port = free_port()
+    result = Group()
+    argv = [sys.executable, "-m", "trainer", "--config", str(config)]
+    for o in overrides:
+        argv += ["--set", o]
+    for rank in range(nproc):
+        rank_env = {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(nproc),
+            "LOCAL_WORLD_SIZE": str(nproc),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "REPLICA_GROUP_ID": str(group),
+            "NUM_REPLICA_GROUPS": str(num_groups),
+            "OMP_NUM_THREADS": "1",
+            **({"TORCHFT_LIGHTHOUSE": lighthouse} if lighthouse else {}),
+            **(env or {}),
+        }
+        label = f"{name or f'g{group}'}-r{rank}"
+        result.ranks.append(start(argv, log_dir, label, rank_env))
+    return result
+
+
+@contextlib.contextmanager
+def cleanup(*items: Proc | Group | Lighthouse) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        for item in items:
+            if isinstance(item, Lighthouse):
+                item.proc.stop()
+            else:
+                item.stop()

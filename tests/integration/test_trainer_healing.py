@@ -1,0 +1,145 @@
+"""Live healing across replica groups with the real torchft lighthouse and real SIGKILLs.
+
+Each replica group is its own set of rank processes (as the daemon starts them).
+Group 1 is killed at chosen moments of a step (PHALANX_CHAOS makes its ranks
+SIGKILL themselves exactly there); group 0 must keep committing alone, never
+crash, and heal each relaunched group 1. At the end both groups' parameters are
+bitwise identical.
+"""
+
+from __future__ import annotations
+
+import functools
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.harness import (
+    ROOT,
+    Group,
+    cleanup,
+    launch_group,
+    start_lighthouse,
+    wait_for,
+)
+
+pytestmark = pytest.mark.integration
+
+CONFIG = ROOT / "examples" / "single.toml"
+KILLED = -signal.SIGKILL
+
+
+def _solo_steps_after(group: Group, step: int) -> list[int]:
+    return [
+        int(e["step"])
+        for e in group.events("train_step")
+        if e["participants"] == 1 and int(e["step"]) > step
+    ]
+
+
+def _last_step(group: Group) -> int:
+    steps = group.committed_steps()
+    return steps[-1] if steps else 0
+
+
+def _kill_relaunch_heal(
+    tmp_path: Path, nproc: int, overrides: list[str], moments: list[str], steps: int
+) -> None:
+    lighthouse = start_lighthouse(tmp_path)
+    common = dict(num_groups=2, nproc=nproc, lighthouse=lighthouse.address, overrides=overrides)
+    delay = {"PHALANX_CHAOS_DELAY": "0.05"}
+    survivor = launch_group(CONFIG, tmp_path, group=0, env=delay, **common)  # type: ignore[arg-type]
+    launched: list[Group] = []
+    with cleanup(lighthouse, survivor):
+        for round_, moment in enumerate(moments):
+            victim = launch_group(
+                CONFIG,
+                tmp_path,
+                group=1,
+                name=f"g1-{moment}",
+                env={**delay, "PHALANX_CHAOS": f"{moment}@+4"},
+                **common,  # type: ignore[arg-type]
+            )
+            launched.append(victim)
+            # The victim dies by SIGKILL at the chosen moment of its fifth step...
+            codes = victim.wait(120)
+            assert codes == [KILLED] * nproc, f"round {round_}: victim exit codes {codes}"
+            if round_ > 0:  # ...after it had healed from the survivor.
+                assert victim.events("heal_done"), victim.rank0.tail()
+            # ...and the survivor keeps committing steps with one participant.
+            killed_at = _last_step(survivor)
+            wait_for(
+                functools.partial(_solo_steps_after, survivor, killed_at),
+                60,
+                f"group 0 to commit alone after the {moment} kill",
+            )
+            assert survivor.rank0.popen.poll() is None, survivor.rank0.tail()
+
+        final = launch_group(CONFIG, tmp_path, group=1, name="g1-final", env=delay, **common)  # type: ignore[arg-type]
+        launched.append(final)
+        with cleanup(final):
+            assert final.wait(180) == [0] * nproc, final.rank0.tail()
+            assert survivor.wait(60) == [0] * nproc, survivor.rank0.tail()
+
+    heal = final.events("heal_done")
+    assert heal and heal[0]["step"] > 0, "the relaunched group did not heal from its peer"
+    done0, done1 = survivor.events("train_done")[0], final.events("train_done")[0]
+    assert done0["step"] == done1["step"] == steps
+    assert len(done0["params_sha256"]) == 64
+    assert done0["params_sha256"] == done1["params_sha256"]
+    # The survivor's step count never went backwards: nothing committed was lost.
+    committed = survivor.committed_steps()
+    assert committed == sorted(committed) and committed[-1] == steps
+
+
+def test_sharded_groups_survive_kills_and_heal(tmp_path: Path) -> None:
+    """Groups of 2 ranks (FSDP2, cross-group all-reduce in FSDP's all-reduce hook)."""
+    steps = 220
+    _kill_relaunch_heal(
+        tmp_path,
+        nproc=2,
+        overrides=["parallel.dp_shard=2", f"train.steps={steps}"],
+        moments=["allreduce", "optimizer"],
+        steps=steps,
+    )
+
+
+def test_unsharded_groups_survive_kills_at_every_moment(tmp_path: Path) -> None:
+    """Groups of 1 rank (the bucketed all-reduce after backward)."""
+    steps = 300
+    _kill_relaunch_heal(
+        tmp_path,
+        nproc=1,
+        overrides=[f"train.steps={steps}"],
+        moments=["forward", "allreduce", "optimizer"],
+        steps=steps,
+    )
+
+
+def test_killing_one_rank_fails_its_group_fast(tmp_path: Path) -> None:
+    """SIGKILL one rank of a 2-rank group: its peer exits non-zero before its timeout; the other group goes on."""
+    timeout_s = 20
+    lighthouse = start_lighthouse(tmp_path)
+    common = dict(
+        num_groups=2,
+        nproc=2,
+        lighthouse=lighthouse.address,
+        overrides=["parallel.dp_shard=2", "train.steps=100000", f"ft.timeout_s={timeout_s}"],
+        env={"PHALANX_CHAOS_DELAY": "0.02"},
+    )
+    survivor = launch_group(CONFIG, tmp_path, group=0, **common)  # type: ignore[arg-type]
+    victim = launch_group(CONFIG, tmp_path, group=1, **common)  # type: ignore[arg-type]
+    with cleanup(lighthouse, survivor, victim):
+        wait_for(
+            lambda: any(e["participants"] == 2 for e in victim.events("train_step")),
+            90,
+            "both groups to step together",
+        )
+        victim.ranks[1].popen.send_signal(signal.SIGKILL)
+        code = victim.ranks[0].wait(timeout_s)
+        assert code not in (0, None)
+        assert victim.ranks[0].events("rank_failed"), victim.ranks[0].tail()
+        killed_at = _last_step(survivor)
+        wait_for(lambda: _solo_steps_after(survivor, killed_at), 60, "group 0 to go on alone")
+        assert survivor.rank0.popen.poll() is None

@@ -1,0 +1,124 @@
+"""Job-file parsing, overrides and cross-field checks (pure logic, no torch)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from trainer.config import (
+    ConfigError,
+    TrainerConfig,
+    apply_overrides,
+    check_trainer,
+    load_trainer_config,
+    parse_override,
+    spec_hash,
+)
+from trainer.env import RankEnv
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_examples_validate() -> None:
+    for path, world in [("single.toml", 1), ("fsdp_tp.toml", 4), ("pipeline.toml", 4)]:
+        cfg = load_trainer_config(ROOT / "examples" / path, world_size=world)
+        assert cfg.parallel.world_size == world
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("train.steps=3", 3),
+        ("train.lr=0.5", 0.5),
+        ("parallel.compile=true", True),
+        ('data.source="text"', "text"),
+        ("data.source=text", "text"),  # a bare word is a string
+        ('job.tags=["a", "b"]', ["a", "b"]),
+        ("data.path=/tmp/x y", "/tmp/x y"),
+    ],
+)
+def test_override_values_are_toml_literals(text: str, value: object) -> None:
+    parts, parsed = parse_override(text)
+    assert parsed == value
+    assert parts == text.split("=")[0].split(".")
+
+
+def test_overrides_nest_and_do_not_mutate() -> None:
+    data = {"train": {"steps": 1}}
+    out = apply_overrides(data, ["train.steps=5", "model.dim=32"])
+    assert out == {"train": {"steps": 5}, "model": {"dim": 32}}
+    assert data == {"train": {"steps": 1}}
+
+
+def test_override_through_a_value_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"train\.steps"):
+        apply_overrides({"train": {"steps": 1}}, ["train.steps.x=2"])
+
+
+def test_strict_types() -> None:
+    with pytest.raises(ConfigError, match=r"train\.steps"):
+        load_trainer_config(ROOT / "examples" / "single.toml", ["train.steps=1.5"])
+    # An integer is a fine float.
+    cfg = load_trainer_config(ROOT / "examples" / "single.toml", ["train.lr=1"])
+    assert cfg.train.lr == 1.0
+
+
+def test_tensor_parallel_divisibility_is_checked() -> None:
+    cfg = TrainerConfig.model_validate({"parallel": {"tp": 3}, "model": {"n_heads": 4}})
+    with pytest.raises(ConfigError, match=r"model\.n_heads"):
+        check_trainer(cfg, 3)
+
+
+def test_interleaved_needs_two_stages_per_rank() -> None:
+    cfg = TrainerConfig.model_validate(
+        {
+            "parallel": {"pp": 2, "pp_schedule": "Interleaved1F1B", "pp_stages_per_rank": 1},
+            "model": {"n_layers": 4},
+        }
+    )
+    with pytest.raises(ConfigError, match="pp_stages_per_rank"):
+        check_trainer(cfg, 2)
+
+
+def test_daemon_sections_are_skipped_by_the_trainer(tmp_path: Path) -> None:
+    job = tmp_path / "job.toml"
+    job.write_text('[job]\nname = "x"\n[node]\nnproc = 1\n[train]\nsteps = 7\n')
+    assert load_trainer_config(job).train.steps == 7
+
+
+def test_json_job_file(tmp_path: Path) -> None:
+    job = tmp_path / "job.json"
+    job.write_text('{"train": {"steps": 9}, "checkpoint": {"async": false}}')
+    cfg = load_trainer_config(job)
+    assert cfg.train.steps == 9 and cfg.checkpoint.async_save is False
+
+
+def test_spec_hash_ignores_key_order_and_other_sections() -> None:
+    a = {"train": {"steps": 1, "lr": 2.0}, "node": {"id": "a"}}
+    b = {"node": {"id": "b"}, "train": {"lr": 2.0, "steps": 1}}
+    assert spec_hash(a, ["train"]) == spec_hash(b, ["train"])
+    assert spec_hash(a, ["train"]) != spec_hash({"train": {"steps": 2, "lr": 2.0}}, ["train"])
+
+
+def test_env_contract_defaults_and_errors() -> None:
+    env = RankEnv.from_environ({})
+    assert (env.rank, env.world_size, env.replica_group, env.fault_tolerant) == (0, 1, 0, False)
+    with pytest.raises(ConfigError, match="REPLICA_GROUP_ID"):
+        RankEnv.from_environ({"REPLICA_GROUP_ID": "2", "NUM_REPLICA_GROUPS": "2"})
+    with pytest.raises(ConfigError, match="MASTER_ADDR"):
+        RankEnv.from_environ({"TORCHFT_LIGHTHOUSE": "http://x:1"})
+
+
+@given(st.integers(min_value=1, max_value=64), st.integers(min_value=1, max_value=8))
+def test_batch_divisibility_property(batch: int, dp: int) -> None:
+    cfg = TrainerConfig.model_validate(
+        {"train": {"batch_size": batch}, "parallel": {"dp_shard": dp}}
+    )
+    if batch % dp:
+        with pytest.raises(ConfigError, match=r"train\.batch_size"):
+            check_trainer(cfg, dp)
+    else:
+        check_trainer(cfg, dp)

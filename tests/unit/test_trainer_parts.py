@@ -1,0 +1,133 @@
+"""Small pure pieces of the trainer: chaos specs, pipeline splits, buckets, LR, digests, state."""
+
+from __future__ import annotations
+
+import http.server
+import io
+import pickle
+import threading
+from datetime import timedelta
+
+import pytest
+import torch
+from torch.distributed._serialization import _streaming_save
+
+from trainer.chaos import Chaos, InjectedCrash, parse
+from trainer.config import TrainConfig, TrainerConfig
+from trainer.digest import params_sha256
+from trainer.fault_tolerance import buckets
+from trainer.model import build_model
+from trainer.optim import build_optimizer, build_scheduler, lr_at
+from trainer.pipeline import split_layers, stage_ids
+from trainer.state import TrainState
+from trainer.transport import SafeHTTPTransport
+
+
+def test_chaos_spec() -> None:
+    faults = parse("allreduce@5, optimizer@+2:crash,start@0:stop")
+    assert [(f.point, f.step, f.action, f.relative) for f in faults] == [
+        ("allreduce", 5, "kill", False),
+        ("optimizer", 2, "crash", True),
+        ("start", 0, "stop", False),
+    ]
+    for bad in ["nowhere@1", "forward@x", "forward@1:explode", "forward"]:
+        with pytest.raises(ValueError, match="PHALANX_CHAOS"):
+            parse(bad)
+
+
+def test_chaos_relative_steps_count_attempts() -> None:
+    chaos = Chaos("forward@+1:crash", delay=0)
+    chaos.begin_step(40)
+    chaos.at("forward")  # attempt 0: nothing
+    chaos.begin_step(40)
+    with pytest.raises(InjectedCrash):
+        chaos.at("forward")
+
+
+def test_split_layers_and_loop_placement() -> None:
+    assert split_layers(5, 2) == [[0, 1, 2], [3, 4]]
+    assert split_layers(4, 4) == [[0], [1], [2], [3]]
+    assert stage_ids(1, pp=2, stages_per_rank=2) == [1, 3]
+
+
+def test_buckets_respect_cap_and_dtype() -> None:
+    ts = [torch.zeros(10), torch.zeros(10), torch.zeros(10, dtype=torch.float64), torch.zeros(30)]
+    out = buckets(ts, cap_bytes=80)
+    assert [len(b) for b in out] == [2, 1, 1]
+    assert all(len({t.dtype for t in b}) == 1 for b in out)
+
+
+def test_lr_schedule() -> None:
+    cfg = TrainConfig(steps=100, lr=1.0, min_lr=0.1, warmup_steps=10)
+    assert lr_at(0, cfg) == pytest.approx(0.1)
+    assert lr_at(9, cfg) == pytest.approx(1.0)
+    assert lr_at(10, cfg) == pytest.approx(1.0)
+    assert lr_at(100, cfg) == pytest.approx(0.1)
+    assert all(lr_at(s, cfg) >= lr_at(s + 1, cfg) for s in range(10, 100))
+
+
+def _state(seed: int = 0) -> TrainState:
+    cfg = TrainerConfig()
+    model = build_model(cfg.model, seed)
+    params = dict(model.named_parameters())
+    opt = build_optimizer(params.values(), cfg.train)
+    return TrainState(params, opt, build_scheduler(opt, cfg.train))
+
+
+def test_healing_state_round_trips_through_the_weights_only_loader() -> None:
+    src, dst = _state(seed=1), _state(seed=2)
+    for p in src.params.values():  # give the optimizer state to carry
+        p.grad = torch.ones_like(p)
+    src.optimizer.step()
+    src.scheduler.step()
+    src.step, src.tokens = 7, 123
+    buf = io.BytesIO()
+    _streaming_save(src.healing_state_dict(), buf)
+    buf.seek(0)
+    from torch.distributed._serialization import _streaming_load
+
+    dst.load_healing_state_dict(_streaming_load(buf, weights_only=True))  # type: ignore[arg-type]
+    assert params_sha256(dst.params) == params_sha256(src.params)
+    assert (dst.step, dst.tokens) == (7, 123)
+    assert dst.scheduler.state_dict()["last_epoch"] == 1
+    a, b = src.optimizer.state_dict()["state"], dst.optimizer.state_dict()["state"]
+    assert all(torch.equal(a[i]["exp_avg"], b[i]["exp_avg"]) for i in a)
+
+
+class _Evil:
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (print, ("pwned",))
+
+
+def test_transport_refuses_pickled_code() -> None:
+    """A peer serving a pickled callable is refused by the weights-only loader."""
+    buf = io.BytesIO()
+    _streaming_save({"x": _Evil()}, buf, pickle_module=pickle)
+    payload = buf.getvalue()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/checkpoint/1/full"
+        with pytest.raises(Exception, match=r"(?i)weights only|unsupported global"):
+            SafeHTTPTransport._load_from_address(url, timedelta(seconds=5))
+    finally:
+        server.shutdown()
+
+
+def test_digest_changes_with_any_bit() -> None:
+    state = _state()
+    before = params_sha256(state.params)
+    with torch.no_grad():
+        p = next(iter(state.params.values()))
+        p.view(-1)[0] = torch.nextafter(p.view(-1)[0], torch.tensor(1.0))
+    assert params_sha256(state.params) != before

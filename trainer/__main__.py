@@ -1,0 +1,67 @@
+"""``python -m trainer --config FILE [--set section.key=value ...]``: run one rank.
+
+The job file and the environment are validated before torch is imported, so bad
+input exits with code 2 and one sentence in well under a second.
+Exit codes: 0 finished, 2 bad input, 1 any other failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from trainer import logs
+from trainer.config import ConfigError, load_trainer_config
+from trainer.env import RankEnv
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer",
+        description="Run one rank of the Phalanx trainer under the torchrun/Phalanx env contract.",
+    )
+    parser.add_argument("--config", required=True, help="job file (TOML)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a setting; the value is a TOML literal (bare words are strings)",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        env = RankEnv.from_environ()
+        cfg = load_trainer_config(args.config, args.overrides, env.world_size)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    logs.configure()
+    logs.bind(job=env.job, node=env.node, replica_group=env.replica_group, rank=env.rank)
+    log = logs.get()
+    try:
+        from trainer.run import run
+
+        run(cfg, env)
+    except ConfigError as e:  # problems only visible once data is opened
+        log.error("bad_input", error=str(e))
+        return EXIT_BAD_INPUT
+    except Exception as e:
+        log.exception("rank_failed", error=f"{type(e).__name__}: {e}")
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: torchft's threads and a dead peer's sockets can stall it.
+    os._exit(code)

@@ -1,0 +1,85 @@
+"""Fault injection at precise moments of a step, for tests, demos and game days.
+
+``PHALANX_CHAOS`` holds comma-separated ``point@step[:action]`` entries:
+
+* ``point``: ``start`` (after setup, before the first step), ``forward``,
+  ``allreduce`` (the cross-group gradient all-reduce has been issued and is in
+  flight) or ``optimizer`` (the step was committed, the optimizer has not run).
+* ``step``: ``N`` is committed step N (the step being attempted); ``+N`` is this
+  process's N-th step attempt counting from 0, useful for a relaunched group
+  whose step is only known after it heals.
+* ``action``: ``kill`` (default; the rank SIGKILLs itself, a real, uncatchable
+  death), ``crash`` (an exception, like a bug), ``stop`` (SIGSTOP, a hang).
+
+``PHALANX_CHAOS_DELAY`` (seconds) is slept at the start of every forward: it
+simulates a bigger model, so a demo or test can watch a slow job.
+
+Without these variables every call is a cheap no-op.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+POINTS = ("start", "forward", "allreduce", "optimizer")
+ACTIONS = ("kill", "crash", "stop")
+
+
+class InjectedCrash(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Fault:
+    point: str
+    step: int
+    action: str
+    relative: bool = False
+
+
+def parse(spec: str) -> list[Fault]:
+    faults = []
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        where, _, action = item.partition(":")
+        point, _, step = where.partition("@")
+        action = action or "kill"
+        relative = step.startswith("+")
+        digits = step.removeprefix("+")
+        if point not in POINTS or action not in ACTIONS or not digits.isdigit():
+            raise ValueError(
+                f"PHALANX_CHAOS entry {item!r} must be point@[+]step[:action] with point in "
+                f"{', '.join(POINTS)} and action in {', '.join(ACTIONS)}."
+            )
+        faults.append(Fault(point, int(digits), action, relative))
+    return faults
+
+
+class Chaos:
+    def __init__(self, spec: str | None = None, delay: float | None = None) -> None:
+        self.faults = parse(spec if spec is not None else os.environ.get("PHALANX_CHAOS", ""))
+        self.delay = (
+            delay if delay is not None else float(os.environ.get("PHALANX_CHAOS_DELAY") or 0)
+        )
+        self.step = 0  # the committed step being attempted
+        self.attempt = -1  # this process's step attempts, from 0
+
+    def begin_step(self, step: int) -> None:
+        self.step = step
+        self.attempt += 1
+
+    def at(self, point: str) -> None:
+        if point == "forward" and self.delay > 0:
+            time.sleep(self.delay)
+        for fault in self.faults:
+            current = self.attempt if fault.relative else self.step
+            if fault.point != point or fault.step != current:
+                continue
+            if fault.action == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            elif fault.action == "stop":
+                os.kill(os.getpid(), signal.SIGSTOP)
+            else:
+                raise InjectedCrash(f"injected crash at {point}@{self.step}")

@@ -1,0 +1,360 @@
+"""Job-file configuration for the trainer: the sections `model`, `parallel`, `train`,
+`data`, `checkpoint` and `ft`.
+
+A job file is TOML (or the JSON the daemon writes for its ranks). Values can be
+overridden with ``--set section.key=value`` where the value is a TOML literal
+(``3``, ``true``, ``"text"``, ``["a", "b"]``); a bare word is read as a string.
+
+Every user mistake becomes a :class:`ConfigError` whose message is one sentence
+naming the field and the fix. This module never imports torch, so bad input is
+rejected in a fraction of a second and the daemon can validate job files with it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+# Sections of a job file that belong to the daemon. The trainer skips them; the
+# daemon validates them (daemon/config.py). Listed here by name only, so the
+# trainer can read a full job file without importing the daemon.
+DAEMON_SECTIONS: tuple[str, ...] = ("job", "etcd", "node", "lighthouse", "metrics")
+
+
+class ConfigError(Exception):
+    """A user-caused configuration problem; the message is one sentence with the fix."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=True)
+
+
+class ModelConfig(Section):
+    """A Llama-style decoder. The defaults train 50 steps in seconds on 2 CPU cores."""
+
+    vocab_size: int = Field(64, ge=2, description="Vocabulary size (256 for data.source = text).")
+    dim: int = Field(64, ge=8, description="Model width.")
+    n_layers: int = Field(2, ge=1, description="Number of transformer blocks.")
+    n_heads: int = Field(4, ge=1, description="Attention heads.")
+    n_kv_heads: int | None = Field(
+        None, ge=1, description="Key/value heads for grouped-query attention (default n_heads)."
+    )
+    ffn_hidden: int | None = Field(
+        None, ge=1, description="SwiGLU hidden width (default 8/3 * dim rounded up to multiple_of)."
+    )
+    multiple_of: int = Field(32, ge=1, description="Rounding for the default ffn_hidden.")
+    norm_eps: float = Field(1e-5, gt=0, description="RMSNorm epsilon.")
+    rope_theta: float = Field(10000.0, gt=0, description="RoPE base frequency.")
+    max_seq_len: int = Field(256, ge=2, description="Longest sequence RoPE is precomputed for.")
+    tie_embeddings: bool = Field(False, description="Share the embedding and output weights.")
+    init_std: float = Field(0.02, gt=0, description="Standard deviation of the weight init.")
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def hidden(self) -> int:
+        if self.ffn_hidden is not None:
+            return self.ffn_hidden
+        raw = int(8 * self.dim / 3)
+        return self.multiple_of * ((raw + self.multiple_of - 1) // self.multiple_of)
+
+
+PipelineSchedule = Literal["GPipe", "1F1B", "Interleaved1F1B"]
+
+
+class ParallelConfig(Section):
+    """Parallelism inside one replica group; replication across groups is torchft's."""
+
+    dp_shard: int = Field(1, ge=1, description="FSDP2 sharding degree.")
+    tp: int = Field(1, ge=1, description="Tensor-parallel degree (with sequence-parallel norms).")
+    pp: int = Field(1, ge=1, description="Pipeline-parallel degree.")
+    pp_schedule: PipelineSchedule = Field("1F1B", description="GPipe, 1F1B or Interleaved1F1B.")
+    pp_microbatches: int | None = Field(
+        None, ge=1, description="Pipeline microbatches per step (default pp)."
+    )
+    pp_stages_per_rank: int | None = Field(
+        None, ge=1, description="Stages each pp rank holds (default 2 for Interleaved1F1B, else 1)."
+    )
+    activation_checkpointing: Literal["none", "full"] = Field(
+        "none", description="Recompute each block's activations in backward."
+    )
+    param_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="Compute dtype of parameters (mixed precision)."
+    )
+    reduce_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="Dtype of gradient reductions."
+    )
+    compile: bool = Field(False, description="torch.compile each block.")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="auto picks cuda when available, else cpu."
+    )
+
+    @property
+    def world_size(self) -> int:
+        return self.dp_shard * self.tp * self.pp
+
+    @property
+    def microbatches(self) -> int:
+        return self.pp_microbatches or self.pp
+
+    @property
+    def stages_per_rank(self) -> int:
+        default = 2 if self.pp_schedule == "Interleaved1F1B" else 1
+        return self.pp_stages_per_rank or default
+
+
+class TrainConfig(Section):
+    steps: int = Field(50, ge=1, description="Optimizer steps to train.")
+    batch_size: int = Field(
+        8, ge=1, description="Sequences per optimizer step in one replica group."
+    )
+    seq_len: int = Field(64, ge=2, description="Tokens per sequence.")
+    grad_accum: int = Field(1, ge=1, description="Sequential micro-steps per optimizer step.")
+    seed: int = Field(0, ge=0, description="Seed of the weight init and the data order.")
+    lr: float = Field(3e-3, gt=0, description="Peak learning rate (AdamW).")
+    min_lr: float = Field(3e-4, ge=0, description="Learning rate at the end of the cosine decay.")
+    warmup_steps: int = Field(5, ge=0, description="Linear warmup steps.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1.")
+    beta2: float = Field(0.95, ge=0, lt=1, description="AdamW beta2.")
+    eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
+    max_grad_norm: float = Field(1.0, ge=0, description="Gradient clipping norm (0 = off).")
+    log_every: int = Field(1, ge=1, description="Emit a train_step event every N steps.")
+
+
+class DataConfig(Section):
+    source: Literal["synthetic", "text", "tokens"] = Field(
+        "synthetic", description="synthetic bigram corpus, a UTF-8 text file, or a token file."
+    )
+    path: str | None = Field(None, description="File for text and tokens sources.")
+    token_dtype: Literal["uint16", "int32", "uint32"] = Field(
+        "uint16", description="Element type of a tokens file."
+    )
+    corpus_seed: int = Field(1234, ge=0, description="Seed of the synthetic bigram model.")
+    successors: int = Field(
+        4, ge=1, description="Likely successors per token in the synthetic corpus."
+    )
+
+
+class CheckpointConfig(Section):
+    dir: str | None = Field(None, description="Directory for DCP checkpoints (unset = off).")
+    interval_steps: int = Field(0, ge=0, description="Save every N steps (0 = only at the end).")
+    keep: int = Field(3, ge=1, description="Complete checkpoints to keep.")
+    async_save: bool = Field(
+        True, alias="async", description="Save with DCP async_save (false = synchronous)."
+    )
+
+
+class FaultToleranceConfig(Section):
+    """torchft Manager settings; used only when TORCHFT_LIGHTHOUSE is set."""
+
+    timeout_s: float = Field(30.0, gt=0, description="Collectives, should_commit and healing.")
+    quorum_timeout_s: float = Field(60.0, gt=0, description="Waiting for a quorum.")
+    connect_timeout_s: float = Field(10.0, gt=0, description="Connecting to lighthouse/peers.")
+    async_quorum: bool = Field(True, description="Compute the quorum during the forward pass.")
+
+
+class TrainerConfig(Section):
+    model: ModelConfig = ModelConfig()
+    parallel: ParallelConfig = ParallelConfig()
+    train: TrainConfig = TrainConfig()
+    data: DataConfig = DataConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    ft: FaultToleranceConfig = FaultToleranceConfig()
+
+
+# Sections whose values every node of a job must share (see `spec_hash`).
+TRAINER_SECTIONS: tuple[str, ...] = tuple(TrainerConfig.model_fields)
+
+C = TypeVar("C", bound=Section)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Split ``section.key=value`` and read the value as a TOML literal (bare words are strings)."""
+    key, sep, raw = text.partition("=")
+    parts = key.strip().split(".")
+    if not sep or len(parts) < 2 or not all(parts):
+        raise ConfigError(
+            f"--set {text!r} is not of the form section.key=value; write for example --set train.steps=100."
+        )
+    raw = raw.strip()
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return parts, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
+    """Return a copy of ``data`` with each ``section.key=value`` override applied."""
+    result: dict[str, Any] = json.loads(json.dumps(data))
+    for text in overrides:
+        parts, value = parse_override(text)
+        node = result
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(
+                    f"--set {text!r} goes through {part!r}, which is a value and not a section."
+                )
+            node = child
+        node[parts[-1]] = value
+    return result
+
+
+def read_job_file(path: str | Path) -> dict[str, Any]:
+    """Read a TOML job file (or the JSON the daemon writes) into a dict."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(
+            f"job file {p} does not exist; pass an existing file to --config."
+        ) from None
+    except OSError as e:
+        raise ConfigError(
+            f"job file {p} cannot be read ({e.strerror}); check its permissions."
+        ) from None
+    try:
+        loaded = json.loads(text) if p.suffix == ".json" else tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(
+            f"job file {p} is not valid {p.suffix.lstrip('.') or 'TOML'}: {e}."
+        ) from None
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"job file {p} must hold a table of sections.")
+    return loaded
+
+
+def _describe(error: Mapping[str, Any], model: type[BaseModel], source: str) -> str:
+    loc = [str(x) for x in error["loc"]]
+    field = ".".join(loc)
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        if len(loc) == 1:
+            known = ", ".join(sorted(model.model_fields))
+            return f"{source}: [{field}] is not a known section; the sections are {known}."
+        parent: Any = model
+        for part in loc[:-1]:
+            parent = parent.model_fields[part].annotation
+        known = ", ".join(sorted(f.alias or name for name, f in parent.model_fields.items()))
+        return f"{source}: {field} is not a known setting; [{'.'.join(loc[:-1])}] accepts {known}."
+    got = error.get("input")
+    message = str(error["msg"])
+    message = message.removeprefix("Input ").removeprefix("Value error, ")
+    message = message[0].lower() + message[1:]
+    return f"{source}: {field} {message} (got {got!r}); fix it in the job file or with --set {field}=..."
+
+
+def validate(model: type[C], data: Mapping[str, Any], source: str) -> C:
+    """Validate ``data`` against ``model``, turning the first error into a ConfigError."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_describe(e.errors()[0], model, source)) from None
+
+
+def check_trainer(cfg: TrainerConfig, world_size: int | None = None) -> None:
+    """Cross-field checks that pydantic's per-field validation cannot express."""
+    m, p, t, d = cfg.model, cfg.parallel, cfg.train, cfg.data
+
+    def fail(msg: str) -> None:
+        raise ConfigError(msg)
+
+    if world_size is not None and p.world_size != world_size:
+        fail(
+            f"parallel.dp_shard*tp*pp is {p.dp_shard}*{p.tp}*{p.pp} = {p.world_size}, but the "
+            f"replica group has {world_size} ranks; make the product equal the group's world size."
+        )
+    if m.dim % m.n_heads:
+        fail(f"model.dim ({m.dim}) must be divisible by model.n_heads ({m.n_heads}).")
+    if m.n_heads % m.kv_heads:
+        fail(f"model.n_heads ({m.n_heads}) must be divisible by model.n_kv_heads ({m.kv_heads}).")
+    if (m.dim // m.n_heads) % 2:
+        fail(f"model.dim / model.n_heads ({m.dim // m.n_heads}) must be even for RoPE.")
+    if t.seq_len > m.max_seq_len:
+        fail(
+            f"train.seq_len ({t.seq_len}) exceeds model.max_seq_len ({m.max_seq_len}); raise model.max_seq_len."
+        )
+    if t.min_lr > t.lr:
+        fail(f"train.min_lr ({t.min_lr}) must not exceed train.lr ({t.lr}).")
+    if p.tp > 1:
+        for name, value in (
+            ("model.n_heads", m.n_heads),
+            ("model.n_kv_heads", m.kv_heads),
+            ("model.ffn_hidden", m.hidden),
+            ("model.vocab_size", m.vocab_size),
+            ("train.seq_len", t.seq_len),
+        ):
+            if value % p.tp:
+                fail(f"{name} ({value}) must be divisible by parallel.tp ({p.tp}).")
+    if m.tie_embeddings and (p.tp > 1 or p.pp > 1):
+        fail(
+            "model.tie_embeddings needs parallel.tp = 1 and parallel.pp = 1; untie it or drop tp/pp."
+        )
+    per_step = p.dp_shard * t.grad_accum * (p.microbatches if p.pp > 1 else 1)
+    if t.batch_size % per_step:
+        what = "parallel.dp_shard*train.grad_accum" + (
+            "*parallel.pp_microbatches" if p.pp > 1 else ""
+        )
+        fail(f"train.batch_size ({t.batch_size}) must be divisible by {what} ({per_step}).")
+    if p.pp > 1:
+        if t.grad_accum > 1:
+            fail(
+                "train.grad_accum must be 1 when parallel.pp > 1; raise parallel.pp_microbatches instead."
+            )
+        if p.pp_schedule == "Interleaved1F1B" and p.stages_per_rank < 2:
+            fail("parallel.pp_stages_per_rank must be at least 2 for the Interleaved1F1B schedule.")
+        if p.pp_schedule != "Interleaved1F1B" and p.stages_per_rank != 1:
+            fail(f"parallel.pp_stages_per_rank must be 1 for the {p.pp_schedule} schedule.")
+        stages = p.pp * p.stages_per_rank
+        if m.n_layers < stages:
+            fail(
+                f"model.n_layers ({m.n_layers}) must be at least the number of pipeline stages ({stages})."
+            )
+        if p.microbatches < p.pp:
+            fail(
+                f"parallel.pp_microbatches ({p.microbatches}) must be at least parallel.pp ({p.pp})."
+            )
+    if d.source == "text" and m.vocab_size < 256:
+        fail(
+            f"model.vocab_size ({m.vocab_size}) must be at least 256 for data.source = text (byte tokens)."
+        )
+    if d.source == "synthetic" and d.successors > m.vocab_size:
+        fail(f"data.successors ({d.successors}) must not exceed model.vocab_size ({m.vocab_size}).")
+    if d.source in ("text", "tokens"):
+        if not d.path:
+            fail(
+                f"data.path is required for data.source = {d.source}; set it to the {d.source} file."
+            )
+        elif not Path(d.path).is_file():
+            fail(f"data.path {d.path} does not exist; point it at a {d.source} file.")
+
+
+def load_trainer_config(
+    path: str | Path, overrides: Sequence[str] = (), world_size: int | None = None
+) -> TrainerConfig:
+    """Read, override, validate and cross-check a job file for the trainer."""
+    data = apply_overrides(read_job_file(path), overrides)
+    own = {k: v for k, v in data.items() if k not in DAEMON_SECTIONS}
+    cfg = validate(TrainerConfig, own, str(path))
+    try:
+        check_trainer(cfg, world_size)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    return cfg
+
+
+def spec_hash(data: Mapping[str, Any], sections: Iterable[str]) -> str:
+    """SHA-256 of the given sections of a resolved config, independent of key order."""
+    picked = {name: data.get(name) for name in sorted(sections)}
+    blob = json.dumps(picked, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()

@@ -1,0 +1,211 @@
+"""Replication across replica groups: how gradients cross groups and when a step commits.
+
+:class:`SingleGroup` is the trainer without fault tolerance (no ``TORCHFT_LIGHTHOUSE``):
+every step commits. :class:`TorchFTGroup` wires one ``torchft.Manager`` per group:
+
+* a reconfigurable torchft process group (Gloo on CPU, NCCL on CUDA) that links
+  rank r of every participating group;
+* gradients averaged across groups through a ``ManagedProcessGroup``, either from
+  FSDP2's all-reduce hook (called on each reduce-scatter output, i.e. on the
+  already sharded gradient) or, for a group without sharding, by one bucketed
+  all-reduce after backward;
+* ``should_commit`` gating the optimizer step, so a step that lost a peer
+  mid-all-reduce is discarded everywhere and retried by the survivors;
+* live healing: a group whose step is behind receives :class:`TrainState` from
+  a peer through :class:`SafeHTTPTransport`.
+
+``torchft.DistributedDataParallel`` is deliberately not used: in torchft 0.2.0 its
+comm hook asserts when a peer dies during the all-reduce and takes the surviving
+group down with it. The paths here report the error to the manager instead.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import Protocol
+
+import torch
+from torch.distributed import AllreduceOptions, ReduceOp
+from torch.distributed.fsdp import FSDPModule
+
+from trainer import logs
+from trainer.chaos import Chaos
+from trainer.config import FaultToleranceConfig
+from trainer.env import RankEnv
+from trainer.state import TrainState
+from trainer.transport import SafeHTTPTransport, advertise_host
+
+BUCKET_BYTES = 25 * 1024 * 1024
+
+
+class Replication(Protocol):
+    def start_step(self) -> None: ...
+    def current_step(self) -> int: ...
+    def participants(self) -> int: ...
+    def hook_fsdp(self, modules: Iterable[torch.nn.Module]) -> None: ...
+    def sync_gradients(self, grads: list[torch.Tensor]) -> None: ...
+    def should_commit(self) -> bool: ...
+    def shutdown(self) -> None: ...
+
+
+class SingleGroup:
+    """No fault tolerance: one replica group, every step commits."""
+
+    def __init__(self, state: TrainState) -> None:
+        self.state = state
+
+    def start_step(self) -> None:
+        pass
+
+    def current_step(self) -> int:
+        return self.state.step
+
+    def participants(self) -> int:
+        return 1
+
+    def hook_fsdp(self, modules: Iterable[torch.nn.Module]) -> None:
+        pass
+
+    def sync_gradients(self, grads: list[torch.Tensor]) -> None:
+        pass
+
+    def should_commit(self) -> bool:
+        self.state.step += 1
+        return True
+
+    def shutdown(self) -> None:
+        pass
+
+
+def buckets(tensors: list[torch.Tensor], cap_bytes: int = BUCKET_BYTES) -> list[list[torch.Tensor]]:
+    """Group tensors (in order, same dtype and device per bucket) into buckets of at most cap_bytes."""
+    out: list[list[torch.Tensor]] = []
+    size = 0
+    for t in tensors:
+        nbytes = t.numel() * t.element_size()
+        last = out[-1] if out else None
+        if (
+            last is None
+            or size + nbytes > cap_bytes
+            or last[0].dtype != t.dtype
+            or last[0].device != t.device
+        ):
+            out.append([t])
+            size = nbytes
+        else:
+            last.append(t)
+            size += nbytes
+    return out
+
+
+class TorchFTGroup:
+    def __init__(
+        self,
+        cfg: FaultToleranceConfig,
+        env: RankEnv,
+        device: torch.device,
+        state: TrainState,
+        chaos: Chaos,
+    ) -> None:
+        from torchft.manager import Manager
+        from torchft.process_group import (
+            ManagedProcessGroup,
+            ProcessGroupGloo,
+            ProcessGroupNCCL,
+        )
+
+        self.state = state
+        self.chaos = chaos
+        self.log = logs.get()
+        self._step_started = time.monotonic()
+        timeout = timedelta(seconds=cfg.timeout_s)
+        pg = (
+            ProcessGroupNCCL(timeout=timeout)
+            if device.type == "cuda"
+            else ProcessGroupGloo(timeout=timeout)
+        )
+        state.on_load.append(self._healed)
+        self.manager = Manager(
+            pg=pg,
+            load_state_dict=state.load_healing_state_dict,
+            state_dict=state.healing_state_dict,
+            min_replica_size=env.min_replicas,
+            use_async_quorum=cfg.async_quorum,
+            timeout=timeout,
+            quorum_timeout=timedelta(seconds=cfg.quorum_timeout_s),
+            connect_timeout=timedelta(seconds=cfg.connect_timeout_s),
+            rank=env.rank,
+            world_size=env.world_size,
+            store_addr=env.master_addr,
+            store_port=env.master_port,
+            lighthouse_addr=env.lighthouse,
+            replica_id=f"phalanx_group_{env.replica_group}",
+            hostname=advertise_host(),
+            checkpoint_transport=SafeHTTPTransport(timeout=timeout, num_chunks=0),
+            # Every group initialises identical weights from train.seed.
+            init_sync=False,
+        )
+        self.managed_pg = ManagedProcessGroup(self.manager)
+        self.heals = 0
+
+    def _healed(self, step: int, load_seconds: float) -> None:
+        self.heals += 1
+        self.log.info(
+            "heal_done",
+            step=step,
+            seconds=round(time.monotonic() - self._step_started, 3),
+            load_seconds=round(load_seconds, 3),
+        )
+
+    def start_step(self) -> None:
+        self._step_started = time.monotonic()
+        self.manager.start_quorum()
+
+    def current_step(self) -> int:
+        return int(self.manager.current_step())
+
+    def participants(self) -> int:
+        return int(self.manager.num_participants())
+
+    def quorum_id(self) -> int:
+        return int(self.manager._quorum_id)
+
+    def _allreduce(self, tensor: torch.Tensor) -> object:
+        opts = AllreduceOptions()
+        opts.reduceOp = ReduceOp.AVG  # type: ignore[assignment]
+        return self.managed_pg.allreduce([tensor], opts)
+
+    def hook_fsdp(self, modules: Iterable[torch.nn.Module]) -> None:
+        def hook(output: torch.Tensor) -> None:
+            work = self._allreduce(output)
+            self.chaos.at("allreduce")
+            work.wait()  # type: ignore[attr-defined]
+
+        for module in modules:
+            if isinstance(module, FSDPModule):
+                module.set_all_reduce_hook(hook)
+
+    def sync_gradients(self, grads: list[torch.Tensor]) -> None:
+        """Average unsharded gradients across groups, one flat all-reduce per bucket."""
+        pending = []
+        for bucket in buckets(grads):
+            flat = torch.cat([g.reshape(-1) for g in bucket])
+            pending.append((bucket, flat, self._allreduce(flat)))
+        self.chaos.at("allreduce")
+        for bucket, flat, work in pending:
+            work.wait()  # type: ignore[attr-defined]
+            offset = 0
+            for g in bucket:
+                g.copy_(flat[offset : offset + g.numel()].view_as(g))
+                offset += g.numel()
+
+    def should_commit(self) -> bool:
+        committed = bool(self.manager.should_commit())
+        if committed:
+            self.state.step = self.current_step()
+        return committed
+
+    def shutdown(self) -> None:
+        self.manager.shutdown(wait=False)

@@ -1,0 +1,91 @@
+"""Structured logging shared by the trainer and the daemon (torch-free).
+
+Events are written to stderr: one JSON object per line when stderr is not a
+terminal (services, rank processes read by the daemon), readable console lines
+when it is. Event names are stable identifiers (``train_step``, ``train_done``,
+``group_started``, ...); context such as job, node, replica_group and rank is
+bound once with :func:`bind` and carried on every event.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import MutableMapping
+from typing import Any, TextIO
+
+import structlog
+
+# Library loggers that log an empty message with structured `extra` on every step.
+_NOISY = ("torchft_quorums", "torchft_commits", "torchft_errors")
+
+
+def _event_first(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """Put `event` first so a JSON line reads naturally."""
+    event = event_dict.pop("event", None)
+    return {"event": event, **event_dict}
+
+
+def configure(
+    json_output: bool | None = None, level: int = logging.INFO, stream: TextIO | None = None
+) -> None:
+    """Route structlog and stdlib logging to ``stream`` (default stderr).
+
+    ``json_output`` defaults to "stream is not a terminal".
+    """
+    out = stream or sys.stderr
+    if json_output is None:
+        json_output = not out.isatty()
+    renderer: Any = (
+        structlog.processors.JSONRenderer(sort_keys=False)
+        if json_output
+        else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    shared: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True, key="time"),
+    ]
+    structlog.configure(
+        processors=[*shared, structlog.processors.format_exc_info, _event_first, renderer],
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.PrintLoggerFactory(out),
+        cache_logger_on_first_use=False,
+    )
+    # Libraries (torchft, torch) log through stdlib logging: same format, warnings and up.
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name],
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                _library_event,
+                _event_first,
+                renderer,
+            ],
+        )
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.WARNING)
+    for name in _NOISY:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def _library_event(
+    _: Any, __: str, event_dict: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    """Library records carry free text: keep it as `message` under the event `library_log`."""
+    event_dict["message"] = str(event_dict.get("event", ""))
+    event_dict["event"] = "library_log"
+    return event_dict
+
+
+def bind(**context: Any) -> None:
+    """Attach context (job, node, replica_group, rank, ...) to every later event."""
+    structlog.contextvars.bind_contextvars(**{k: v for k, v in context.items() if v is not None})
+
+
+def get(name: str | None = None) -> Any:
+    """A structured logger: ``get().info("train_step", step=3, loss=2.1)``."""
+    return structlog.get_logger(name)

@@ -1,0 +1,178 @@
+"""The training loop: one optimizer step at a time, committed only when the quorum agrees.
+
+A step:
+
+1. ``start_step`` (torchft: compute the quorum; a lagging group is healed here or
+   in ``should_commit``);
+2. forward and backward over this rank's rows of the step's batch (gradient
+   accumulation, or the pipeline schedule's microbatches);
+3. gradients averaged across replica groups (FSDP hook during backward, or the
+   bucketed all-reduce);
+4. ``should_commit``: if every rank of every participating group succeeded, clip
+   and step the optimizer and the LR schedule; otherwise the step is retried with
+   the same data (the data position is the committed step).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from trainer import logs
+from trainer.chaos import Chaos
+from trainer.config import TrainerConfig
+from trainer.data import Sampler
+from trainer.env import RankEnv
+from trainer.fault_tolerance import Replication
+from trainer.mesh import Layout
+from trainer.model import Transformer
+from trainer.optim import clip_grad_norm
+from trainer.parallelize import autocast_dtype
+from trainer.pipeline import Schedule
+from trainer.state import TrainState, local
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+@dataclass
+class StepReport:
+    step: int  # committed steps after this one (1 for the first step)
+    committed: bool
+    loss: float
+    lr: float
+    grad_norm: float
+    participants: int
+    seconds: float
+    tokens: int  # tokens this group trained on in the step
+
+
+@dataclass
+class Loop:
+    cfg: TrainerConfig
+    env: RankEnv
+    layout: Layout
+    models: list[Transformer]
+    state: TrainState
+    replication: Replication
+    sampler: Sampler
+    chaos: Chaos
+    schedule: Schedule | None = None
+    on_step: list[Callable[[StepReport], None]] = field(default_factory=list)
+    last_loss: float = float("nan")
+
+    def __post_init__(self) -> None:
+        self.log = logs.get()
+        self.params = list(self.state.params.values())
+        self.sharded = self.layout.sub("dp_shard") is not None
+        self.autocast = autocast_dtype(self.cfg.parallel, self.layout)
+        per_rank = self.cfg.train.batch_size // self.layout.dp_shard
+        start = self.layout.dp_rank * per_rank
+        self.rows = range(start, start + per_rank)
+        self.first = self.schedule is None or any(m.tok_embeddings is not None for m in self.models)
+        self.last = self.schedule is None or any(m.output is not None for m in self.models)
+
+    def run(self) -> None:
+        while self.replication.current_step() < self.cfg.train.steps:
+            report = self.step()
+            for callback in self.on_step:
+                callback(report)
+            touch(self.env.heartbeat)
+
+    def step(self) -> StepReport:
+        started = time.monotonic()
+        self.replication.start_step()
+        step = self.replication.current_step()
+        self.chaos.begin_step(step)
+        for p in self.params:
+            p.grad = None
+        self.chaos.at("forward")
+        loss = self._forward_backward(step)
+        if not self.sharded:
+            self.replication.sync_gradients(
+                [local(p.grad) for p in self.params if p.grad is not None]
+            )
+        committed = self.replication.should_commit()
+        grad_norm = float("nan")
+        lr = float(self.state.scheduler.get_last_lr()[0])
+        if committed:
+            self.chaos.at("optimizer")
+            grad_norm = clip_grad_norm(
+                self.params, self.cfg.train.max_grad_norm, self.layout.group("pp")
+            )
+            self.state.optimizer.step()
+            self.state.scheduler.step()
+            tokens = self.cfg.train.batch_size * self.cfg.train.seq_len
+            self.state.tokens += tokens
+            self.last_loss = loss
+        return StepReport(
+            step=self.replication.current_step(),
+            committed=committed,
+            loss=loss,
+            lr=lr,
+            grad_norm=grad_norm,
+            participants=self.replication.participants(),
+            seconds=time.monotonic() - started,
+            tokens=self.cfg.train.batch_size * self.cfg.train.seq_len if committed else 0,
+        )
+
+    def _forward_backward(self, step: int) -> float:
+        """Run this rank's share of the step; return the group's mean loss."""
+        mine = self._pipeline(step) if self.schedule is not None else self._accumulate(step)
+        return self._group_mean(mine)
+
+    def _accumulate(self, step: int) -> float:
+        model = self.models[0]
+        accum = self.cfg.train.grad_accum
+        chunk = len(self.rows) // accum
+        total = 0.0
+        for micro in range(accum):
+            rows = range(self.rows.start + micro * chunk, self.rows.start + (micro + 1) * chunk)
+            batch = self.sampler.batch(step, rows, self.layout.device)
+            if self.sharded:
+                model.set_requires_gradient_sync(micro == accum - 1)  # type: ignore[operator]
+            with torch.autocast(
+                self.layout.device.type,
+                dtype=self.autocast or torch.float32,
+                enabled=self.autocast is not None,
+            ):
+                logits = model(batch.inputs)
+            loss = cross_entropy(logits, batch.targets) / accum
+            loss.backward()  # type: ignore[no-untyped-call]
+            total += float(loss.detach())
+        return total
+
+    def _pipeline(self, step: int) -> float:
+        assert self.schedule is not None
+        batch = self.sampler.batch(step, self.rows, self.layout.device)
+        losses: list[torch.Tensor] = []
+        args = (batch.inputs,) if self.first else ()
+        if self.last:
+            self.schedule.step(*args, target=batch.targets, losses=losses)
+        else:
+            self.schedule.step(*args)
+        return float(torch.stack(losses).mean()) if losses else 0.0
+
+    def _group_mean(self, mine: float) -> float:
+        """Mean loss over the group: ranks on the last stage with tp_rank 0 each hold one shard's mean."""
+        contributes = self.last and self.layout.tp_rank == 0
+        if self.layout.mesh is None:
+            return mine
+        t = torch.tensor(
+            [mine if contributes else 0.0, 1.0 if contributes else 0.0], dtype=torch.float64
+        )
+        dist.all_reduce(t)
+        return float(t[0] / t[1])
+
+
+def touch(path: Path | None) -> None:
+    """Progress heartbeat for the daemon's hang detection (mtime of a per-rank file)."""
+    if path is not None:
+        path.touch()

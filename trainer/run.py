@@ -1,0 +1,110 @@
+"""Build one rank of the trainer in order and run it:
+config -> device mesh -> model -> parallelize -> optimizer + LR -> torchft wiring -> data -> loop.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from trainer import logs
+from trainer.chaos import Chaos
+from trainer.config import TrainerConfig
+from trainer.data import Sampler
+from trainer.digest import params_sha256
+from trainer.env import RankEnv
+from trainer.fault_tolerance import Replication, SingleGroup, TorchFTGroup
+from trainer.loop import Loop, StepReport, cross_entropy, touch
+from trainer.mesh import init_distributed
+from trainer.model import Transformer, build_model
+from trainer.optim import build_optimizer, build_scheduler
+from trainer.parallelize import parallelize
+from trainer.pipeline import build_schedule, build_stage_models
+from trainer.state import TrainState
+
+
+def run(cfg: TrainerConfig, env: RankEnv) -> None:
+    log = logs.get()
+    started = time.monotonic()
+    chaos = Chaos()
+    torch.manual_seed(cfg.train.seed)
+    layout = init_distributed(cfg.parallel, env, cfg.ft.timeout_s)
+    touch(env.heartbeat)
+
+    if cfg.parallel.pp > 1:
+        stages = build_stage_models(cfg, layout)
+    else:
+        stages = [(0, build_model(cfg.model, cfg.train.seed))]
+    models: list[Transformer] = [parallelize(m, cfg.parallel, layout) for _, m in stages]
+    params = {name: p for m in models for name, p in m.named_parameters()}
+
+    optimizer = build_optimizer(params.values(), cfg.train)
+    scheduler = build_scheduler(optimizer, cfg.train)
+    state = TrainState(params=params, optimizer=optimizer, scheduler=scheduler)
+
+    replication: Replication
+    if env.fault_tolerant:
+        replication = TorchFTGroup(cfg.ft, env, layout.device, state, chaos)
+    else:
+        replication = SingleGroup(state)
+    replication.hook_fsdp(m for model in models for m in model.modules())
+
+    schedule = None
+    if cfg.parallel.pp > 1:
+        schedule, _ = build_schedule(stages, cfg, layout, cross_entropy)
+
+    sampler = Sampler(cfg, env.replica_group, env.num_replica_groups)
+    loop = Loop(cfg, env, layout, models, state, replication, sampler, chaos, schedule)
+    if env.rank == 0:
+        loop.on_step.append(StepLogger(cfg.train.log_every))
+        log.info(
+            "rank_started",
+            device=str(layout.device),
+            layout={"pp": layout.pp, "dp_shard": layout.dp_shard, "tp": layout.tp},
+            params=sum(p.numel() for p in params.values()),
+            fault_tolerant=env.fault_tolerant,
+            entropy=sampler.entropy(),
+        )
+    chaos.at("start")
+    loop.run()
+
+    digest = params_sha256(params, layout.group("pp"))
+    if env.rank == 0:
+        log.info(
+            "train_done",
+            step=replication.current_step(),
+            loss=loop.last_loss,
+            params_sha256=digest,
+            tokens=state.tokens,
+            seconds=round(time.monotonic() - started, 3),
+        )
+    if dist.is_initialized():
+        # Rank 0 hosts the group's store: nobody leaves while a peer still needs it.
+        dist.barrier()
+    replication.shutdown()
+
+
+class StepLogger:
+    """Emits `train_step` (committed) and `step_skipped` (not committed) events."""
+
+    def __init__(self, every: int) -> None:
+        self.every = every
+        self.log = logs.get()
+
+    def __call__(self, r: StepReport) -> None:
+        if not r.committed:
+            self.log.warning("step_skipped", step=r.step, participants=r.participants)
+            return
+        if r.step % self.every == 0 or r.step == 1:
+            self.log.info(
+                "train_step",
+                step=r.step,
+                loss=round(r.loss, 6),
+                lr=r.lr,
+                grad_norm=round(r.grad_norm, 6),
+                tokens_per_s=round(r.tokens / r.seconds, 1) if r.seconds > 0 else None,
+                step_seconds=round(r.seconds, 4),
+                participants=r.participants,
+            )
