@@ -1,0 +1,420 @@
+"""The etcd coordination layer: one :class:`Coordinator` per daemon.
+
+Everything a job shares lives under ``/phalanx/<job>/`` as JSON (see DESIGN.md):
+the job-file ``spec``, ``nodes/<node_id>`` records, replica-group slots
+``groups/<gid>``, the ``leader`` and its ``lighthouse`` address, the newest
+``checkpoints/latest`` and the job ``state``.
+
+Sessions. A node's claims (record, slot, leadership, lighthouse) are bound to
+one etcd lease kept alive by ``etcd_client._Session``.
+:meth:`Coordinator.ensure_session` replaces a lost lease and returns True: the
+caller then registers and claims again.
+
+Failures are mapped to the exceptions of ``etcd_client`` (re-exported here):
+:class:`EtcdUnavailable` is transient, :class:`EtcdAccessDenied` is a
+configuration problem, :class:`SpecMismatch` refuses a node with another job file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pyetcd
+from pyetcd import transactions as txn
+
+from daemon.etcd_client import (
+    CoordinationError,
+    EtcdAccessDenied,
+    EtcdSettings,
+    EtcdUnavailable,
+    NotLeader,
+    SessionExpired,
+    SpecMismatch,
+    T,
+    _Connection,
+    _Session,
+    translate_error,
+)
+from trainer import logs
+
+log = logs.get()
+
+__all__ = [
+    "STATES",
+    "CoordinationError",
+    "Coordinator",
+    "EtcdAccessDenied",
+    "EtcdSettings",
+    "EtcdUnavailable",
+    "JobView",
+    "NotLeader",
+    "SessionExpired",
+    "SpecMismatch",
+    "translate_error",
+]
+
+STATES = ("running", "completed", "failed")
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A snapshot of ``/phalanx/<job>/``; JSON-able via ``dataclasses.asdict``."""
+
+    nodes: dict[str, dict[str, Any]]
+    groups: dict[int, str]
+    leader: str | None
+    lighthouse: str | None
+    checkpoint: dict[str, Any] | None
+    state: dict[str, Any] | None
+    spec: dict[str, Any] | None
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def _dump(value: object) -> str:
+    """Canonical JSON: equal values give equal bytes, so transactions can compare values."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def spec_hash(sections: dict[str, str]) -> str:
+    """The overall hash of a job file's shared sections."""
+    return hashlib.sha256(_dump(sections).encode()).hexdigest()
+
+
+def differing_sections(old: dict[str, str], new: dict[str, str]) -> list[str]:
+    return sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+
+
+def mismatch_message(job: str, sections: list[str]) -> str:
+    what = (
+        f"section {sections[0]} differs"
+        if len(sections) == 1
+        else f"sections {', '.join(sections)} differ"
+    )
+    return (
+        f"job '{job}' is running with a different job file: {what}; "
+        "use the same file on every node or another job.name."
+    )
+
+
+class Coordinator:
+    """This node's view of one job in etcd: session, registration, slots, leadership, state.
+
+    Methods that write something bound to the lease need a live session
+    (:meth:`ensure_session` first); each raises :class:`EtcdUnavailable` (or
+    :class:`SessionExpired`) when it cannot do its job now and the caller should
+    retry later.
+    """
+
+    def __init__(self, settings: EtcdSettings, job: str, node_id: str, lease_ttl_s: int) -> None:
+        for name, value in (("job.name", job), ("node id", node_id)):
+            if not value or "/" in value:
+                raise CoordinationError(f"{name} '{value}' must be non-empty and contain no '/'.")
+        if lease_ttl_s < 2:
+            raise CoordinationError(f"the etcd lease TTL must be at least 2 s, got {lease_ttl_s}.")
+        self.settings = settings
+        self.job = job
+        self.node_id = node_id
+        self.lease_ttl_s = lease_ttl_s
+        self.prefix = f"/phalanx/{job}/"
+        self._me = _dump(node_id)
+        self._conn = _Connection(settings, settings.timeout_s)
+        keepalive_timeout = max(0.5, min(settings.timeout_s, lease_ttl_s / 3.0))
+        self._keepalive_conn = _Connection(settings, keepalive_timeout)
+        self._session: _Session | None = None
+        self._session_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ session
+
+    def connect(self) -> None:
+        """Reach etcd and check that this user may read the job's keys.
+
+        A transient failure is retried twice on a fresh connection (a first
+        handshake can race a connection that is shutting down), all within
+        ``timeout_s``; access problems are raised at once.
+        """
+        deadline = time.monotonic() + self.settings.timeout_s
+        for attempt in range(3):
+            try:
+                self._call(lambda c: c.get(self._key("spec")))
+                return
+            except EtcdUnavailable:
+                if attempt == 2 or time.monotonic() + 0.2 > deadline:
+                    raise
+                time.sleep(0.2)
+
+    def ensure_session(self) -> bool:
+        """Make sure a live lease exists; True when a new one was created (re-register then)."""
+        with self._session_lock:
+            old = self._session
+            if old is not None and old.alive and old.refresh(self._conn):
+                return False
+            if old is not None:
+                old.stop()
+                if not old.confirmed_gone:
+                    # Only our clock says it expired: make sure etcd drops it too.
+                    self._revoke_quietly(old.lease_id)
+            grant = self._call(lambda c: c.lease(self.lease_ttl_s))
+            session = _Session(int(grant.id), int(grant.ttl), self._keepalive_conn, self.job)
+            session.start()
+            self._session = session
+        log.info("etcd_session_created", job=self.job, lease=f"{grant.id:x}", ttl=grant.ttl)
+        return True
+
+    @property
+    def session_alive(self) -> bool:
+        session = self._session
+        return session is not None and session.alive
+
+    # --------------------------------------------------------------------- spec
+
+    def check_spec(self, sections: dict[str, str]) -> None:
+        """Write the job spec, or check ours equals it; replace it only when no node is registered."""
+        key, nodes = self._key("spec"), self._key("nodes/")
+        overall = spec_hash(sections)
+        value = _dump({"hash": overall, "sections": sections})
+        for _ in range(5):
+            ok, responses = self._txn([txn.Create(key) == 0], [txn.Put(key, value)], [txn.Get(key)])
+            if ok:
+                log.info("job_spec_written", job=self.job, hash=overall)
+                return
+            if not responses[0]:
+                continue  # deleted in between: try to create it again
+            existing, meta = responses[0][0]
+            current = _json_dict(existing)
+            if current.get("hash") == overall:
+                return
+            differ = differing_sections(current.get("sections") or {}, sections) or sorted(sections)
+            no_nodes = txn.Create(nodes, pyetcd.utils.prefix_range_end(nodes.encode())) == 0
+            ok, responses = self._txn(
+                [txn.Mod(key) == meta.mod_revision, no_nodes],
+                [txn.Put(key, value), txn.Delete(self._key("state"))],
+                [txn.Get(nodes, pyetcd.utils.prefix_range_end(nodes.encode()))],
+            )
+            if ok:
+                log.info("job_spec_replaced", job=self.job, hash=overall, sections=differ)
+                return
+            if responses[0]:
+                raise SpecMismatch(mismatch_message(self.job, differ))
+        raise CoordinationError(f"the spec of job '{self.job}' keeps changing; try again.")
+
+    # ------------------------------------------------------------ node and slot
+
+    def register(self, record: dict[str, Any]) -> None:
+        """Put ``nodes/<node_id>`` bound to the lease."""
+        lease = self._lease()
+        self._call(lambda c: c.put(self._key(f"nodes/{self.node_id}"), _dump(record), lease=lease))
+
+    def claim_slot(self, max_replicas: int, preferred: int | None = None) -> int | None:
+        """Claim a replica-group slot (``preferred`` first, then the lowest free); None if all taken."""
+        lease = self._lease()
+        held: dict[int, Any] = {}
+        for kv in self._range("groups/"):
+            gid = kv.key.decode()[len(self._key("groups/")) :]
+            if gid.isdigit():
+                held[int(gid)] = kv
+        mine = sorted(
+            g for g, kv in held.items() if kv.value == self._me.encode() and g < max_replicas
+        )
+        if mine:
+            kv = held[mine[0]]
+            if self._rebind(self._key(f"groups/{mine[0]}"), kv.lease, kv.mod_revision, lease):
+                return mine[0]
+        order = list(range(max_replicas))
+        if preferred is not None and 0 <= preferred < max_replicas:
+            order.remove(preferred)
+            order.insert(0, preferred)
+        for gid in order:
+            if gid in held:
+                continue
+            key = self._key(f"groups/{gid}")
+            ok, _ = self._txn([txn.Create(key) == 0], [txn.Put(key, self._me, lease)], [])
+            if ok:
+                return gid
+        return None
+
+    def release_slot(self, gid: int) -> None:
+        """Delete ``groups/<gid>`` if this node holds it."""
+        key = self._key(f"groups/{gid}")
+        self._txn([txn.Value(key) == self._me], [txn.Delete(key)], [])
+
+    # --------------------------------------------------------------- leadership
+
+    def campaign(self) -> bool:
+        """Try to become the leader; True if this node is (now or already) the leader."""
+        lease = self._lease()
+        key = self._key("leader")
+        ok, responses = self._txn(
+            [txn.Create(key) == 0], [txn.Put(key, self._me, lease)], [txn.Get(key)]
+        )
+        if ok:
+            return True
+        if not responses[0]:
+            return False  # the leader key vanished in between: campaign again next round
+        value, meta = responses[0][0]
+        return value == self._me.encode() and self._rebind(
+            key, meta.lease_id, meta.mod_revision, lease
+        )
+
+    def resign(self) -> None:
+        """Give up leadership (and the lighthouse address) if this node holds it."""
+        key = self._key("leader")
+        self._txn(
+            [txn.Value(key) == self._me], [txn.Delete(key), txn.Delete(self._key("lighthouse"))], []
+        )
+
+    def publish_lighthouse(self, address: str) -> None:
+        """Put ``lighthouse`` bound to the lease; raises NotLeader unless this node leads."""
+        lease = self._lease()
+        key = self._key("lighthouse")
+        ok, _ = self._txn(
+            [txn.Value(self._key("leader")) == self._me], [txn.Put(key, _dump(address), lease)], []
+        )
+        if not ok:
+            raise NotLeader(f"node '{self.node_id}' is not the leader of job '{self.job}'.")
+
+    # ---------------------------------------------------------- persistent keys
+
+    def snapshot(self) -> JobView:
+        """Everything under the job prefix, from one range read."""
+        nodes: dict[str, dict[str, Any]] = {}
+        groups: dict[int, str] = {}
+        single: dict[str, Any] = {}
+        for kv in self._range(""):
+            name = kv.key.decode()[len(self.prefix) :]
+            try:
+                value = json.loads(kv.value)
+            except ValueError:
+                log.warning("etcd_value_not_json", key=kv.key.decode())
+                continue
+            if name.startswith("nodes/") and isinstance(value, dict):
+                nodes[name[len("nodes/") :]] = value
+            elif name.startswith("groups/") and name[len("groups/") :].isdigit():
+                groups[int(name[len("groups/") :])] = str(value)
+            else:
+                single[name] = value
+        return JobView(
+            nodes=nodes,
+            groups=dict(sorted(groups.items())),
+            leader=_str_or_none(single.get("leader")),
+            lighthouse=_str_or_none(single.get("lighthouse")),
+            checkpoint=_dict_or_none(single.get("checkpoints/latest")),
+            state=_dict_or_none(single.get("state")),
+            spec=_dict_or_none(single.get("spec")),
+        )
+
+    def set_state(self, state: str, step: int, **extra: object) -> None:
+        """Put the persistent job ``state`` (running, completed or failed) and its step."""
+        if state not in STATES:
+            raise ValueError(f"state must be one of {', '.join(STATES)}, got {state!r}")
+        value = _dump({**extra, "state": state, "step": step})
+        self._call(lambda c: c.put(self._key("state"), value))
+
+    def publish_checkpoint(self, record: dict[str, Any]) -> None:
+        """Put ``checkpoints/latest`` unless it already names the same or a newer step."""
+        step = record["step"]
+        if not isinstance(step, int):
+            raise ValueError(f"checkpoint record needs an int 'step', got {step!r}")
+        key, value = self._key("checkpoints/latest"), _dump(record)
+        for _ in range(10):
+            ok, responses = self._txn([txn.Create(key) == 0], [txn.Put(key, value)], [txn.Get(key)])
+            if ok or not responses[0]:
+                return
+            current, meta = responses[0][0]
+            if _json_dict(current).get("step", -1) >= step:
+                return
+            ok, _ = self._txn([txn.Mod(key) == meta.mod_revision], [txn.Put(key, value)], [])
+            if ok:
+                return
+        raise CoordinationError("checkpoints/latest keeps changing; try again.")
+
+    # -------------------------------------------------------------------- close
+
+    def close(self, revoke: bool = True) -> None:
+        """Stop the keepalive; revoke the lease (drops node, slot and leader keys at once)."""
+        with self._session_lock:
+            session, self._session = self._session, None
+        if session is not None:
+            session.stop()
+            if revoke:
+                self._revoke_quietly(session.lease_id)
+        self._conn.close()
+        self._keepalive_conn.close()
+
+    # ---------------------------------------------------------------- internals
+
+    def _key(self, name: str) -> str:
+        return self.prefix + name
+
+    def _call(self, fn: Callable[[Any], T]) -> T:
+        try:
+            return self._conn.call(fn)
+        except SessionExpired:
+            session = self._session
+            if session is not None:
+                session.mark_gone()
+            raise
+
+    def _txn(
+        self, compare: list[Any], success: list[Any], failure: list[Any]
+    ) -> tuple[bool, list[Any]]:
+        ok, responses = self._call(
+            lambda c: c.transaction(compare=compare, success=success, failure=failure)
+        )
+        return bool(ok), list(responses)
+
+    def _range(self, name: str) -> list[Any]:
+        response = self._call(lambda c: c.get_prefix_response(self._key(name)))
+        return list(response.kvs)
+
+    def _lease(self) -> int:
+        session = self._session
+        if session is None:
+            raise CoordinationError("no etcd session yet: call ensure_session() first.")
+        if not session.alive:
+            raise SessionExpired(
+                "this node's etcd lease has expired; call ensure_session() and register again."
+            )
+        return session.lease_id
+
+    def _rebind(self, key: str, key_lease: int, mod_revision: int, lease: int) -> bool:
+        """Keep a key this node already holds, moving it to the current lease if needed.
+
+        A key can outlive the session that wrote it (etcd restored an old lease
+        that we had given up); left there it would vanish later without notice.
+        """
+        if key_lease == lease:
+            return True
+        ok, _ = self._txn([txn.Mod(key) == mod_revision], [txn.Put(key, self._me, lease)], [])
+        return ok
+
+    def _revoke_quietly(self, lease_id: int) -> None:
+        try:
+            self._call(lambda c: c.revoke_lease(lease_id))
+        except CoordinationError as exc:
+            if not isinstance(exc, SessionExpired):
+                log.warning("etcd_lease_revoke_failed", lease=f"{lease_id:x}", error=str(exc))
+
+
+def _json_dict(raw: bytes) -> dict[str, Any]:
+    """A JSON object stored in etcd; anything else (hand-edited, corrupt) reads as empty."""
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _str_or_none(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
+def _dict_or_none(value: object) -> dict[str, Any] | None:
+    return value if isinstance(value, dict) else None

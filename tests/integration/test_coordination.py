@@ -1,0 +1,345 @@
+"""The etcd coordination layer against a real embedded etcd (no mocks)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from daemon.coordination import (
+    CoordinationError,
+    Coordinator,
+    EtcdSettings,
+    EtcdUnavailable,
+    NotLeader,
+    SpecMismatch,
+)
+from daemon.etcd_server import EmbeddedEtcd, EtcdStartError, find_etcd_binary
+
+pytestmark = pytest.mark.integration
+
+SPEC = {"model": "m1", "train": "t1", "data": "d1"}
+MakeCoordinator = Callable[..., Coordinator]
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Poll ``predicate`` until it holds; fail naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def reachable(c: Coordinator) -> bool:
+    try:
+        c.snapshot()
+    except EtcdUnavailable:
+        return False
+    return True
+
+
+@pytest.fixture
+def make(etcd_settings: EtcdSettings) -> Iterator[MakeCoordinator]:
+    """Coordinators with a live session, closed (lease revoked) after the test."""
+    made: list[Coordinator] = []
+
+    def factory(node_id: str, ttl: int = 10, settings: EtcdSettings | None = None) -> Coordinator:
+        c = Coordinator(settings or etcd_settings, "demo", node_id, ttl)
+        c.connect()
+        assert c.ensure_session() is True
+        made.append(c)
+        return c
+
+    yield factory
+    for c in made:
+        c.close()
+
+
+# ------------------------------------------------------------------- embedded etcd
+
+
+def test_embedded_etcd_lifecycle(tmp_path: Path) -> None:
+    assert os.access(find_etcd_binary(), os.X_OK)
+    server = EmbeddedEtcd(tmp_path / "etcd")
+    with server:
+        host, port = server.endpoint.split(":")
+        assert host == "127.0.0.1" and port.isdigit()
+        pid = server.pid
+        assert pid is not None and server.running
+        assert server.log_path == tmp_path / "etcd.log" and server.log_path.stat().st_size > 0
+    assert not server.running and server.pid is None
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    # A second start is a fresh store: the old data dir is wiped.
+    with EmbeddedEtcd(tmp_path / "etcd") as again:
+        c = Coordinator(EtcdSettings([again.endpoint]), "demo", "a", 5)
+        try:
+            assert c.snapshot().spec is None
+        finally:
+            c.close()
+
+
+def test_embedded_etcd_refuses_to_wipe_a_foreign_dir(tmp_path: Path) -> None:
+    (tmp_path / "precious").mkdir()
+    (tmp_path / "precious" / "notes.txt").write_text("keep me")
+    with pytest.raises(EtcdStartError, match="refusing to wipe"):
+        EmbeddedEtcd(tmp_path / "precious").start()
+    assert (tmp_path / "precious" / "notes.txt").exists()
+
+
+# --------------------------------------------------------------------------- spec
+
+
+def test_spec_written_then_equal_accepted(make: MakeCoordinator) -> None:
+    a, b = make("a"), make("b")
+    a.check_spec(SPEC)
+    b.check_spec(dict(SPEC))
+    spec = a.snapshot().spec
+    assert spec is not None and spec["sections"] == SPEC and len(spec["hash"]) == 64
+
+
+def test_spec_mismatch_names_differing_sections(make: MakeCoordinator) -> None:
+    a, b = make("a"), make("b")
+    a.check_spec(SPEC)
+    a.register({"host": "h1"})
+    with pytest.raises(SpecMismatch) as info:
+        b.check_spec({**SPEC, "model": "m2", "train": "t2"})
+    assert str(info.value) == (
+        "job 'demo' is running with a different job file: sections model, train differ; "
+        "use the same file on every node or another job.name."
+    )
+    assert a.snapshot().spec == b.snapshot().spec and b.snapshot().spec is not None
+
+
+def test_spec_replaced_when_no_node_is_registered(make: MakeCoordinator) -> None:
+    a = make("a")
+    a.check_spec(SPEC)
+    a.set_state("completed", 100)
+    a.publish_checkpoint({"step": 100, "path": "/ckpt/step-100"})
+    new = {**SPEC, "data": "d2"}
+    make("b").check_spec(new)  # no node record: the old run is over
+    view = a.snapshot()
+    assert view.spec is not None and view.spec["sections"] == new
+    assert view.state is None
+    assert view.checkpoint is not None and view.checkpoint["step"] == 100
+
+
+# ------------------------------------------------------------------ nodes, slots
+
+
+def test_register_and_snapshot(make: MakeCoordinator) -> None:
+    a = make("a")
+    record = {"host": "10.0.0.1", "ports": {"metrics": 9100}, "pid": 42, "state": "starting"}
+    a.register(record)
+    a.register({**record, "state": "running"})
+    view = a.snapshot()
+    assert view.nodes == {"a": {**record, "state": "running"}}
+    json.dumps(dataclasses.asdict(view))  # JSON-able as documented
+
+
+def test_two_nodes_claim_slots_zero_and_one(make: MakeCoordinator) -> None:
+    a, b, c = make("a"), make("b"), make("c")
+    assert a.claim_slot(2) == 0
+    assert b.claim_slot(2) == 1
+    assert a.claim_slot(2) == 0  # already held: same slot
+    assert c.claim_slot(2) is None
+    assert a.snapshot().groups == {0: "a", 1: "b"}
+
+
+def test_preferred_slot_honoured(make: MakeCoordinator) -> None:
+    a, b = make("a"), make("b")
+    assert a.claim_slot(4, preferred=2) == 2
+    assert b.claim_slot(4, preferred=2) == 0  # taken: lowest free
+    assert b.claim_slot(4, preferred=3) == 0  # already holds one
+
+
+def test_release_slot_only_by_holder(make: MakeCoordinator) -> None:
+    a, b = make("a"), make("b")
+    assert a.claim_slot(2) == 0
+    b.release_slot(0)
+    assert a.snapshot().groups == {0: "a"}
+    a.release_slot(0)
+    assert a.snapshot().groups == {}
+
+
+def test_close_frees_slot_and_leadership_at_once(make: MakeCoordinator) -> None:
+    a, b = make("a"), make("b")
+    a.register({"host": "h"})
+    assert a.claim_slot(2) == 0 and a.campaign()
+    a.publish_lighthouse("127.0.0.1:29510")
+    a.close()
+    view = b.snapshot()
+    assert view.nodes == {} and view.groups == {}
+    assert view.leader is None and view.lighthouse is None
+    assert b.claim_slot(2, preferred=0) == 0
+    assert b.campaign()
+
+
+def test_lease_expiry_frees_slot_leader_and_lighthouse(make: MakeCoordinator) -> None:
+    a, b = make("a", ttl=2), make("b")
+    a.register({"host": "h"})
+    assert a.claim_slot(2) == 0 and a.campaign()
+    a.publish_lighthouse("127.0.0.1:29510")
+    a.close(revoke=False)  # the node dies: no keepalive, no revoke
+
+    def expired() -> bool:
+        view = b.snapshot()
+        return not view.nodes and not view.groups and view.leader is None
+
+    wait_for(expired, 10, "the dead node's lease to expire")
+    assert b.snapshot().lighthouse is None
+    assert b.claim_slot(2, preferred=0) == 0
+    assert b.campaign()
+    assert b.snapshot().leader == "b"
+
+
+# --------------------------------------------------------------------- leadership
+
+
+def test_exactly_one_leader(make: MakeCoordinator) -> None:
+    nodes = [make(f"n{i}") for i in range(4)]
+    with ThreadPoolExecutor(len(nodes)) as pool:
+        won = list(pool.map(lambda c: c.campaign(), nodes))
+    assert won.count(True) == 1
+    leader = nodes[won.index(True)]
+    assert leader.snapshot().leader == leader.node_id
+    assert leader.campaign()  # already the leader
+    assert [c.campaign() for c in nodes].count(True) == 1
+
+
+def test_lighthouse_only_while_leader(make: MakeCoordinator) -> None:
+    a, b = make("a"), make("b")
+    assert a.campaign() and not b.campaign()
+    with pytest.raises(NotLeader):
+        b.publish_lighthouse("127.0.0.1:1")
+    a.publish_lighthouse("127.0.0.1:29510")
+    assert b.snapshot().lighthouse == "127.0.0.1:29510"
+    b.resign()  # not the leader: no effect
+    assert b.snapshot().leader == "a"
+    a.resign()
+    view = b.snapshot()
+    assert view.leader is None and view.lighthouse is None
+    assert b.campaign()
+
+
+# ----------------------------------------------------------------- persistent keys
+
+
+def test_state_and_checkpoint_persist_newest_wins(make: MakeCoordinator) -> None:
+    a, b = make("a"), make("b")
+    a.set_state("running", 10, note="x")
+    a.publish_checkpoint({"step": 20, "path": "/c/step-20"})
+    b.publish_checkpoint({"step": 10, "path": "/c/step-10"})  # older: ignored
+    a.close()  # persistent keys are not bound to the lease
+    view = b.snapshot()
+    assert view.state == {"state": "running", "step": 10, "note": "x"}
+    assert view.checkpoint == {"step": 20, "path": "/c/step-20"}
+    b.publish_checkpoint({"step": 30, "path": "/c/step-30"})
+    b.set_state("completed", 30)
+    view = b.snapshot()
+    assert view.checkpoint is not None and view.checkpoint["step"] == 30
+    assert view.state == {"state": "completed", "step": 30}
+
+
+def test_lease_bound_writes_need_a_session(etcd_settings: EtcdSettings) -> None:
+    c = Coordinator(etcd_settings, "demo", "a", 5)
+    try:
+        with pytest.raises(CoordinationError, match="ensure_session"):
+            c.register({"host": "h"})
+        assert not c.session_alive
+    finally:
+        c.close()
+
+
+# ------------------------------------------------------------------------- outages
+
+
+def test_paused_etcd_fails_fast_then_same_lease_continues(
+    etcd: EmbeddedEtcd, make: MakeCoordinator
+) -> None:
+    settings = EtcdSettings([etcd.endpoint], timeout_s=1.0)
+    a = make("a", ttl=10, settings=settings)
+    a.register({"host": "h"})
+    assert a.claim_slot(2) == 0
+    etcd.pause()
+    try:
+        for call in (a.snapshot, a.ensure_session, lambda: a.claim_slot(2)):
+            start = time.monotonic()
+            with pytest.raises(EtcdUnavailable):
+                call()
+            assert time.monotonic() - start < settings.timeout_s + 1.0
+        assert a.session_alive  # the TTL has not passed
+    finally:
+        etcd.resume()
+    wait_for(lambda: reachable(a), 10, "etcd to answer again")
+    assert a.ensure_session() is False  # same lease
+    view = a.snapshot()
+    assert view.groups == {0: "a"} and "a" in view.nodes
+
+
+def test_paused_past_ttl_gives_a_new_session(etcd: EmbeddedEtcd, make: MakeCoordinator) -> None:
+    settings = EtcdSettings([etcd.endpoint], timeout_s=1.0)
+    a = make("a", ttl=2, settings=settings)
+    a.register({"host": "h"})
+    assert a.claim_slot(2) == 0
+    etcd.pause()
+    try:
+        wait_for(lambda: not a.session_alive, 10, "the session to be reported lost")
+        with pytest.raises(EtcdUnavailable):
+            a.register({"host": "h"})
+    finally:
+        etcd.resume()
+    wait_for(lambda: reachable(a), 10, "etcd to answer again")
+    assert a.ensure_session() is True  # new lease: register and claim again
+    wait_for(lambda: not a.snapshot().groups, 10, "the old lease's keys to vanish")
+    a.register({"host": "h"})
+    assert a.claim_slot(2) == 0
+    assert a.session_alive and a.ensure_session() is False
+
+
+def test_restarted_etcd_keeps_a_short_outage_lease(
+    etcd: EmbeddedEtcd, make: MakeCoordinator
+) -> None:
+    settings = EtcdSettings([etcd.endpoint], timeout_s=1.0)
+    a = make("a", ttl=10, settings=settings)
+    a.register({"host": "h"})
+    assert a.claim_slot(2) == 0
+    etcd.stop()
+    start = time.monotonic()
+    with pytest.raises(EtcdUnavailable, match="cannot reach etcd"):
+        a.snapshot()
+    with pytest.raises(EtcdUnavailable):
+        a.ensure_session()
+    assert time.monotonic() - start < 2 * settings.timeout_s
+    time.sleep(1.5)  # the outage: etcd is down, the keepalive keeps retrying
+    etcd.restart()  # same data and ports
+    wait_for(lambda: reachable(a), 10, "etcd to answer again")
+    assert a.ensure_session() is False
+    assert a.snapshot().groups == {0: "a"}
+    assert a.claim_slot(2) == 0
+
+
+def test_restarted_etcd_after_ttl_gives_a_new_session(
+    etcd: EmbeddedEtcd, make: MakeCoordinator
+) -> None:
+    settings = EtcdSettings([etcd.endpoint], timeout_s=1.0)
+    a, b = make("a", ttl=2, settings=settings), make("b", ttl=30, settings=settings)
+    a.register({"host": "h"})
+    assert a.claim_slot(2) == 0
+    etcd.stop()
+    wait_for(lambda: not a.session_alive, 10, "the session to be reported lost")
+    etcd.restart()
+    wait_for(lambda: reachable(a), 10, "etcd to answer again")
+    # etcd restores leases on restart, but ours was given up: it is revoked, keys go.
+    assert a.ensure_session() is True
+    assert a.snapshot().groups == {}
+    a.register({"host": "h"})
+    assert a.claim_slot(2) == 0
+    assert b.ensure_session() is False  # the long-TTL session survived the restart
