@@ -15,7 +15,7 @@ from trainer import logs
 from trainer.config import ConfigError, load_trainer_config
 from trainer.env import RankEnv
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_FAILED, EXIT_BAD_INPUT = 1, 2
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -23,7 +23,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="python -m trainer",
         description="Run one rank of the Phalanx trainer under the torchrun/Phalanx env contract.",
     )
-    parser.add_argument("--config", required=True, help="job file (TOML)")
+    default = os.environ.get("PHALANX_CONFIG")
+    parser.add_argument(
+        "--config",
+        required=default is None,
+        default=default,
+        help="job file (TOML, or the JSON a daemon writes); default $PHALANX_CONFIG",
+    )
     parser.add_argument(
         "--set",
         dest="overrides",
@@ -49,14 +55,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from trainer.run import run
 
-        run(cfg, env)
+        return run(cfg, env)
     except ConfigError as e:  # problems only visible once data is opened
         log.error("bad_input", error=str(e))
         return EXIT_BAD_INPUT
     except Exception as e:
         log.exception("rank_failed", error=f"{type(e).__name__}: {e}")
         return EXIT_FAILED
-    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -11,13 +11,21 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import MutableMapping
+import threading
+from collections.abc import Mapping, MutableMapping
+from datetime import UTC, datetime
 from typing import Any, TextIO
 
 import structlog
 
 # Library loggers that log an empty message with structured `extra` on every step.
 _NOISY = ("torchft_quorums", "torchft_commits", "torchft_errors")
+
+
+def _stamp(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """Add the time unless the event already carries one (a relayed rank event keeps its own)."""
+    event_dict.setdefault("time", datetime.now(UTC).isoformat().replace("+00:00", "Z"))
+    return event_dict
 
 
 def _event_first(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
@@ -44,7 +52,7 @@ def configure(
     shared: list[Any] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
-        structlog.processors.TimeStamper(fmt="iso", utc=True, key="time"),
+        _stamp,
     ]
     structlog.configure(
         processors=[*shared, structlog.processors.format_exc_info, _event_first, renderer],
@@ -65,11 +73,18 @@ def configure(
             ],
         )
     )
+    handler.addFilter(_drop_known_noise)
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.WARNING)
     for name in _NOISY:
         logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def _drop_known_noise(record: logging.LogRecord) -> bool:
+    """torchft warns on every reconfiguration that it cannot reset NCCL's flight recorder,
+    which is meaningless on Gloo; drop that line, keep everything else."""
+    return "flight recorder" not in record.getMessage()
 
 
 def _library_event(
@@ -79,6 +94,23 @@ def _library_event(
     event_dict["message"] = str(event_dict.get("event", ""))
     event_dict["event"] = "library_log"
     return event_dict
+
+
+_relay_lock = threading.Lock()
+_LEVELS = {"debug", "info", "warning", "error", "critical"}
+
+
+def relay(event: Mapping[str, Any]) -> None:
+    """Re-emit an event another process logged (a rank's JSON line) as this process's event.
+
+    The fields stay fields (no JSON inside a string); the original time and level are kept.
+    """
+    fields = dict(event)
+    name = str(fields.pop("event", "rank_output"))
+    level = str(fields.pop("level", "info"))
+    method = level if level in _LEVELS else "info"
+    with _relay_lock:
+        getattr(get(), method)(name, **fields)
 
 
 def bind(**context: Any) -> None:

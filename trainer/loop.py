@@ -66,7 +66,9 @@ class Loop:
     chaos: Chaos
     schedule: Schedule | None = None
     on_step: list[Callable[[StepReport], None]] = field(default_factory=list)
+    stop_requested: Callable[[], bool] = lambda: False
     last_loss: float = float("nan")
+    drained: bool = False  # the group agreed to stop early (SIGTERM)
 
     def __post_init__(self) -> None:
         self.log = logs.get()
@@ -80,7 +82,7 @@ class Loop:
         self.last = self.schedule is None or any(m.output is not None for m in self.models)
 
     def run(self) -> None:
-        while self.replication.current_step() < self.cfg.train.steps:
+        while self.replication.current_step() < self.cfg.train.steps and not self.drained:
             report = self.step()
             for callback in self.on_step:
                 callback(report)
@@ -126,7 +128,7 @@ class Loop:
     def _forward_backward(self, step: int) -> float:
         """Run this rank's share of the step; return the group's mean loss."""
         mine = self._pipeline(step) if self.schedule is not None else self._accumulate(step)
-        return self._group_mean(mine)
+        return self._group_agree(mine)
 
     def _accumulate(self, step: int) -> float:
         model = self.models[0]
@@ -160,15 +162,23 @@ class Loop:
             self.schedule.step(*args)
         return float(torch.stack(losses).mean()) if losses else 0.0
 
-    def _group_mean(self, mine: float) -> float:
-        """Mean loss over the group: ranks on the last stage with tp_rank 0 each hold one shard's mean."""
-        contributes = self.last and self.layout.tp_rank == 0
+    def _group_agree(self, mine: float) -> float:
+        """One all-reduce inside the group: the mean loss and whether any rank was asked to stop.
+
+        Ranks on the last stage with tp_rank 0 each hold one data shard's mean loss.
+        Agreeing on the stop flag here means every rank leaves after the same step.
+        """
+        stop = self.stop_requested()
         if self.layout.mesh is None:
+            self.drained = stop
             return mine
+        contributes = self.last and self.layout.tp_rank == 0
         t = torch.tensor(
-            [mine if contributes else 0.0, 1.0 if contributes else 0.0], dtype=torch.float64
+            [mine if contributes else 0.0, 1.0 if contributes else 0.0, 1.0 if stop else 0.0],
+            dtype=torch.float64,
         )
         dist.all_reduce(t)
+        self.drained = bool(t[2] > 0)
         return float(t[0] / t[1])
 
 

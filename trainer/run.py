@@ -4,6 +4,8 @@ config -> device mesh -> model -> parallelize -> optimizer + LR -> torchft wirin
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
 
 import torch
@@ -24,11 +26,16 @@ from trainer.parallelize import parallelize
 from trainer.pipeline import build_schedule, build_stage_models
 from trainer.state import TrainState
 
+EXIT_DRAINED = 128 + signal.SIGTERM
 
-def run(cfg: TrainerConfig, env: RankEnv) -> None:
+
+def run(cfg: TrainerConfig, env: RankEnv) -> int:
+    """Train to cfg.train.steps (exit code 0), or until SIGTERM drains the group (143)."""
     log = logs.get()
     started = time.monotonic()
     chaos = Chaos()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     torch.manual_seed(cfg.train.seed)
     layout = init_distributed(cfg.parallel, env, cfg.ft.timeout_s)
     touch(env.heartbeat)
@@ -57,6 +64,7 @@ def run(cfg: TrainerConfig, env: RankEnv) -> None:
 
     sampler = Sampler(cfg, env.replica_group, env.num_replica_groups)
     loop = Loop(cfg, env, layout, models, state, replication, sampler, chaos, schedule)
+    loop.stop_requested = stop.is_set
     if env.rank == 0:
         loop.on_step.append(StepLogger(cfg.train.log_every))
         log.info(
@@ -70,6 +78,11 @@ def run(cfg: TrainerConfig, env: RankEnv) -> None:
     chaos.at("start")
     loop.run()
 
+    if loop.drained:
+        if env.rank == 0:
+            log.info("train_stopped", step=replication.current_step(), reason="SIGTERM")
+        _leave(replication)
+        return EXIT_DRAINED
     digest = params_sha256(params, layout.group("pp"))
     if env.rank == 0:
         log.info(
@@ -80,6 +93,11 @@ def run(cfg: TrainerConfig, env: RankEnv) -> None:
             tokens=state.tokens,
             seconds=round(time.monotonic() - started, 3),
         )
+    _leave(replication)
+    return 0
+
+
+def _leave(replication: Replication) -> None:
     if dist.is_initialized():
         # Rank 0 hosts the group's store: nobody leaves while a peer still needs it.
         dist.barrier()
