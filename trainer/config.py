@@ -160,6 +160,11 @@ class FaultToleranceConfig(Section):
     quorum_timeout_s: float = Field(60.0, gt=0, description="Waiting for a quorum.")
     connect_timeout_s: float = Field(10.0, gt=0, description="Connecting to lighthouse/peers.")
     async_quorum: bool = Field(True, description="Compute the quorum during the forward pass.")
+    quorum_retries: int = Field(
+        30,
+        ge=0,
+        description="Lighthouse quorum retries (spread over quorum_timeout_s); they carry a group across a lighthouse failover.",
+    )
 
 
 class TrainerConfig(Section):

@@ -146,6 +146,10 @@ class TorchFTGroup:
             checkpoint_transport=SafeHTTPTransport(timeout=timeout, num_chunks=0),
             # Every group initialises identical weights from train.seed.
             init_sync=False,
+            # torchft 0.2.0's manager does not tell its ranks when a lighthouse call fails
+            # (they wait out the quorum timeout); retrying, with a fresh lighthouse client
+            # each time, rides out a leader change behind the daemon's forwarder.
+            quorum_retries=cfg.quorum_retries,
         )
         self.managed_pg = ManagedProcessGroup(self.manager)
         self.heals = 0
