@@ -237,3 +237,89 @@ def cleanup(*items: Proc | Group | Lighthouse) -> Iterator[None]:
                 item.proc.stop()
             else:
                 item.stop()
+
+
+DAEMON_JOB = ROOT / "tests" / "integration" / "daemon_job.toml"
+
+
+@dataclass
+class Daemon:
+    """A `phalanx run` process with its HTTP port."""
+
+    proc: Proc
+    node_id: str
+    http_port: int
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def events(self, name: str | None = None) -> list[Event]:
+        return self.proc.events(name)
+
+    def status(self) -> dict[str, Any] | None:
+        """GET /status, or None while the daemon is not answering."""
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.http_port}/status", timeout=2
+            ) as r:
+                doc: dict[str, Any] = json.loads(r.read())
+                return doc
+        except OSError:
+            return None
+
+    def get(self, path: str) -> tuple[int, str]:
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}{path}", timeout=2) as r:
+                return int(r.status), r.read().decode()
+        except urllib.error.HTTPError as e:
+            return int(e.code), e.read().decode()
+
+    def require_status(self) -> dict[str, Any]:
+        doc = self.status()
+        assert doc is not None, f"{self.node_id} is not answering /status"
+        return doc
+
+    def rank_pids(self) -> list[int]:
+        doc = self.status()
+        return list(doc["pids"]) if doc else []
+
+    def step(self) -> int:
+        doc = self.status()
+        return int(doc["step"]) if doc else 0
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout)
+
+    def stop(self) -> None:
+        self.proc.stop()
+
+
+def start_daemon(
+    log_dir: Path,
+    node_id: str,
+    endpoints: Sequence[str] | None,
+    config: Path = DAEMON_JOB,
+    overrides: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    name: str | None = None,
+) -> Daemon:
+    """`phalanx run` for one node with its own ports and run directory."""
+    http_port = free_port()
+    settings = [
+        f"node.http_port={http_port}",
+        f"node.lighthouse_port={free_port()}",
+        f'node.run_dir="{log_dir / node_id}"',
+    ]
+    if endpoints is not None:
+        settings.append(f"etcd.endpoints={json.dumps(list(endpoints))}")
+    argv = [str(BIN / "phalanx"), "run", "--config", str(config), "--node-id", node_id]
+    for o in [*settings, *overrides]:
+        argv += ["--set", o]
+    full_env = {"OMP_NUM_THREADS": "1", "PHALANX_CHAOS_DELAY": "0.05", **(env or {})}
+    return Daemon(start(argv, log_dir, name or node_id, full_env), node_id, http_port)

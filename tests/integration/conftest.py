@@ -26,3 +26,9 @@ def etcd(tmp_path: Path) -> Iterator[EmbeddedEtcd]:
 def etcd_settings(etcd: EmbeddedEtcd) -> EtcdSettings:
     """Client settings for :func:`etcd`, with a short per-request deadline."""
     return EtcdSettings(endpoints=[etcd.endpoint], timeout_s=2.0)
+
+
+@pytest.fixture
+def etcd_endpoint(etcd: EmbeddedEtcd) -> str:
+    """host:port of :func:`etcd`, for daemons started with etcd.endpoints."""
+    return etcd.endpoint

@@ -1,0 +1,193 @@
+"""The `phalanx` command: `run` (the service), `status`, `demo`.
+
+Exit codes: 0 done, 1 failed, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+
+from daemon.config import DaemonConfig, load_daemon_config, read_password
+from daemon.coordination import CoordinationError, Coordinator, EtcdSettings
+from trainer import logs
+from trainer.config import ConfigError
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+ENDPOINT_FILE = "etcd.endpoint"
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="job file (TOML)")
+    parser.add_argument("--node-id", help="this node's id (default: node.id, else the hostname)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a setting; the value is a TOML literal (bare words are strings)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="phalanx",
+        description="Fault-tolerant, elastic training daemon: one per node, coordinated through etcd and torchft.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser(
+        "run",
+        help="run this node's daemon (the service)",
+        description="Join the job, run this node's replica group, heal and restart it until training completes.",
+    )
+    _common(run)
+    status = sub.add_parser(
+        "status",
+        help="show the job's nodes, groups, leader and step from etcd",
+        description="Read the job's state from etcd and print it.",
+    )
+    _common(status)
+    status.add_argument(
+        "--json", action="store_true", help="print one JSON object instead of a table"
+    )
+    demo = sub.add_parser(
+        "demo",
+        help="two nodes on this machine, a failure injected and healed",
+        description="Start an embedded etcd and two daemons, kill one node's ranks mid-run, and show it heal.",
+    )
+    demo.add_argument("--steps", type=int, default=240, help="training steps (default 240)")
+    demo.add_argument(
+        "--workdir", help="keep the run's files here (default: a temporary directory)"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "demo":
+        from daemon.demo import run_demo
+
+        return run_demo(steps=args.steps, workdir=args.workdir)
+    try:
+        cfg = load_daemon_config(args.config, args.overrides, args.node_id)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.command == "status":
+        return status(cfg, as_json=args.json)
+    return run(cfg)
+
+
+def etcd_settings(cfg: DaemonConfig, endpoints: list[str]) -> EtcdSettings:
+    e = cfg.etcd
+    return EtcdSettings(
+        endpoints=endpoints,
+        ca_file=e.ca_file,
+        cert_file=e.cert_file,
+        key_file=e.key_file,
+        user=e.user,
+        password=read_password(cfg),
+        timeout_s=e.timeout_s,
+    )
+
+
+def run(cfg: DaemonConfig) -> int:
+    from daemon.etcd_server import EmbeddedEtcd, EtcdStartError
+    from daemon.metrics import DaemonMetrics
+    from daemon.server import StatusServer
+    from daemon.supervisor import Supervisor
+
+    logs.configure()
+    logs.bind(job=cfg.job.name, node=cfg.node_id)
+    log = logs.get()
+    run_dir = cfg.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    embedded: EmbeddedEtcd | None = None
+    endpoints = list(cfg.etcd.endpoints)
+    if not endpoints:
+        try:
+            embedded = EmbeddedEtcd(run_dir / "etcd").start()
+        except (EtcdStartError, FileNotFoundError) as e:
+            log.error("etcd_embedded_failed", error=str(e))
+            return EXIT_FAILED
+        endpoints = [embedded.endpoint]
+        (run_dir / ENDPOINT_FILE).write_text(embedded.endpoint + "\n")
+        log.info(
+            "etcd_embedded",
+            endpoint=embedded.endpoint,
+            pid=embedded.pid,
+            data_dir=str(run_dir / "etcd"),
+        )
+    server = None
+    try:
+        coord = Coordinator(
+            etcd_settings(cfg, endpoints), cfg.job.name, cfg.node_id, cfg.etcd.lease_ttl_s
+        )
+        sup = Supervisor(cfg, coord)
+        metrics = DaemonMetrics(sup)
+        try:
+            server = StatusServer(
+                sup, cfg.node.http_host, cfg.node.http_port, metrics.render
+            ).start()
+        except OSError as e:
+            print(
+                f"error: node.http_port {cfg.node.http_port} cannot be bound ({e.strerror}); pick a free port.",
+                file=sys.stderr,
+            )
+            return EXIT_BAD_INPUT
+        sup.http_port = server.port
+        log.info(
+            "http_listening",
+            port=server.port,
+            endpoints=["/metrics", "/healthz", "/readyz", "/status"],
+        )
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: sup.request_drain())
+        return sup.run()
+    except CoordinationError as e:
+        log.error("node_failed", error=str(e))
+        return EXIT_BAD_INPUT
+    finally:
+        if server is not None:
+            server.stop()
+        if embedded is not None:
+            embedded.stop()
+            (run_dir / ENDPOINT_FILE).unlink(missing_ok=True)
+
+
+def status(cfg: DaemonConfig, as_json: bool) -> int:
+    from daemon.status import dumps, status_json, status_table
+
+    endpoints = list(cfg.etcd.endpoints)
+    if not endpoints:
+        path = cfg.run_dir / ENDPOINT_FILE
+        if not path.exists():
+            print(
+                f"error: etcd.endpoints is empty and no embedded etcd runs under {cfg.run_dir}; "
+                "start `phalanx run` with this job file, or set etcd.endpoints.",
+                file=sys.stderr,
+            )
+            return EXIT_BAD_INPUT
+        endpoints = [path.read_text().strip()]
+    try:
+        coord = Coordinator(
+            etcd_settings(cfg, endpoints),
+            cfg.job.name,
+            f"status-{os.getpid()}",
+            cfg.etcd.lease_ttl_s,
+        )
+        view = coord.snapshot()
+        coord.close(revoke=False)
+    except CoordinationError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    doc = status_json(cfg.job.name, view)
+    print(dumps(doc) if as_json else status_table(doc))
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

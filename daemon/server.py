@@ -1,0 +1,95 @@
+"""The daemon's HTTP endpoints.
+
+* ``/healthz``: liveness. 200 while the supervisor loop keeps ticking.
+* ``/readyz``: readiness. 200 once registered in etcd with its group running.
+* ``/status``: this node's view as JSON.
+* ``/metrics``: Prometheus text exposition (daemon and ranks).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from daemon.supervisor import State, Supervisor
+
+STALE_LOOP_S = 10.0
+
+
+def status_document(sup: Supervisor) -> dict[str, Any]:
+    v = sup.view
+    job = dataclasses.asdict(v.job) if v.job else None
+    return {
+        "node": sup.cfg.node_id,
+        "job": sup.cfg.job.name,
+        "state": v.state.value,
+        "replica_group": v.slot,
+        "leader": v.leader,
+        "lighthouse": v.lighthouse,
+        "etcd_up": v.etcd_up,
+        "step": v.step,
+        "loss": v.loss,
+        "participants": v.participants,
+        "restarts": v.restarts,
+        "heals": v.heals,
+        "pids": v.pids,
+        "last_error": v.last_error,
+        "view": job,
+    }
+
+
+class StatusServer:
+    def __init__(
+        self, sup: Supervisor, host: str, port: int, metrics: Callable[[], bytes] | None = None
+    ) -> None:
+        self.sup = sup
+        self.metrics = metrics
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                code, ctype, body = server.route(self.path.split("?", 1)[0])
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        self.httpd.daemon_threads = True
+        self.port: int = self.httpd.server_address[1]
+        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True, name="http")
+
+    def start(self) -> StatusServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def route(self, path: str) -> tuple[int, str, bytes]:
+        v = self.sup.view
+        text = "text/plain; charset=utf-8"
+        if path == "/healthz":
+            fresh = time.monotonic() - v.last_tick < STALE_LOOP_S
+            return (200, text, b"ok\n") if fresh else (503, text, b"supervisor loop stalled\n")
+        if path == "/readyz":
+            ready = (
+                v.registered and v.state == State.RUNNING
+            )  # etcd outages do not unready a running group
+            return (200, text, b"ready\n") if ready else (503, text, f"{v.state.value}\n".encode())
+        if path == "/status":
+            body = json.dumps(status_document(self.sup), default=str, indent=2).encode()
+            return 200, "application/json", body
+        if path == "/metrics" and self.metrics is not None:
+            return 200, "text/plain; version=0.0.4; charset=utf-8", self.metrics()
+        return 404, text, b"not found\n"

@@ -1,0 +1,234 @@
+"""Two `phalanx run` daemons on one real etcd: failures of ranks, daemons, the leader and etcd itself."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from daemon.etcd_server import EmbeddedEtcd
+from tests.harness import (
+    BIN,
+    DAEMON_JOB,
+    Daemon,
+    Event,
+    alive,
+    start_daemon,
+    wait_for,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def pair(
+    tmp_path: Path, endpoint: str, steps: int, env: dict[str, str] | None = None
+) -> tuple[Daemon, Daemon]:
+    overrides = [f"train.steps={steps}"]
+    a = start_daemon(tmp_path, "node-a", [endpoint], overrides=overrides, env=env)
+    b = start_daemon(tmp_path, "node-b", [endpoint], overrides=overrides, env=env)
+    wait_for(lambda: a.step() > 3 and b.step() > 3, 120, "both groups to train")
+    return a, b
+
+
+def status_json(endpoint: str) -> dict[str, Any]:
+    out = subprocess.run(
+        [
+            str(BIN / "phalanx"),
+            "status",
+            "--config",
+            str(DAEMON_JOB),
+            "--set",
+            f'etcd.endpoints=["{endpoint}"]',
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    doc: dict[str, Any] = json.loads(out.stdout)
+    return doc
+
+
+def digest(d: Daemon) -> str:
+    done = d.events("train_done")
+    assert done, d.proc.tail()
+    return str(done[0]["params_sha256"])
+
+
+def after(events: list[Event], first: Event) -> list[Event]:
+    """Events that come after `first` in the same log."""
+    return events[events.index(first) + 1 :]
+
+
+def solo_steps_since(d: Daemon, step: int) -> list[int]:
+    return [
+        int(e["step"])
+        for e in d.events("train_step")
+        if e["participants"] == 1 and e["step"] > step
+    ]
+
+
+def test_killed_rank_is_restarted_and_healed_while_the_peer_is_untouched(
+    tmp_path: Path, etcd_endpoint: str
+) -> None:
+    a, b = pair(tmp_path, etcd_endpoint, steps=160)
+    try:
+        a_pids = a.rank_pids()
+        doc = status_json(etcd_endpoint)  # `phalanx status` while the run is going
+        nodes = {n["id"]: n for n in doc["nodes"]}
+        assert set(nodes) == {"node-a", "node-b"}
+        assert {nodes["node-a"]["group"], nodes["node-b"]["group"]} == {0, 1}
+        assert doc["leader"] in nodes and doc["lighthouse"] and int(doc["step"]) > 0
+        table = subprocess.run(
+            [str(BIN / "phalanx"), "status", "--config", str(DAEMON_JOB), "--set", f'etcd.endpoints=["{etcd_endpoint}"]'],
+            capture_output=True, text=True, timeout=30, check=True,
+        ).stdout  # fmt: skip
+        assert "node-a" in table and "node-b" in table and "leader" in table
+
+        victim = b.rank_pids()[0]
+        os.kill(victim, signal.SIGKILL)
+        restarted = wait_for(lambda: b.events("group_restarted"), 60, "node-b's group to restart")
+        assert restarted[0]["reason"] == "rank_exit" and victim not in restarted[0]["pids"]
+        wait_for(
+            lambda: (
+                after(b.events(), restarted[0])
+                and any(e["event"] == "heal_done" for e in after(b.events(), restarted[0]))
+            ),
+            90,
+            "node-b to heal from node-a",
+        )
+        assert a.wait(180) == 0, a.proc.tail()
+        assert b.wait(60) == 0, b.proc.tail()
+    finally:
+        a.stop()
+        b.stop()
+    assert digest(a) == digest(b)
+    assert not a.events("group_restarted")  # node-a's ranks were never restarted
+    assert a.events("group_started")[0]["pids"] == a_pids
+
+
+def test_killed_daemon_takes_its_ranks_along_and_a_new_one_rejoins(
+    tmp_path: Path, etcd_endpoint: str
+) -> None:
+    a, b = pair(tmp_path, etcd_endpoint, steps=320)
+    b2: Daemon | None = None
+    try:
+        b_ranks = b.rank_pids()
+        b_slot = int(b.require_status()["replica_group"])
+        os.kill(b.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        wait_for(
+            lambda: not any(alive(p) for p in b_ranks),
+            10,
+            "node-b's ranks to die with their daemon",
+        )
+        orphans_gone_s = time.monotonic() - killed
+        step = a.step()
+        wait_for(lambda: solo_steps_since(a, step), 60, "node-a to commit steps alone")
+        # The slot frees when the dead daemon's lease expires (TTL 4 s).
+        wait_for(
+            lambda: str(b_slot) not in status_json(etcd_endpoint)["groups"],
+            30,
+            "node-b's slot to free",
+        )
+        b2 = start_daemon(
+            tmp_path, "node-b", [etcd_endpoint], overrides=["train.steps=320"], name="node-b-again"
+        )
+        assert b2.wait(240) == 0, b2.proc.tail()
+        assert a.wait(60) == 0, a.proc.tail()
+        assert orphans_gone_s < 5
+    finally:
+        for d in (a, b, b2):
+            if d is not None:
+                d.stop()
+    assert b2.events("heal_done")
+    assert digest(a) == digest(b2)
+
+
+def test_leader_failover_keeps_the_survivors_ranks(tmp_path: Path, etcd_endpoint: str) -> None:
+    a, b = pair(tmp_path, etcd_endpoint, steps=260)
+    try:
+        leader, other = (a, b) if a.require_status()["leader"] else (b, a)
+        assert other.require_status()["leader"] is False
+        survivor_pids = other.rank_pids()
+        old_lighthouse = int(leader.events("lighthouse_started")[-1]["pid"])
+        os.kill(leader.pid, signal.SIGKILL)
+        wait_for(lambda: not alive(old_lighthouse), 5, "the old leader's lighthouse to die with it")
+        took_over = wait_for(
+            lambda: other.events("lighthouse_started"), 30, "the survivor to start a lighthouse"
+        )
+        assert other.require_status()["leader"] is True
+        at = other.step()
+        wait_for(lambda: other.step() >= at + 20, 90, "training to continue after the failover")
+        assert other.wait(180) == 0, other.proc.tail()
+        assert took_over
+    finally:
+        a.stop()
+        b.stop()
+    assert not other.events("group_restarted") and not other.events("group_failed")
+    assert other.events("group_started")[0]["pids"] == survivor_pids
+    assert other.events("train_done")[0]["step"] == 260
+
+
+def test_etcd_outage_does_not_restart_ranks(tmp_path: Path, etcd: EmbeddedEtcd) -> None:
+    a, b = pair(tmp_path, etcd.endpoint, steps=400)
+    try:
+        pids = {d.node_id: d.rank_pids() for d in (a, b)}
+        etcd.stop()
+        stopped = time.monotonic()
+        steps = a.step()
+        time.sleep(5)
+        assert a.step() > steps  # training goes on while etcd is away
+        time.sleep(max(0.0, 10 - (time.monotonic() - stopped)))
+        etcd.restart()
+        for d in (a, b):
+            wait_for(
+                functools.partial(d.events, "etcd_session_renewed"),
+                60,
+                f"{d.node_id} to re-register",
+            )
+        wait_for(
+            lambda: len(status_json(etcd.endpoint)["nodes"]) == 2, 30, "both nodes in etcd again"
+        )
+        assert a.wait(240) == 0, a.proc.tail()
+        assert b.wait(60) == 0, b.proc.tail()
+    finally:
+        a.stop()
+        b.stop()
+    for d in (a, b):
+        assert d.events("etcd_unavailable")
+        assert not d.events("group_restarted") and not d.events("group_failed")
+        assert d.events("group_started")[0]["pids"] == pids[d.node_id]
+    assert digest(a) == digest(b)
+
+
+def test_sigterm_drains_one_node_and_the_other_continues(
+    tmp_path: Path, etcd_endpoint: str
+) -> None:
+    a, b = pair(tmp_path, etcd_endpoint, steps=260)
+    try:
+        b.proc.popen.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        assert b.wait(15 + 5) == 0, b.proc.tail()
+        drained_in = time.monotonic() - sent
+        assert drained_in < 15  # node.drain_grace_s
+        assert b.events("train_stopped"), "the ranks should leave after a step, not be killed"
+        # The slot is released at once, not after the lease TTL.
+        assert (
+            "1" not in status_json(etcd_endpoint)["groups"]
+            or "0" not in status_json(etcd_endpoint)["groups"]
+        )
+        step = a.step()
+        wait_for(lambda: solo_steps_since(a, step), 60, "node-a to continue alone")
+        assert a.wait(180) == 0, a.proc.tail()
+    finally:
+        a.stop()
+        b.stop()

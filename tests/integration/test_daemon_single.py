@@ -1,0 +1,152 @@
+"""One `phalanx run` daemon: embedded etcd, hang detection, restart budget, refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.harness import (
+    BIN,
+    DAEMON_JOB,
+    ROOT,
+    alive,
+    children,
+    start_daemon,
+    wait_for,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def test_embedded_default_trains_to_completion_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    """No etcd.endpoints: the daemon starts its own etcd and lighthouse, trains, exits 0, cleans up."""
+    daemon = start_daemon(
+        tmp_path,
+        "solo",
+        None,
+        config=ROOT / "examples" / "single.toml",
+        overrides=["train.steps=40"],
+    )
+    seen: set[int] = set()
+    try:
+        while daemon.proc.popen.poll() is None:
+            seen.update(children(daemon.pid))
+            time.sleep(0.2)
+        assert daemon.wait(5) == 0, daemon.proc.tail()
+    finally:
+        daemon.stop()
+    names = {e["event"] for e in daemon.events()}
+    assert {"etcd_embedded", "leader_elected", "group_started", "train_done"} <= names
+    assert daemon.events("train_done")[0]["step"] == 40
+    # etcd, the lighthouse and the rank were all children at some point; none survives.
+    assert len(seen) >= 3
+    time.sleep(1)
+    assert [pid for pid in seen if alive(pid)] == []
+
+
+def test_a_hung_rank_is_detected_and_its_group_restarted(tmp_path: Path) -> None:
+    daemon = start_daemon(
+        tmp_path, "hang", None, overrides=["node.hang_timeout_s=6", "train.steps=100000"]
+    )
+    try:
+        pids = wait_for(lambda: daemon.step() > 3 and daemon.rank_pids(), 90, "the group to step")
+        stopped_at = time.monotonic()
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        failed = wait_for(lambda: daemon.events("group_failed"), 60, "the hang to be detected")
+        detected_after = time.monotonic() - stopped_at
+        assert failed[0]["kind"] == "hung"
+        assert detected_after < 6 + 10, f"detected after {detected_after:.1f}s"
+        restarted = wait_for(lambda: daemon.events("group_restarted"), 30, "the restart")
+        assert restarted[0]["reason"] == "hang"
+        assert set(restarted[0]["pids"]).isdisjoint(pids)
+        assert all(not alive(pid) for pid in pids)  # the stopped rank was killed
+    finally:
+        daemon.stop()
+
+
+def test_a_rank_that_always_crashes_exhausts_the_restart_budget(tmp_path: Path) -> None:
+    daemon = start_daemon(
+        tmp_path,
+        "crashy",
+        None,
+        overrides=["node.max_restarts=2", "node.restart_backoff_s=0.2"],
+        env={"PHALANX_CHAOS": "start@0:crash"},
+    )
+    try:
+        code = daemon.wait(180)
+    finally:
+        daemon.stop()
+    assert code == 1
+    restarts = daemon.events("group_restarted")
+    assert len(restarts) == 2
+    delays = [e["delay_s"] for e in daemon.events("state_changed") if e.get("to") == "restarting"]
+    assert delays == sorted(delays) and delays[0] < delays[-1]  # exponential backoff
+    last = [e for e in daemon.events() if e["event"] != "library_log"][-1]
+    assert last["event"] == "daemon_exit" and "injected crash" in last["error"]
+
+
+def _phalanx(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(BIN / "phalanx"), *args], capture_output=True, text=True, timeout=60)
+
+
+def test_bad_flags_and_files_exit_2(tmp_path: Path) -> None:
+    cases = [
+        (["run", "--config", str(tmp_path / "absent.toml")], "does not exist"),
+        (["run", "--config", str(DAEMON_JOB), "--set", "node.nproc=zero"], "node.nproc"),
+        (["run", "--config", str(DAEMON_JOB), "--set", "job.min_replicas=3"], "job.min_replicas"),
+        (
+            ["run", "--config", str(DAEMON_JOB), "--set", 'etcd.endpoints=["nohost"]'],
+            "etcd.endpoints",
+        ),
+        (["run", "--config", str(DAEMON_JOB), "--set", "node.nproc=2"], "parallel.dp_shard*tp*pp"),
+        (
+            ["run", "--config", str(DAEMON_JOB), "--set", "etcd.ca_file=/nonexistent.pem"],
+            "etcd.ca_file",
+        ),
+        (["status", "--config", str(DAEMON_JOB), "--set", "lighthouse.nope=1"], "lighthouse.nope"),
+    ]
+    for argv, field in cases:
+        proc = _phalanx(*argv)
+        assert proc.returncode == 2, (argv, proc.stderr)
+        assert field in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    bad_command = _phalanx("explode")
+    assert bad_command.returncode == 2
+    for command in ("run", "status", "demo"):
+        assert _phalanx(command, "--help").returncode == 0
+
+
+def test_a_node_with_a_different_job_file_is_refused(tmp_path: Path, etcd_endpoint: str) -> None:
+    first = start_daemon(tmp_path, "first", [etcd_endpoint], overrides=["train.steps=100000"])
+    try:
+        wait_for(lambda: first.step() > 0, 90, "the first node to train")
+        other = start_daemon(
+            tmp_path, "other", [etcd_endpoint], overrides=["train.lr=0.1", "model.dim=32"]
+        )
+        assert other.wait(60) == 2
+        failure = other.events("node_failed")[0]["error"]
+        assert "different job file" in failure and "model" in failure and "train" in failure
+        assert first.proc.popen.poll() is None
+    finally:
+        first.stop()
+
+
+def test_status_before_any_daemon_is_a_clear_error(tmp_path: Path) -> None:
+    proc = _phalanx("status", "--config", str(DAEMON_JOB), "--set", f'node.run_dir="{tmp_path}"')
+    assert proc.returncode == 2 and "etcd.endpoints" in proc.stderr
+
+
+def test_trainer_module_is_not_imported_by_the_daemon() -> None:
+    """The daemon stays light: importing its modules never loads torch."""
+    code = "import sys, daemon.cli, daemon.supervisor, daemon.server, daemon.demo; print(json.dumps('torch' in sys.modules))"
+    out = subprocess.run(
+        [sys.executable, "-c", "import json;" + code], capture_output=True, text=True, check=True
+    )
+    assert json.loads(out.stdout) is False
