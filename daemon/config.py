@@ -162,6 +162,11 @@ class DaemonConfig(Section):
         return Path(self.node.run_dir or Path("runs") / self.job.name / self.node_id)
 
     @property
+    def metrics_dir(self) -> Path:
+        """PROMETHEUS_MULTIPROC_DIR of this node's ranks."""
+        return self.run_dir / "metrics"
+
+    @property
     def advertise_host(self) -> str:
         return self.node.advertise_host or socket.gethostname()
 

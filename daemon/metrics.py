@@ -6,6 +6,7 @@ A custom collector rather than module-level gauges: the supervisor's
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -77,9 +78,23 @@ class _NodeCollector(Collector):
 
 
 class DaemonMetrics:
+    """One /metrics for the node: the daemon's own collector plus its ranks' files.
+
+    The ranks' directory is wiped when the daemon starts. When a rank exits the
+    supervisor marks it dead (its live gauges go); counters and histograms of
+    exited ranks stay, so totals such as heals stay monotonic across restarts.
+    """
+
     def __init__(self, sup: Supervisor) -> None:
+        from prometheus_client.multiprocess import MultiProcessCollector
+
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_NodeCollector(sup))
+        if sup.cfg.metrics.enabled:
+            directory = sup.cfg.metrics_dir
+            shutil.rmtree(directory, ignore_errors=True)
+            directory.mkdir(parents=True)
+            MultiProcessCollector(self.registry, path=str(directory))  # type: ignore[no-untyped-call]
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

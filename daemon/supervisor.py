@@ -222,6 +222,7 @@ class Supervisor:
                 self.log.warning("slot_lost", previous=self.view.slot, now=slot)
                 self._stop_group("slot lost while etcd was away")
                 self.view.slot = slot
+                logs.bind(replica_group=slot)
                 self.transition(State.CLAIMING if slot is None else State.RESTARTING)
                 self.restart_at = time.monotonic()
             else:
@@ -326,6 +327,7 @@ class Supervisor:
         if slot is None:
             return  # every slot is taken: stand by, try again next tick
         self.view.slot = slot
+        logs.bind(replica_group=slot)
         self.log.info("slot_claimed", slot=slot)
         self.transition(State.WAITING, slot=slot)
 
@@ -393,6 +395,7 @@ class Supervisor:
             advertise_host=self.cfg.advertise_host,
             extra_env=self.cfg.node.env,
             hang_timeout_s=self.cfg.node.hang_timeout_s,
+            metrics_dir=self.cfg.metrics_dir if self.cfg.metrics.enabled else None,
         )
         self.group = WorkerGroup(spec, self.attempt, self._on_rank_event)
         self.group.start()
@@ -414,10 +417,10 @@ class Supervisor:
             self.log.warning(
                 "group_failed", kind=outcome.kind.value, reason=outcome.reason, codes=outcome.codes
             )
-            if outcome.kind == ExitKind.HUNG:
-                self.group.kill()  # a hung rank may ignore SIGTERM
-            else:
-                self.group.stop(grace_s=5.0)
+        if outcome.kind == ExitKind.HUNG:
+            self.group.kill()  # a hung rank may ignore SIGTERM
+        else:
+            self.group.stop(grace_s=5.0)  # stops the rest, reaps everyone
         self.group = None
         self.view.pids = []
         if outcome.kind == ExitKind.COMPLETED:

@@ -32,6 +32,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import IO, Any
 
+from prometheus_client.multiprocess import mark_process_dead
+
 PR_SET_PDEATHSIG = 1
 EXIT_BAD_INPUT = 2
 EXIT_DRAINED = 128 + signal.SIGTERM
@@ -122,6 +124,7 @@ class GroupSpec:
     advertise_host: str
     extra_env: dict[str, str]
     hang_timeout_s: float
+    metrics_dir: Path | None  # PROMETHEUS_MULTIPROC_DIR, or None when metrics are off
 
 
 class WorkerGroup:
@@ -143,7 +146,6 @@ class WorkerGroup:
 
     def _env(self, rank: int, heartbeat: Path) -> dict[str, str]:
         s = self.spec
-        metrics = s.run_dir / "metrics"
         env = {
             **os.environ,
             **s.extra_env,
@@ -164,9 +166,10 @@ class WorkerGroup:
             "PHALANX_NODE": s.node,
             "PHALANX_ADVERTISE_HOST": s.advertise_host,
             "PHALANX_ATTEMPT": str(self.attempt),
-            "PROMETHEUS_MULTIPROC_DIR": str(metrics),
             "PYTHONUNBUFFERED": "1",
         }
+        if s.metrics_dir is not None:
+            env["PROMETHEUS_MULTIPROC_DIR"] = str(s.metrics_dir)
         for inherited in ("TORCHELASTIC_RUN_ID", "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
             env.pop(
                 inherited, None
@@ -299,6 +302,9 @@ class WorkerGroup:
         for r in self.ranks:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 r.popen.wait(5)
+            if self.spec.metrics_dir is not None and self.spec.metrics_dir.is_dir():
+                # Drop the exited rank's live gauges; its counters keep the node's totals.
+                mark_process_dead(r.pid, str(self.spec.metrics_dir))  # type: ignore[no-untyped-call]
             for t in r.readers:
                 t.join(timeout=2)
 

@@ -22,7 +22,7 @@ group down with it. The paths here report the error to the manager instead.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Protocol
 
@@ -44,6 +44,7 @@ class Replication(Protocol):
     def start_step(self) -> None: ...
     def current_step(self) -> int: ...
     def participants(self) -> int: ...
+    def quorum_id(self) -> int | None: ...
     def hook_fsdp(self, modules: Iterable[torch.nn.Module]) -> None: ...
     def sync_gradients(self, grads: list[torch.Tensor]) -> None: ...
     def should_commit(self) -> bool: ...
@@ -64,6 +65,9 @@ class SingleGroup:
 
     def participants(self) -> int:
         return 1
+
+    def quorum_id(self) -> int | None:
+        return None
 
     def hook_fsdp(self, modules: Iterable[torch.nn.Module]) -> None:
         pass
@@ -152,16 +156,15 @@ class TorchFTGroup:
             quorum_retries=cfg.quorum_retries,
         )
         self.managed_pg = ManagedProcessGroup(self.manager)
-        self.heals = 0
+        self.on_heal: list[Callable[[int, float], None]] = []
 
     def _healed(self, step: int, load_seconds: float) -> None:
-        self.heals += 1
+        seconds = time.monotonic() - self._step_started
         self.log.info(
-            "heal_done",
-            step=step,
-            seconds=round(time.monotonic() - self._step_started, 3),
-            load_seconds=round(load_seconds, 3),
+            "heal_done", step=step, seconds=round(seconds, 3), load_seconds=round(load_seconds, 3)
         )
+        for callback in self.on_heal:
+            callback(step, seconds)
 
     def start_step(self) -> None:
         self._step_started = time.monotonic()
@@ -173,7 +176,7 @@ class TorchFTGroup:
     def participants(self) -> int:
         return int(self.manager.num_participants())
 
-    def quorum_id(self) -> int:
+    def quorum_id(self) -> int | None:
         return int(self.manager._quorum_id)
 
     def _allreduce(self, tensor: torch.Tensor) -> object:

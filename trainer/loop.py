@@ -50,6 +50,7 @@ class StepReport:
     lr: float
     grad_norm: float
     participants: int
+    quorum_id: int | None
     seconds: float
     tokens: int  # tokens this group trained on in the step
 
@@ -121,6 +122,7 @@ class Loop:
             lr=lr,
             grad_norm=grad_norm,
             participants=self.replication.participants(),
+            quorum_id=self.replication.quorum_id(),
             seconds=time.monotonic() - started,
             tokens=self.cfg.train.batch_size * self.cfg.train.seq_len if committed else 0,
         )

@@ -20,6 +20,7 @@ from trainer.env import RankEnv
 from trainer.fault_tolerance import Replication, SingleGroup, TorchFTGroup
 from trainer.loop import Loop, StepReport, cross_entropy, touch
 from trainer.mesh import init_distributed
+from trainer.metrics import TrainMetrics
 from trainer.model import Transformer, build_model
 from trainer.optim import build_optimizer, build_scheduler
 from trainer.parallelize import parallelize
@@ -65,6 +66,14 @@ def run(cfg: TrainerConfig, env: RankEnv) -> int:
     sampler = Sampler(cfg, env.replica_group, env.num_replica_groups)
     loop = Loop(cfg, env, layout, models, state, replication, sampler, chaos, schedule)
     loop.stop_requested = stop.is_set
+    metrics = TrainMetrics(env)
+    loop.on_step.append(
+        lambda r: metrics.observe_step(
+            r.step, r.committed, r.loss, r.lr, r.seconds, r.tokens, r.participants, r.quorum_id
+        )
+    )
+    if isinstance(replication, TorchFTGroup):
+        replication.on_heal.append(lambda _step, seconds: metrics.observe_heal(seconds))
     if env.rank == 0:
         loop.on_step.append(StepLogger(cfg.train.log_every))
         log.info(

@@ -1,0 +1,117 @@
+"""Prometheus metrics of a replica group, written by its rank 0.
+
+Ranks run under the daemon with ``PROMETHEUS_MULTIPROC_DIR`` set: prometheus-client
+then keeps values in memory-mapped files there, and the daemon merges them into
+the node's ``/metrics``. Only group rank 0 records (every rank of a group sees
+the same steps, quorums and heals), so nothing is counted twice. Without the
+variable (plain torchrun) the metrics live in this process and cost nothing.
+
+Labels: ``phalanx_job``, ``node`` and ``replica_group``; all bounded. The job's
+name is not called ``job`` because Prometheus reserves that label for the scrape.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from trainer.env import RankEnv
+
+LABELS = ("phalanx_job", "node", "replica_group")
+STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+HEAL_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+SAVE_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+
+
+class TrainMetrics:
+    def __init__(self, env: RankEnv) -> None:
+        self.enabled = env.rank == 0
+        multiproc = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+        # In multiprocess mode values go to files; a private registry avoids the default one.
+        registry = None if multiproc else CollectorRegistry()
+        values = (env.job or "", env.node or "", str(env.replica_group))
+
+        def gauge(name: str, doc: str) -> Any:
+            return Gauge(
+                name, doc, LABELS, registry=registry, multiprocess_mode="livemostrecent"
+            ).labels(*values)
+
+        def counter(name: str, doc: str) -> Any:
+            return Counter(name, doc, LABELS, registry=registry).labels(*values)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Any:
+            return Histogram(name, doc, LABELS, registry=registry, buckets=buckets).labels(*values)
+
+        self.step = gauge("phalanx_train_step", "Last committed optimizer step.")
+        self.loss = gauge("phalanx_train_loss", "Loss of the last committed step (group mean).")
+        self.step_seconds = histogram(
+            "phalanx_train_step_seconds",
+            "Wall time of one step attempt, quorum to optimizer.",
+            STEP_BUCKETS,
+        )
+        self.tokens = counter(
+            "phalanx_train_tokens", "Tokens this replica group trained on (committed steps)."
+        )
+        self.lr = gauge("phalanx_train_learning_rate", "Learning rate of the last committed step.")
+        self.participants = gauge("phalanx_ft_participants", "Replica groups in the last quorum.")
+        self.quorum_id = gauge("phalanx_ft_quorum_id", "Identifier of the current torchft quorum.")
+        self.heals = counter("phalanx_ft_heals", "Live heals of this group from a peer.")
+        self.heal_seconds = histogram(
+            "phalanx_ft_heal_seconds",
+            "Time from the quorum that needed a heal to the state being applied.",
+            HEAL_BUCKETS,
+        )
+        self.commit_failures = counter(
+            "phalanx_ft_commit_failures", "Steps the quorum did not commit (retried)."
+        )
+        self.ckpt_blocked = histogram(
+            "phalanx_checkpoint_blocked_seconds",
+            "Time training was blocked by a checkpoint save.",
+            SAVE_BUCKETS,
+        )
+        self.ckpt_save = histogram(
+            "phalanx_checkpoint_save_seconds",
+            "Time from a save's start to its completion marker.",
+            SAVE_BUCKETS,
+        )
+        self.ckpt_last_step = gauge(
+            "phalanx_checkpoint_last_step", "Step of the newest complete checkpoint."
+        )
+        self.ckpt_failures = counter(
+            "phalanx_checkpoint_failures", "Checkpoint saves that failed or were skipped."
+        )
+
+    def observe_step(
+        self, step: int, committed: bool, loss: float, lr: float, seconds: float, tokens: int,
+        participants: int, quorum_id: int | None,
+    ) -> None:  # fmt: skip
+        if not self.enabled:
+            return
+        self.step_seconds.observe(seconds)
+        self.participants.set(participants)
+        if quorum_id is not None:
+            self.quorum_id.set(quorum_id)
+        if not committed:
+            self.commit_failures.inc()
+            return
+        self.step.set(step)
+        self.loss.set(loss)
+        self.lr.set(lr)
+        self.tokens.inc(tokens)
+
+    def observe_heal(self, seconds: float) -> None:
+        if self.enabled:
+            self.heals.inc()
+            self.heal_seconds.observe(seconds)
+
+    def observe_checkpoint(self, step: int, blocked_s: float, total_s: float) -> None:
+        if self.enabled:
+            self.ckpt_blocked.observe(blocked_s)
+            self.ckpt_save.observe(total_s)
+            self.ckpt_last_step.set(step)
+
+    def observe_checkpoint_failure(self) -> None:
+        if self.enabled:
+            self.ckpt_failures.inc()
