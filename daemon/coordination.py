@@ -176,7 +176,8 @@ class Coordinator:
     # --------------------------------------------------------------------- spec
 
     def check_spec(self, sections: dict[str, str]) -> None:
-        """Write the job spec, or check ours equals it; replace it only when no node is registered."""
+        """Write the job spec, or check ours equals it; replace it (a new run: `state` and
+        `checkpoints/latest` go too) only when no node is registered."""
         key, nodes = self._key("spec"), self._key("nodes/")
         overall = spec_hash(sections)
         value = _dump({"hash": overall, "sections": sections})
@@ -195,7 +196,11 @@ class Coordinator:
             no_nodes = txn.Create(nodes, pyetcd.utils.prefix_range_end(nodes.encode())) == 0
             ok, responses = self._txn(
                 [txn.Mod(key) == meta.mod_revision, no_nodes],
-                [txn.Put(key, value), txn.Delete(self._key("state"))],
+                [
+                    txn.Put(key, value),
+                    txn.Delete(self._key("state")),
+                    txn.Delete(self._key("checkpoints/latest")),
+                ],
                 [txn.Get(nodes, pyetcd.utils.prefix_range_end(nodes.encode()))],
             )
             if ok:

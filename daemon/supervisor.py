@@ -80,6 +80,7 @@ class NodeView:
     pids: list[int] = field(default_factory=list)
     last_error: str | None = None
     train_done: dict[str, Any] | None = None
+    checkpoint_to_publish: dict[str, Any] | None = None  # from a rank's checkpoint_saved
     job: JobView | None = None
     last_tick: float = field(default_factory=time.monotonic)
 
@@ -96,6 +97,11 @@ class Supervisor:
         self.run_dir = cfg.run_dir
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.rank_config = write_rank_config(cfg, self.run_dir / "config.json")
+        # The slot this node held last time: a restarted node asks for it first, so its
+        # group keeps its data shard (and its losses stay comparable across restarts).
+        self.slot_file = self.run_dir / "slot"
+        remembered = self.slot_file.read_text().strip() if self.slot_file.exists() else ""
+        self.previous_slot = int(remembered) if remembered.isdigit() else None
         self.forwarder = Forwarder(port=cfg.node.lighthouse_proxy_port)
         self.lighthouse: LighthouseProcess | None = None
         self.group: WorkerGroup | None = None
@@ -191,6 +197,7 @@ class Supervisor:
             self._etcd_failed(e)
             return
         self.view.job = job
+        self._publish_checkpoint()
         if job.lighthouse:  # a key briefly absent during a leader change keeps the old target
             self.view.lighthouse = job.lighthouse
             self.forwarder.set_target(job.lighthouse)
@@ -320,13 +327,15 @@ class Supervisor:
         if self._job_finished():
             return
         try:
-            slot = self.coord.claim_slot(self.cfg.job.max_replicas, preferred=self.view.slot)
+            preferred = self.view.slot if self.view.slot is not None else self.previous_slot
+            slot = self.coord.claim_slot(self.cfg.job.max_replicas, preferred=preferred)
         except EtcdUnavailable as e:
             self._etcd_failed(e)
             return
         if slot is None:
             return  # every slot is taken: stand by, try again next tick
         self.view.slot = slot
+        self.slot_file.write_text(f"{slot}\n")
         logs.bind(replica_group=slot)
         self.log.info("slot_claimed", slot=slot)
         self.transition(State.WAITING, slot=slot)
@@ -471,9 +480,29 @@ class Supervisor:
             elif name == "train_done":
                 self.view.train_done = dict(event)
                 self.view.step = int(event.get("step", self.view.step))
+            elif name == "checkpoint_saved":
+                self.view.checkpoint_to_publish = {
+                    "step": event.get("step"),
+                    "path": event.get("path"),
+                    "time": event.get("time"),
+                    "node": self.cfg.node_id,
+                }
             elif name in ("rank_failed", "bad_input"):
                 self.view.last_error = str(event.get("error"))
         logs.relay(event)
+
+    def _publish_checkpoint(self) -> None:
+        """checkpoints/latest in etcd, from the main loop (rank threads only record it)."""
+        with self.lock:
+            record, self.view.checkpoint_to_publish = self.view.checkpoint_to_publish, None
+        if record is None:
+            return
+        try:
+            self.coord.publish_checkpoint(record)
+            self.log.info("checkpoint_published", step=record["step"], path=record["path"])
+        except EtcdUnavailable:
+            with self.lock:  # try again next tick unless a newer one arrived
+                self.view.checkpoint_to_publish = self.view.checkpoint_to_publish or record
 
     # ------------------------------------------------------------ completion
 

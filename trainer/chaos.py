@@ -4,10 +4,12 @@
 
 * ``point``: ``start`` (after setup, before the first step), ``forward``,
   ``allreduce`` (the cross-group gradient all-reduce has been issued and is in
-  flight) or ``optimizer`` (the step was committed, the optimizer has not run).
-* ``step``: ``N`` is committed step N (the step being attempted); ``+N`` is this
-  process's N-th step attempt counting from 0, useful for a relaunched group
-  whose step is only known after it heals.
+  flight), ``optimizer`` (the step was committed, the optimizer has not run) or
+  ``checkpoint`` (the writer group has just launched an asynchronous save).
+* ``step``: ``N`` is the step being attempted (N steps are committed; for
+  ``checkpoint``, N is the step being saved); ``+N`` is this process's N-th step
+  attempt counting from 0, useful for a relaunched group whose step is only
+  known after it heals.
 * ``action``: ``kill`` (default; the rank SIGKILLs itself, a real, uncatchable
   death), ``crash`` (an exception, like a bug), ``stop`` (SIGSTOP, a hang).
 
@@ -24,7 +26,7 @@ import signal
 import time
 from dataclasses import dataclass
 
-POINTS = ("start", "forward", "allreduce", "optimizer")
+POINTS = ("start", "forward", "allreduce", "optimizer", "checkpoint")
 ACTIONS = ("kill", "crash", "stop")
 
 
@@ -70,11 +72,11 @@ class Chaos:
         self.step = step
         self.attempt += 1
 
-    def at(self, point: str) -> None:
+    def at(self, point: str, step: int | None = None) -> None:
         if point == "forward" and self.delay > 0:
             time.sleep(self.delay)
         for fault in self.faults:
-            current = self.attempt if fault.relative else self.step
+            current = self.attempt if fault.relative else (self.step if step is None else step)
             if fault.point != point or fault.step != current:
                 continue
             if fault.action == "kill":

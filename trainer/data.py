@@ -34,30 +34,48 @@ from trainer.config import ConfigError, DataConfig, TrainerConfig
 
 
 class BigramCorpus:
-    """A random first-order Markov chain over ``vocab`` tokens with a known entropy rate."""
+    """A random first-order Markov chain over ``vocab`` tokens with a known entropy rate.
+
+    Each token has ``successors`` possible next tokens with Dirichlet weights. The
+    chain is stored sparsely (vocab x successors), so large vocabularies are cheap.
+    """
 
     def __init__(self, vocab: int, successors: int, seed: int) -> None:
         rng = np.random.default_rng(seed)
         self.vocab = vocab
-        self.next_tokens: list[list[int]] = []
-        self.cumulative: list[list[float]] = []
-        matrix = np.zeros((vocab, vocab))
-        for token in range(vocab):
-            nexts = rng.choice(vocab, size=successors, replace=False)
-            weights = rng.dirichlet(np.ones(successors))
-            matrix[token, nexts] = weights
-            self.next_tokens.append([int(t) for t in nexts])
-            self.cumulative.append(list(itertools.accumulate(float(w) for w in weights)))
-        self.transitions = matrix
-        self.stationary = _stationary(matrix)
+        self.next_idx = np.stack(
+            [rng.choice(vocab, size=successors, replace=False) for _ in range(vocab)]
+        )
+        self.weights = rng.dirichlet(np.ones(successors), size=vocab)
+        self.next_tokens: list[list[int]] = self.next_idx.tolist()
+        self.cumulative: list[list[float]] = np.cumsum(self.weights, axis=1).tolist()
+        self.stationary = self._stationary()
         self.start_cumulative = list(itertools.accumulate(float(p) for p in self.stationary))
+
+    def prob(self, a: int, b: int) -> float:
+        """P(next = b | current = a)."""
+        hits = self.weights[a][self.next_idx[a] == b]
+        return float(hits.sum())
 
     def entropy(self) -> float:
         """Entropy rate in nats/token: sum_i pi_i * H(P_i), the best achievable loss."""
-        with np.errstate(divide="ignore", invalid="ignore"):
-            logs = np.where(self.transitions > 0, np.log(self.transitions), 0.0)
-        per_row = -(self.transitions * logs).sum(axis=1)
+        w = self.weights
+        per_row = -(w * np.log(w, where=w > 0, out=np.zeros_like(w))).sum(axis=1)
         return float(self.stationary @ per_row)
+
+    def _stationary(self) -> np.ndarray:
+        """Stationary distribution by (lazy) power iteration over the sparse rows."""
+        pi = np.full(self.vocab, 1.0 / self.vocab)
+        for _ in range(10_000):
+            nxt = np.zeros(self.vocab)
+            np.add.at(nxt, self.next_idx.ravel(), (pi[:, None] * self.weights).ravel())
+            nxt = 0.5 * (nxt + pi)  # lazy step, so periodic chains converge too
+            done = np.abs(nxt - pi).sum() < 1e-13
+            pi = nxt
+            if done:
+                break
+        normalised: np.ndarray = pi / pi.sum()
+        return normalised
 
     def sample(self, length: int, seed_words: list[int]) -> np.ndarray:
         """A walk of ``length`` tokens, started from the stationary distribution."""
@@ -73,21 +91,6 @@ class BigramCorpus:
 
 def _pick(cumulative: list[float], u: float) -> int:
     return min(bisect.bisect_right(cumulative, u * cumulative[-1]), len(cumulative) - 1)
-
-
-def _stationary(matrix: np.ndarray) -> np.ndarray:
-    """Stationary distribution of a row-stochastic matrix by power iteration."""
-    pi = np.full(matrix.shape[0], 1.0 / matrix.shape[0])
-    for _ in range(10_000):
-        nxt = pi @ matrix
-        # Lazy step (average with the previous) so periodic chains converge too.
-        nxt = 0.5 * (nxt + pi)
-        if np.abs(nxt - pi).sum() < 1e-13:
-            pi = nxt
-            break
-        pi = nxt
-    normalised: np.ndarray = pi / pi.sum()
-    return normalised
 
 
 class TokenWindows:

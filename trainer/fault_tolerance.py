@@ -45,6 +45,10 @@ class Replication(Protocol):
     def current_step(self) -> int: ...
     def participants(self) -> int: ...
     def quorum_id(self) -> int | None: ...
+    def is_writer(self) -> bool: ...
+    def fresh_start(self) -> bool: ...
+    def ft_state(self) -> dict[str, int]: ...
+    def restore(self, step: int, ft_state: dict[str, int]) -> None: ...
     def hook_fsdp(self, modules: Iterable[torch.nn.Module]) -> None: ...
     def sync_gradients(self, grads: list[torch.Tensor]) -> None: ...
     def should_commit(self) -> bool: ...
@@ -68,6 +72,18 @@ class SingleGroup:
 
     def quorum_id(self) -> int | None:
         return None
+
+    def is_writer(self) -> bool:
+        return True
+
+    def fresh_start(self) -> bool:
+        return True
+
+    def ft_state(self) -> dict[str, int]:
+        return {}
+
+    def restore(self, step: int, ft_state: dict[str, int]) -> None:
+        self.state.step = step
 
     def hook_fsdp(self, modules: Iterable[torch.nn.Module]) -> None:
         pass
@@ -145,7 +161,9 @@ class TorchFTGroup:
             store_addr=env.master_addr,
             store_port=env.master_port,
             lighthouse_addr=env.lighthouse,
-            replica_id=f"phalanx_group_{env.replica_group}",
+            # Zero-padded: torchft orders a quorum's groups by this string, so the
+            # lowest id sorts first (the checkpoint writer, see is_writer).
+            replica_id=f"phalanx_group_{env.replica_group:05d}",
             hostname=advertise_host(),
             checkpoint_transport=SafeHTTPTransport(timeout=timeout, num_chunks=0),
             # Every group initialises identical weights from train.seed.
@@ -178,6 +196,24 @@ class TorchFTGroup:
 
     def quorum_id(self) -> int | None:
         return int(self.manager._quorum_id)
+
+    def is_writer(self) -> bool:
+        """True for the lowest-id group among the up-to-date participants of this quorum."""
+        return bool(self.manager.participating_rank() == 0)
+
+    def fresh_start(self) -> bool:
+        """After this step's quorum: no participant has committed a step (every group is new)."""
+        self.manager.wait_quorum()
+        return not bool(self.manager._healing) and int(self.manager.current_step()) == 0
+
+    def ft_state(self) -> dict[str, int]:
+        return dict(self.manager.state_dict())
+
+    def restore(self, step: int, ft_state: dict[str, int]) -> None:
+        self.manager.load_state_dict(
+            {"step": step, "batches_committed": ft_state.get("batches_committed", 0)}
+        )
+        self.state.step = step
 
     def _allreduce(self, tensor: torch.Tensor) -> object:
         opts = AllreduceOptions()

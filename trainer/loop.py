@@ -68,7 +68,10 @@ class Loop:
     schedule: Schedule | None = None
     on_step: list[Callable[[StepReport], None]] = field(default_factory=list)
     stop_requested: Callable[[], bool] = lambda: False
-    last_loss: float = float("nan")
+    # Run once, inside the first step, after its quorum is known and before its forward
+    # (a fresh start loads the newest checkpoint here).
+    on_first_quorum: list[Callable[[], None]] = field(default_factory=list)
+    last_loss: float | None = None  # of the last committed step (None: no step ran here)
     drained: bool = False  # the group agreed to stop early (SIGTERM)
 
     def __post_init__(self) -> None:
@@ -85,14 +88,20 @@ class Loop:
     def run(self) -> None:
         while self.replication.current_step() < self.cfg.train.steps and not self.drained:
             report = self.step()
+            if report is None:  # resumed from a checkpoint of the final step
+                break
             for callback in self.on_step:
                 callback(report)
             touch(self.env.heartbeat)
 
-    def step(self) -> StepReport:
+    def step(self) -> StepReport | None:
         started = time.monotonic()
         self.replication.start_step()
+        while self.on_first_quorum:
+            self.on_first_quorum.pop(0)()
         step = self.replication.current_step()
+        if step >= self.cfg.train.steps:
+            return None
         self.chaos.begin_step(step)
         for p in self.params:
             p.grad = None
@@ -102,6 +111,7 @@ class Loop:
             self.replication.sync_gradients(
                 [local(p.grad) for p in self.params if p.grad is not None]
             )
+        self.state.before_mutation()  # healing (in should_commit) and the optimizer write next
         committed = self.replication.should_commit()
         grad_norm = float("nan")
         lr = float(self.state.scheduler.get_last_lr()[0])

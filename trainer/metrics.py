@@ -79,8 +79,10 @@ class TrainMetrics:
         self.ckpt_last_step = gauge(
             "phalanx_checkpoint_last_step", "Step of the newest complete checkpoint."
         )
-        self.ckpt_failures = counter(
-            "phalanx_checkpoint_failures", "Checkpoint saves that failed or were skipped."
+        self.ckpt_failures = counter("phalanx_checkpoint_failures", "Checkpoint saves that failed.")
+        self.ckpt_skipped = counter(
+            "phalanx_checkpoint_skipped",
+            "Checkpoints skipped because the previous save was still running.",
         )
 
     def observe_step(
@@ -115,3 +117,7 @@ class TrainMetrics:
     def observe_checkpoint_failure(self) -> None:
         if self.enabled:
             self.ckpt_failures.inc()
+
+    def observe_checkpoint_skipped(self) -> None:
+        if self.enabled:
+            self.ckpt_skipped.inc()

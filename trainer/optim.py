@@ -57,3 +57,29 @@ def clip_grad_norm(
     if max_norm > 0:
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
     return float(norm)
+
+
+def init_optimizer_state(optimizer: AdamW) -> None:
+    """Create AdamW's per-parameter state now, as its first step would (zeros, step 0).
+
+    AdamW creates its state lazily in the first step. Creating the same tensors
+    up front changes nothing numerically, and gives checkpoint loads and live
+    healing tensors of the right layout to load into before any step ran.
+    """
+    from torch.optim.optimizer import _get_scalar_dtype
+
+    for group in optimizer.param_groups:
+        on_device = group["capturable"] or group["fused"]
+        for p in group["params"]:
+            state = optimizer.state[p]
+            if state:
+                continue
+            scalar: torch.dtype = _get_scalar_dtype(is_fused=group["fused"])  # type: ignore[no-untyped-call]
+            if on_device:
+                state["step"] = torch.zeros((), dtype=scalar, device=p.device)
+            else:
+                state["step"] = torch.tensor(0.0, dtype=scalar, device="cpu")
+            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            if group["amsgrad"]:
+                state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)

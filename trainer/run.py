@@ -13,16 +13,17 @@ import torch.distributed as dist
 
 from trainer import logs
 from trainer.chaos import Chaos
-from trainer.config import TrainerConfig
+from trainer.checkpoint import Checkpointer
+from trainer.config import TrainerConfig, spec_hash
 from trainer.data import Sampler
 from trainer.digest import params_sha256
 from trainer.env import RankEnv
 from trainer.fault_tolerance import Replication, SingleGroup, TorchFTGroup
 from trainer.loop import Loop, StepReport, cross_entropy, touch
-from trainer.mesh import init_distributed
+from trainer.mesh import Layout, init_distributed
 from trainer.metrics import TrainMetrics
 from trainer.model import Transformer, build_model
-from trainer.optim import build_optimizer, build_scheduler
+from trainer.optim import build_optimizer, build_scheduler, init_optimizer_state
 from trainer.parallelize import parallelize
 from trainer.pipeline import build_schedule, build_stage_models
 from trainer.state import TrainState
@@ -49,6 +50,7 @@ def run(cfg: TrainerConfig, env: RankEnv) -> int:
     params = {name: p for m in models for name, p in m.named_parameters()}
 
     optimizer = build_optimizer(params.values(), cfg.train)
+    init_optimizer_state(optimizer)
     scheduler = build_scheduler(optimizer, cfg.train)
     state = TrainState(params=params, optimizer=optimizer, scheduler=scheduler)
 
@@ -66,16 +68,9 @@ def run(cfg: TrainerConfig, env: RankEnv) -> int:
     sampler = Sampler(cfg, env.replica_group, env.num_replica_groups)
     loop = Loop(cfg, env, layout, models, state, replication, sampler, chaos, schedule)
     loop.stop_requested = stop.is_set
-    metrics = TrainMetrics(env)
-    loop.on_step.append(
-        lambda r: metrics.observe_step(
-            r.step, r.committed, r.loss, r.lr, r.seconds, r.tokens, r.participants, r.quorum_id
-        )
-    )
-    if isinstance(replication, TorchFTGroup):
-        replication.on_heal.append(lambda _step, seconds: metrics.observe_heal(seconds))
+    metrics = _observe(loop, replication, env, cfg.train.log_every)
+    checkpointer = _checkpoints(cfg, env, layout, loop, state, replication, metrics, chaos)
     if env.rank == 0:
-        loop.on_step.append(StepLogger(cfg.train.log_every))
         log.info(
             "rank_started",
             device=str(layout.device),
@@ -86,6 +81,10 @@ def run(cfg: TrainerConfig, env: RankEnv) -> int:
         )
     chaos.at("start")
     loop.run()
+    if checkpointer is not None:
+        if not loop.drained:
+            checkpointer.save(replication.current_step(), final=True)
+        checkpointer.close()  # never leave a save half-written on a clean exit
 
     if loop.drained:
         if env.rank == 0:
@@ -104,6 +103,57 @@ def run(cfg: TrainerConfig, env: RankEnv) -> int:
         )
     _leave(replication)
     return 0
+
+
+def _observe(loop: Loop, replication: Replication, env: RankEnv, log_every: int) -> TrainMetrics:
+    """Metrics for every step and heal; `train_step` events from rank 0."""
+    metrics = TrainMetrics(env)
+
+    def record(r: StepReport) -> None:
+        metrics.observe_step(
+            r.step, r.committed, r.loss, r.lr, r.seconds, r.tokens, r.participants, r.quorum_id
+        )
+
+    loop.on_step.append(record)
+    if isinstance(replication, TorchFTGroup):
+        replication.on_heal.append(lambda _step, seconds: metrics.observe_heal(seconds))
+    if env.rank == 0:
+        loop.on_step.append(StepLogger(log_every))
+    return metrics
+
+
+def _checkpoints(
+    cfg: TrainerConfig,
+    env: RankEnv,
+    layout: Layout,
+    loop: Loop,
+    state: TrainState,
+    replication: Replication,
+    metrics: TrainMetrics,
+    chaos: Chaos,
+) -> Checkpointer | None:
+    """Periodic saves after committed steps; a fresh start resumes from the newest checkpoint."""
+    if not cfg.checkpoint.dir:
+        return None
+    checkpointer = Checkpointer(
+        cfg.checkpoint,
+        state,
+        replication,
+        metrics,
+        model_hash=spec_hash(cfg.model_dump(mode="json"), ["model"]),
+        layout={"pp": layout.pp, "dp_shard": layout.dp_shard, "tp": layout.tp},
+        rank=env.rank,
+        chaos=chaos,
+    )
+
+    def resume() -> None:
+        # Every group is new (no live peer to heal from): continue from disk if possible.
+        if replication.fresh_start():
+            checkpointer.load_latest()
+
+    loop.on_first_quorum.append(resume)
+    loop.on_step.append(lambda r: checkpointer.after_commit(r.step) if r.committed else None)
+    return checkpointer
 
 
 def _leave(replication: Replication) -> None:

@@ -1,6 +1,6 @@
-"""The training state one replica group can hand to another (live healing).
+"""The training state one replica group hands to another (healing) or writes to disk (checkpoints).
 
-What a recovering group needs: parameters, optimizer state, LR schedule, the
+What a group needs to continue: parameters, optimizer state, LR schedule, the
 data position and the step. :class:`TrainState` captures *references* to the
 sharded parameters once, right after parallelization. FSDP2 swaps the
 registered parameters between sharded and unsharded forms during forward and
@@ -9,10 +9,14 @@ wrong moment could see the wrong tensors; the captured sharded parameters are
 the ones the optimizer updates in place, and they only change in
 ``optimizer.step()``, after torchft has stopped serving the checkpoint.
 
-Everything leaves this module as plain tensors (DTensors become their local
-shard) and plain containers, so the receiver can load it with
+The optimizer's state exists from the start (``optim.init_optimizer_state``),
+so loading is always a copy into existing tensors, whatever their layout.
+
+For healing everything travels as plain tensors (DTensors become their local
+shard) and plain containers, so the receiver loads it with
 ``weights_only=True``. Both sides run the same layout (the job's spec hash
-guarantees it), so local shards line up rank by rank.
+guarantees it), so local shards line up rank by rank. Checkpoints keep the
+DTensors instead (see checkpoint.py), which is what lets DCP reshard.
 """
 
 from __future__ import annotations
@@ -32,17 +36,6 @@ def local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def to_local_tree(obj: Any) -> Any:
-    """Replace every DTensor in a nested structure with its local shard."""
-    if isinstance(obj, torch.Tensor):
-        return local(obj)
-    if isinstance(obj, dict):
-        return {k: to_local_tree(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return type(obj)(to_local_tree(v) for v in obj)
-    return obj
-
-
 @dataclass
 class TrainState:
     """References to the live state of one rank, plus the step counters."""
@@ -53,58 +46,77 @@ class TrainState:
     step: int = 0  # committed optimizer steps
     tokens: int = 0  # tokens this replica group has trained on
     on_load: list[Callable[[int, float], None]] = field(default_factory=list)
+    # Called before anything mutates the parameters or optimizer state (a background
+    # checkpoint copy must finish first).
+    guards: list[Callable[[], None]] = field(default_factory=list)
+
+    def before_mutation(self) -> None:
+        for guard in self.guards:
+            guard()
+
+    def optimizer_tensors(self) -> dict[str, dict[str, torch.Tensor]]:
+        """The optimizer's per-parameter state keyed by parameter name (live tensors)."""
+        by_param = self.optimizer.state
+        return {name: dict(by_param[p]) for name, p in self.params.items()}
+
+    def scalars(self) -> dict[str, Any]:
+        """Everything that is not a tensor: JSON- and weights_only-safe."""
+        return {
+            "step": self.step,
+            "tokens": self.tokens,
+            "lr_scheduler": self.scheduler.state_dict(),
+        }
+
+    def load_scalars(self, scalars: dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(scalars["lr_scheduler"])
+        for group, lr in zip(
+            self.optimizer.param_groups, self.scheduler.get_last_lr(), strict=True
+        ):
+            group["lr"] = lr
+        self.step = int(scalars["step"])
+        self.tokens = int(scalars["tokens"])
 
     def healing_state_dict(self) -> dict[str, Any]:
         return {
             "model": {name: local(p.detach()) for name, p in self.params.items()},
-            "optimizer": to_local_tree(self.optimizer.state_dict()),
-            "lr_scheduler": self.scheduler.state_dict(),
-            "train": {"step": self.step, "tokens": self.tokens},
+            "optimizer": {
+                name: {k: local(v) for k, v in entry.items()}
+                for name, entry in self.optimizer_tensors().items()
+            },
+            "scalars": self.scalars(),
         }
 
     def load_healing_state_dict(self, state: dict[str, Any]) -> None:
+        self.before_mutation()
         started = time.monotonic()
-        model: dict[str, torch.Tensor] = state["model"]
-        missing = set(self.params) ^ set(model)
-        if missing:
-            raise RuntimeError(f"healing state does not match the model: {sorted(missing)[:5]}")
-        with torch.no_grad():
-            for name, param in self.params.items():
-                target = local(param)
-                if target.shape != model[name].shape:
-                    raise RuntimeError(
-                        f"healing state for {name} has shape {tuple(model[name].shape)}, "
-                        f"expected {tuple(target.shape)}: the peers run different layouts"
-                    )
-                target.copy_(model[name])
-        self.optimizer.load_state_dict(self._optimizer_from_local(state["optimizer"]))
-        self.scheduler.load_state_dict(state["lr_scheduler"])
-        self.step = int(state["train"]["step"])
-        self.tokens = int(state["train"]["tokens"])
+        targets = {name: local(p) for name, p in self.params.items()}
+        optimizer = self.optimizer_tensors()
+        for name, entry in optimizer.items():
+            for key, value in entry.items():
+                targets[f"{name}#{key}"] = local(value)
+        received = dict(state["model"])
+        for name, entry in state["optimizer"].items():
+            for key, value in entry.items():
+                received[f"{name}#{key}"] = value
+        copy_into(targets, received, "healing state")
+        self.load_scalars(state["scalars"])
         for callback in self.on_load:
             callback(self.step, time.monotonic() - started)
 
-    def _optimizer_from_local(self, state: dict[str, Any]) -> dict[str, Any]:
-        """Wrap received local optimizer tensors back into DTensors shaped like their params."""
-        ordered = [p for group in self.optimizer.param_groups for p in group["params"]]
-        rebuilt: dict[int, dict[str, Any]] = {}
-        for index, values in state["state"].items():
-            param = ordered[int(index)]
-            entry: dict[str, Any] = {}
-            for key, value in values.items():
-                if (
-                    isinstance(param, DTensor)
-                    and isinstance(value, torch.Tensor)
-                    and value.dim() > 0
-                ):
-                    value = DTensor.from_local(
-                        value.to(param.device),
-                        param.device_mesh,
-                        param.placements,
-                        run_check=False,
-                        shape=param.shape,
-                        stride=param.stride(),
-                    )
-                entry[key] = value
-            rebuilt[int(index)] = entry
-        return {"state": rebuilt, "param_groups": state["param_groups"]}
+
+def copy_into(
+    targets: dict[str, torch.Tensor], received: dict[str, torch.Tensor], what: str
+) -> None:
+    """Copy every received tensor into its live target; both sides must name and shape them alike."""
+    missing = set(targets) ^ set(received)
+    if missing:
+        raise RuntimeError(f"{what} does not match this model: {sorted(missing)[:5]}")
+    with torch.no_grad():
+        for name, target in targets.items():
+            value = received[name]
+            if target.shape != value.shape:
+                raise RuntimeError(
+                    f"{what} for {name} has shape {tuple(value.shape)}, expected {tuple(target.shape)}: "
+                    "the peers run different layouts"
+                )
+            target.copy_(value)

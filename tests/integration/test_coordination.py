@@ -128,7 +128,8 @@ def test_spec_replaced_when_no_node_is_registered(make: MakeCoordinator) -> None
     view = a.snapshot()
     assert view.spec is not None and view.spec["sections"] == new
     assert view.state is None
-    assert view.checkpoint is not None and view.checkpoint["step"] == 100
+    # A new run of the job: the old run's checkpoint record goes with its state.
+    assert view.checkpoint is None
 
 
 # ------------------------------------------------------------------ nodes, slots

@@ -17,7 +17,7 @@ from trainer.config import TrainConfig, TrainerConfig
 from trainer.digest import params_sha256
 from trainer.fault_tolerance import buckets
 from trainer.model import build_model
-from trainer.optim import build_optimizer, build_scheduler, lr_at
+from trainer.optim import build_optimizer, build_scheduler, init_optimizer_state, lr_at
 from trainer.pipeline import split_layers, stage_ids
 from trainer.state import TrainState
 from trainer.transport import SafeHTTPTransport
@@ -66,12 +66,27 @@ def test_lr_schedule() -> None:
     assert all(lr_at(s, cfg) >= lr_at(s + 1, cfg) for s in range(10, 100))
 
 
-def _state(seed: int = 0) -> TrainState:
+def _state(seed: int = 0, eager: bool = True) -> TrainState:
     cfg = TrainerConfig()
     model = build_model(cfg.model, seed)
     params = dict(model.named_parameters())
     opt = build_optimizer(params.values(), cfg.train)
+    if eager:
+        init_optimizer_state(opt)
     return TrainState(params, opt, build_scheduler(opt, cfg.train))
+
+
+def test_eager_optimizer_state_trains_bit_identically() -> None:
+    eager, lazy = _state(eager=True), _state(eager=False)
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(3):
+        grads = {n: torch.randn(p.shape, generator=gen) for n, p in eager.params.items()}
+        for s in (eager, lazy):
+            for n, p in s.params.items():
+                p.grad = grads[n].clone()
+            s.optimizer.step()
+            s.scheduler.step()
+    assert params_sha256(eager.params) == params_sha256(lazy.params)
 
 
 def test_healing_state_round_trips_through_the_weights_only_loader() -> None:
@@ -90,8 +105,9 @@ def test_healing_state_round_trips_through_the_weights_only_loader() -> None:
     assert params_sha256(dst.params) == params_sha256(src.params)
     assert (dst.step, dst.tokens) == (7, 123)
     assert dst.scheduler.state_dict()["last_epoch"] == 1
+    assert dst.optimizer.param_groups[0]["lr"] == src.optimizer.param_groups[0]["lr"]
     a, b = src.optimizer.state_dict()["state"], dst.optimizer.state_dict()["state"]
-    assert all(torch.equal(a[i]["exp_avg"], b[i]["exp_avg"]) for i in a)
+    assert all(torch.equal(a[i][key], b[i][key]) for i in a for key in a[i])
 
 
 class _Evil:

@@ -1,0 +1,103 @@
+"""Checkpoint directory rules: completeness, validation, retention, safe metadata loading."""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+from torch.distributed.checkpoint.filesystem import FileSystemWriter
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+from trainer.checkpoint import (
+    MARKER,
+    SafeReader,
+    _AllowListUnpickler,
+    candidates,
+    problem,
+    retain,
+    write_json_atomic,
+)
+
+
+def make(root: Path, step: int, complete: bool, model_hash: str = "h") -> Path:
+    path = root / f"step-{step}"
+    path.mkdir(parents=True)
+    (path / "__0_0.distcp").write_bytes(b"x" * step)
+    if complete:
+        write_json_atomic(
+            path / MARKER, {"step": step, "model_hash": model_hash, "files": {"__0_0.distcp": step}}
+        )
+    return path
+
+
+def test_candidates_are_newest_first_and_ignore_other_entries(tmp_path: Path) -> None:
+    for step in (5, 40, 10):
+        make(tmp_path, step, complete=True)
+    (tmp_path / "step-x").mkdir()
+    (tmp_path / "notes.txt").write_text("")
+    assert [c.step for c in candidates(tmp_path)] == [40, 10, 5]
+
+
+def test_problem_names_what_is_wrong(tmp_path: Path) -> None:
+    ok = candidates_of(make(tmp_path, 10, complete=True))
+    assert problem(ok, "h") is None
+    assert "different model" in str(problem(ok, "other"))
+    partial = candidates_of(make(tmp_path, 20, complete=False))
+    assert "no completion marker" in str(problem(partial, "h"))
+    truncated = make(tmp_path, 30, complete=True)
+    (truncated / "__0_0.distcp").write_bytes(b"x" * 7)
+    assert "has 7 bytes, the marker says 30" in str(problem(candidates_of(truncated), "h"))
+    (truncated / "__0_0.distcp").unlink()
+    assert "missing" in str(problem(candidates_of(truncated), "h"))
+
+
+def candidates_of(path: Path) -> object:
+    from trainer.checkpoint import Candidate
+
+    return Candidate(int(path.name.split("-")[1]), path)
+
+
+def test_retention_keeps_exactly_keep_complete_and_no_stale_partials(tmp_path: Path) -> None:
+    for step in (10, 20, 30, 40):
+        make(tmp_path, step, complete=True)
+    make(tmp_path, 25, complete=False)  # a save that died, older than the newest complete
+    make(tmp_path, 50, complete=False)  # newer than the newest complete: may still be in flight
+    removed = retain(tmp_path, keep=2)
+    assert sorted(p.name for p in removed) == ["step-10", "step-20", "step-25"]
+    left = {c.step: c.complete for c in candidates(tmp_path)}
+    assert left == {50: False, 40: True, 30: True}
+
+
+def test_retention_without_a_complete_checkpoint_deletes_nothing(tmp_path: Path) -> None:
+    make(tmp_path, 10, complete=False)
+    assert retain(tmp_path, keep=1) == []
+    assert (tmp_path / "step-10").exists()
+
+
+def test_marker_write_is_atomic(tmp_path: Path) -> None:
+    target = tmp_path / MARKER
+    write_json_atomic(target, {"step": 1})
+    assert json.loads(target.read_text()) == {"step": 1}
+    assert [p.name for p in tmp_path.iterdir()] == [MARKER]  # no temp file left
+
+
+def test_real_dcp_metadata_loads_with_the_allow_list(tmp_path: Path) -> None:
+    state = {"model": {"w": torch.randn(4, 3)}, "optimizer": {"w": {"step": torch.tensor(3.0)}}}
+    dcp_save(state, storage_writer=FileSystemWriter(str(tmp_path)), no_dist=True)
+    metadata = SafeReader(str(tmp_path)).read_metadata()
+    assert "model.w" in metadata.state_dict_metadata
+
+
+class _Evil:
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (print, ("pwned",))
+
+
+def test_allow_list_refuses_callables_and_foreign_classes() -> None:
+    for payload in (_Evil(), {"f": FileSystemWriter}, [torch.nn.Linear]):
+        with pytest.raises(pickle.UnpicklingError, match="not allowed"):
+            _AllowListUnpickler(io.BytesIO(pickle.dumps(payload))).load()

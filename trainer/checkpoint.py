@@ -1,0 +1,399 @@
+"""Asynchronous DCP checkpoints, written by one replica group, trusted only when complete.
+
+Layout of ``<checkpoint.dir>/step-<N>/``:
+
+* DCP files (``__<rank>_0.distcp``, ``.metadata``): parameters and optimizer state,
+  as DTensors, so a load into another (dp_shard, tp, pp) layout reshards;
+* ``train_state.json``: step, tokens, LR schedule, torchft counters (no pickle);
+* ``COMPLETE.json``: the completion marker (step, layout, model hash, time, every
+  file with its size), written atomically only after the save has finished.
+
+Only the lowest-id participating group writes (torchft orders the quorum by
+replica id). Saves are asynchronous: DCP copies the state in a background
+thread (training waits for that copy only before it next changes a parameter)
+and writes it in another; the save's collectives use a dedicated Gloo group so
+they never interleave with training's. At most one save is in flight; a save
+that falls due while the previous one runs is skipped and counted.
+
+Loading trusts nothing without a marker, checks every listed file's size, and
+refuses pickled data: DCP metadata is read with an allow-list unpickler and any
+non-tensor item in a checkpoint is an error: nothing is ever unpickled in full.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import io
+import json
+import os
+import pickle
+import shutil
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.planner import ReadItem
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import async_save
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+from trainer import logs
+from trainer.chaos import Chaos
+from trainer.config import CheckpointConfig
+from trainer.fault_tolerance import Replication
+from trainer.metrics import TrainMetrics
+from trainer.state import TrainState
+
+MARKER = "COMPLETE.json"
+SCALARS = "train_state.json"
+PREFIX = "step-"
+
+
+# ----------------------------------------------------------------- disk format
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Write, fsync, rename, fsync the directory: the file is either absent or whole."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    step: int
+    path: Path
+
+    @property
+    def complete(self) -> bool:
+        return (self.path / MARKER).is_file()
+
+
+def candidates(root: Path) -> list[Candidate]:
+    """Every step-<N> directory under root, newest first."""
+    if not root.is_dir():
+        return []
+    found = []
+    for entry in root.iterdir():
+        number = entry.name.removeprefix(PREFIX)
+        if entry.is_dir() and entry.name.startswith(PREFIX) and number.isdigit():
+            found.append(Candidate(int(number), entry))
+    return sorted(found, key=lambda c: c.step, reverse=True)
+
+
+def problem(candidate: Candidate, model_hash: str) -> str | None:
+    """Why a checkpoint directory cannot be trusted, or None if it can."""
+    marker_path = candidate.path / MARKER
+    if not marker_path.is_file():
+        return "no completion marker (a save that never finished)"
+    try:
+        marker = json.loads(marker_path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        return f"unreadable completion marker ({e})"
+    if marker.get("model_hash") != model_hash:
+        return "saved for a different model configuration"
+    for name, size in marker.get("files", {}).items():
+        path = candidate.path / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != size:
+            return f"{name} has {path.stat().st_size} bytes, the marker says {size}"
+    return None
+
+
+def retain(root: Path, keep: int) -> list[Path]:
+    """Delete all but the newest `keep` complete checkpoints, and incomplete ones older than the newest complete."""
+    found = candidates(root)
+    complete = [c for c in found if c.complete]
+    if not complete:
+        return []
+    newest = complete[0].step
+    doomed = [c.path for c in complete[keep:]]
+    doomed += [c.path for c in found if not c.complete and c.step < newest]
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+    return doomed
+
+
+class _AllowListUnpickler(pickle.Unpickler):
+    """Unpickles DCP metadata: DCP's own classes (dataclasses, enums) and torch value types only."""
+
+    CLASS_MODULES = ("torch.distributed.checkpoint.", "torch.distributed._shard.")
+    NAMED: ClassVar[frozenset[tuple[str, str]]] = frozenset(
+        {
+            ("torch", "Size"),
+            ("torch.serialization", "_get_layout"),  # how torch pickles a torch.layout
+            ("pathlib", "PosixPath"),
+            ("pathlib", "PurePosixPath"),
+            ("collections", "OrderedDict"),
+        }
+    )
+
+    def find_class(self, module: str, name: str) -> Any:
+        plain = module in ("torch", "torch.serialization", "pathlib", "collections")
+        found = (
+            super().find_class(module, name)
+            if plain or module.startswith(self.CLASS_MODULES)
+            else None
+        )
+        record = isinstance(found, type) and (
+            dataclasses.is_dataclass(found) or issubclass(found, enum.Enum)
+        )
+        if module.startswith(self.CLASS_MODULES) and record:
+            return found
+        if (module, name) in self.NAMED or (module == "torch" and isinstance(found, torch.dtype)):
+            return found
+        raise pickle.UnpicklingError(
+            f"checkpoint metadata refers to {module}.{name}, which is not allowed"
+        )
+
+
+class SafeReader(FileSystemReader):
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        with (Path(self.path) / ".metadata").open("rb") as f:
+            metadata = _AllowListUnpickler(f).load()
+        if getattr(metadata, "storage_meta", None) is not None:
+            metadata.storage_meta.load_id = self.load_id
+        return metadata  # type: ignore[no-any-return]
+
+
+class TensorOnlyPlanner(DefaultLoadPlanner):
+    """Phalanx checkpoints hold only tensors; a pickled item is refused, never unpickled."""
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        raise RuntimeError(
+            f"checkpoint item {read_item.dest_index.fqn} is pickled data; refusing to load it"
+        )
+
+
+# ------------------------------------------------------------------ the saver
+
+
+class Checkpointer:
+    def __init__(
+        self,
+        cfg: CheckpointConfig,
+        state: TrainState,
+        replication: Replication,
+        metrics: TrainMetrics,
+        model_hash: str,
+        layout: dict[str, int],
+        rank: int,
+        chaos: Chaos | None = None,
+    ) -> None:
+        assert cfg.dir is not None
+        self.cfg = cfg
+        self.root = Path(cfg.dir)
+        self.state = state
+        self.replication = replication
+        self.metrics = metrics
+        self.model_hash = model_hash
+        self.layout = layout
+        self.rank = rank
+        self.chaos = chaos
+        self.log = logs.get()
+        self.distributed = dist.is_initialized()
+        # Background saves run collectives from another thread: give them their own group.
+        self.pg = dist.new_group(backend="gloo") if self.distributed else None
+        self.stager = DefaultStager(StagingOptions(False, False, cfg.async_save, False))
+        self.staging: Future[None] | None = None
+        self.upload: Future[Any] | None = None
+        self.pending: dict[str, Any] | None = None
+        self.skipped = 0
+        self.last_saved: int | None = None
+        state.guards.append(self.wait_staged)
+        if rank == 0:
+            self.root.mkdir(parents=True, exist_ok=True)
+
+    def _note(self, level: str, event: str, **fields: Any) -> None:
+        """Group-wide facts (skipped, invalid, loaded) are reported once, by rank 0."""
+        if self.rank == 0:
+            getattr(self.log, level)(event, **fields)
+
+    def tensors(self) -> dict[str, Any]:
+        return {"model": dict(self.state.params), "optimizer": self.state.optimizer_tensors()}
+
+    # -- saving
+
+    def after_commit(self, step: int) -> None:
+        """Called after every committed step: finish a done save, start a due one."""
+        self.poll()
+        interval = self.cfg.interval_steps
+        if interval and step % interval == 0:
+            self.save(step)
+
+    def _agree(self, mine: bool) -> bool:
+        """Every rank of the group must take the same decision (a save is collective)."""
+        if not self.distributed:
+            return mine
+        flag = torch.tensor([1 if mine else 0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag.item())
+
+    def save(self, step: int, final: bool = False) -> None:
+        """Start a save of the live state at `step` (the writer group only; collective in the group)."""
+        if not self.replication.is_writer() or step == self.last_saved:
+            return
+        if not final and not self._agree(self.upload is None or self.upload.done()):
+            self.skipped += 1
+            self.metrics.observe_checkpoint_skipped()
+            self._note(
+                "warning",
+                "checkpoint_skipped",
+                step=step,
+                reason="the previous save is still running",
+                skipped=self.skipped,
+            )
+            return
+        self.finish(block=True)  # the previous save is done (or, for the final save, waited for)
+        self.last_saved = step
+        path = self.root / f"{PREFIX}{step}"
+        started = time.monotonic()
+        if self.rank == 0:
+            # Leftovers of an earlier attempt at this step (a save killed mid-way) go first.
+            shutil.rmtree(path, ignore_errors=True)
+            path.mkdir(parents=True)
+            scalars = {**self.state.scalars(), "torchft": self.replication.ft_state()}
+            write_json_atomic(path / SCALARS, scalars)
+        if self.distributed:
+            dist.barrier()  # nobody writes before rank 0 has prepared the directory
+        writer = FileSystemWriter(str(path), sync_files=True)
+        if self.cfg.async_save:
+            response = async_save(
+                self.tensors(),
+                storage_writer=writer,
+                process_group=self.pg,
+                async_stager=self.stager,
+            )
+            if isinstance(response, Future):
+                self.upload, self.staging = response, None
+            else:
+                self.upload, self.staging = response.upload_completion, response.staging_completion
+            if self.chaos is not None:
+                self.chaos.at("checkpoint", step)
+        else:
+            dcp_save(self.tensors(), storage_writer=writer, process_group=self.pg)
+            self.upload, self.staging = None, None
+        blocked = time.monotonic() - started
+        self.pending = {"step": step, "path": path, "started": started, "blocked": blocked}
+        if not self.cfg.async_save:
+            self.finish(block=True)
+
+    def wait_staged(self) -> None:
+        """Block until the background copy of the state is done (before anything mutates it)."""
+        if self.staging is not None:
+            started = time.monotonic()
+            self.staging.result()
+            self.staging = None
+            if self.pending is not None:
+                self.pending["blocked"] += time.monotonic() - started
+
+    def poll(self) -> None:
+        self.finish(block=False)
+
+    def finish(self, block: bool) -> None:
+        """If the pending save has finished (or block): write its marker and apply retention."""
+        if self.pending is None:
+            return
+        if self.upload is not None and not (block or self.upload.done()):
+            return
+        pending, self.pending = self.pending, None
+        try:
+            self.wait_staged()
+            if self.upload is not None:
+                self.upload.result()
+        except Exception as e:
+            self.metrics.observe_checkpoint_failure()
+            self.log.error(
+                "checkpoint_failed", step=pending["step"], error=f"{type(e).__name__}: {e}"
+            )
+            return
+        finally:
+            self.upload = None
+        total = time.monotonic() - pending["started"]
+        path: Path = pending["path"]
+        if self.rank == 0:
+            files = {
+                p.name: p.stat().st_size
+                for p in sorted(path.iterdir())
+                if p.is_file() and p.name != MARKER
+            }
+            marker = {
+                "step": pending["step"],
+                "layout": self.layout,
+                "model_hash": self.model_hash,
+                "time": time.time(),
+                "files": files,
+                "seconds_blocked": round(pending["blocked"], 4),
+                "seconds_total": round(total, 4),
+            }
+            write_json_atomic(path / MARKER, marker)
+            removed = retain(self.root, self.cfg.keep)
+            self.log.info(
+                "checkpoint_saved",
+                step=pending["step"],
+                path=str(path),
+                seconds_blocked=round(pending["blocked"], 4),
+                seconds_total=round(total, 4),
+                bytes=sum(files.values()),
+                removed=[p.name for p in removed],
+            )
+        self.metrics.observe_checkpoint(pending["step"], pending["blocked"], total)
+
+    def close(self) -> None:
+        self.finish(block=True)
+        self.stager.close()
+
+    # -- loading
+
+    def load_latest(self) -> int | None:
+        """Load the newest trustworthy checkpoint into the live state; its step, or None."""
+        for candidate in candidates(self.root):
+            why = problem(candidate, self.model_hash)
+            if why is not None:
+                self._note("warning", "checkpoint_invalid", path=str(candidate.path), reason=why)
+                continue
+            try:
+                dcp_load(
+                    self.tensors(),
+                    storage_reader=SafeReader(str(candidate.path)),
+                    planner=TensorOnlyPlanner(),
+                    process_group=self.pg,
+                )
+                scalars = json.loads((candidate.path / SCALARS).read_text())
+            except Exception as e:
+                # A full load rewrites every tensor, so an older checkpoint can still be loaded.
+                self._note(
+                    "warning",
+                    "checkpoint_invalid",
+                    path=str(candidate.path),
+                    reason=f"load failed: {e}",
+                )
+                continue
+            self.state.load_scalars(scalars)
+            self.replication.restore(int(scalars["step"]), scalars.get("torchft", {}))
+            self.last_saved = int(
+                scalars["step"]
+            )  # on disk already: the final save need not redo it
+            self._note(
+                "info", "checkpoint_loaded", step=self.last_saved, source=str(candidate.path)
+            )
+            return self.last_saved
+        return None
