@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(TORCH_VERSION)
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint venv clean
+.PHONY: demo test lint venv clean docs
 
 venv: $(STAMP)
 
@@ -32,3 +32,6 @@ lint: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+
+docs: $(STAMP)
+	$(BIN)/python -m daemon.config_doc > docs/configuration.md

@@ -265,3 +265,51 @@ def test_untrusted_client_certificate_is_denied(secure_etcd: EmbeddedEtcd, pki: 
     assert isinstance(exc, EtcdAccessDenied), exc
     assert "client certificate" in str(exc)
     assert took < TIMEOUT_S
+
+
+def _daemon_tls_args(secure_etcd: EmbeddedEtcd, pki: Pki, password_file: Path) -> list[str]:
+    return [
+        f'etcd.endpoints=["{secure_etcd.endpoint}"]',
+        f'etcd.ca_file="{pki.ca}"',
+        f'etcd.cert_file="{pki.client_cert}"',
+        f'etcd.key_file="{pki.client_key}"',
+        f'etcd.user="{USER}"',
+        f'etcd.password_file="{password_file}"',
+    ]
+
+
+def test_daemon_trains_against_etcd_with_tls_and_auth(
+    secure_etcd: EmbeddedEtcd, pki: Pki, tmp_path: Path
+) -> None:
+    """`phalanx run` end to end over TLS with client certificates and a password."""
+    from tests.harness import start_daemon
+
+    secret = tmp_path / "etcd-password"
+    secret.write_text(PASSWORD + "\n")
+    args = [*_daemon_tls_args(secure_etcd, pki, secret), "train.steps=20", 'job.name="tls"']
+    daemon = start_daemon(tmp_path, "tls-node", None, overrides=args)
+    try:
+        assert daemon.wait(120) == 0, daemon.proc.tail()
+    finally:
+        daemon.stop()
+    assert daemon.events("train_done")[0]["step"] == 20
+
+
+def test_daemon_with_a_wrong_password_fails_clearly(
+    secure_etcd: EmbeddedEtcd, pki: Pki, tmp_path: Path
+) -> None:
+    from tests.harness import start_daemon
+
+    secret = tmp_path / "etcd-password"
+    secret.write_text("not-the-password\n")
+    daemon = start_daemon(
+        tmp_path, "bad-node", None, overrides=_daemon_tls_args(secure_etcd, pki, secret)
+    )
+    started = time.monotonic()
+    try:
+        assert daemon.wait(30) == 2, daemon.proc.tail()
+    finally:
+        daemon.stop()
+    assert time.monotonic() - started < 20
+    failure = daemon.events("node_failed")[0]["error"]
+    assert "password" in failure.lower() or "authentication" in failure.lower(), failure
