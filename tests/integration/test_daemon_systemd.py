@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import signal
 import socket
 import tempfile
@@ -66,7 +67,7 @@ def test_ready_watchdog_and_stopping(tmp_path: Path, etcd_endpoint: str) -> None
             time.sleep(5)
             pings = [t for t in listener.times("WATCHDOG=1") if t >= start]
             assert len(pings) >= 4, f"only {len(pings)} watchdog pings in 5 s"
-            gaps = [b - a for a, b in zip(pings, pings[1:], strict=False)]
+            gaps = [b - a for a, b in itertools.pairwise(pings)]
             assert max(gaps) < 2.0, f"a watchdog gap of {max(gaps):.2f}s exceeds WatchdogSec"
             assert any(m.startswith("STATUS=running") for _, m in listener.messages)
             daemon.proc.popen.send_signal(signal.SIGTERM)
