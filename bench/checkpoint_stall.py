@@ -82,16 +82,22 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="phalanx-bench-") as tmp:
         results = {mode: run(mode, args, Path(tmp)) for mode in ("async", "sync")}
     cpus = os.cpu_count()
-    print(f"machine: {platform.node()} {platform.machine()}, {cpus} CPUs, Python {platform.python_version()}")
+    print(
+        f"machine: {platform.node()} {platform.machine()}, {cpus} CPUs, Python {platform.python_version()}"
+    )
     size_mb = results["sync"][0]["bytes"] / 1e6
-    print(f"model: {n / 1e6:.1f}M parameters, checkpoint {size_mb:.0f} MB, {len(results['sync'])} timed saves per mode")
+    print(
+        f"model: {n / 1e6:.1f}M parameters, checkpoint {size_mb:.0f} MB, {len(results['sync'])} timed saves per mode"
+    )
     print(f"{'mode':<6} {'blocked median s':>17} {'blocked max s':>14} {'total median s':>15}")
     medians = {}
     for mode, saves in results.items():
         blocked = [s["blocked"] for s in saves]
         total = [s["total"] for s in saves]
         medians[mode] = statistics.median(blocked)
-        print(f"{mode:<6} {medians[mode]:>17.4f} {max(blocked):>14.4f} {statistics.median(total):>15.4f}")
+        print(
+            f"{mode:<6} {medians[mode]:>17.4f} {max(blocked):>14.4f} {statistics.median(total):>15.4f}"
+        )
     ratio = medians["async"] / medians["sync"]
     verdict = "met" if ratio <= 0.10 else "NOT met"
     print(f"ratio async/sync blocked: {ratio:.3f} (target <= 0.10: {verdict})")

@@ -14,6 +14,7 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from trainer.checkpoint import (
     MARKER,
+    Candidate,
     SafeReader,
     _AllowListUnpickler,
     candidates,
@@ -55,9 +56,7 @@ def test_problem_names_what_is_wrong(tmp_path: Path) -> None:
     assert "missing" in str(problem(candidates_of(truncated), "h"))
 
 
-def candidates_of(path: Path) -> object:
-    from trainer.checkpoint import Candidate
-
+def candidates_of(path: Path) -> Candidate:
     return Candidate(int(path.name.split("-")[1]), path)
 
 
