@@ -54,6 +54,11 @@ class _NodeCollector(Collector):
             "Rank processes of this node that are alive.",
             float(len(v.pids)),
         )
+        yield gauge(
+            "phalanx_min_replicas",
+            "job.min_replicas: replica groups a step needs to commit.",
+            float(sup.cfg.job.min_replicas),
+        )
         yield gauge("phalanx_etcd_up", "1 if the last etcd request succeeded.", float(v.etcd_up))
         lighthouse_up = sup.forwarder.target is not None and (
             not v.leader or bool(sup.lighthouse and sup.lighthouse.alive)
