@@ -7,6 +7,7 @@ programs, reads their JSON-lines output, and sends them real signals.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -323,3 +324,30 @@ def start_daemon(
         argv += ["--set", o]
     full_env = {"OMP_NUM_THREADS": "1", "PHALANX_CHAOS_DELAY": "0.05", **(env or {})}
     return Daemon(start(argv, log_dir, name or node_id, full_env), node_id, http_port)
+
+
+def event_time(event: Event) -> float:
+    """An event's timestamp (ISO 8601 UTC) as seconds since the epoch."""
+    from datetime import datetime
+
+    return datetime.fromisoformat(str(event["time"]).replace("Z", "+00:00")).timestamp()
+
+
+def largest_step_gap(events: list[Event], after: float = 0.0) -> float:
+    """The longest time between consecutive committed steps, over gaps that end after `after`
+    (epoch s): the gap that straddles a failure at `after` counts."""
+    times = [event_time(e) for e in events if e.get("event") == "train_step"]
+    return max((b - a for a, b in itertools.pairwise(times) if b >= after), default=0.0)
+
+
+def job_groups(endpoint: str, job: str = "itest") -> dict[int, str]:
+    """The job's replica-group slots, read from etcd in-process (fast enough to time a lease)."""
+    from daemon.coordination import Coordinator, EtcdSettings
+
+    observer = Coordinator(
+        EtcdSettings(endpoints=[endpoint], timeout_s=2.0), job, "test-observer", 4
+    )
+    try:
+        return dict(observer.snapshot().groups)
+    finally:
+        observer.close(revoke=False)

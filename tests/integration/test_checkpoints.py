@@ -9,6 +9,8 @@ import re
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ from tests.harness import (
     ROOT,
     Event,
     alive,
+    event_time,
     free_port,
     launch_group,
     start,
@@ -126,7 +129,9 @@ assert calls, "the resume never reached torch.load: the probe proves nothing"
     assert offenders == []
 
 
-def test_cold_restart_after_every_group_died_mid_save(tmp_path: Path, etcd_endpoint: str) -> None:
+def test_cold_restart_after_every_group_died_mid_save(
+    tmp_path: Path, etcd_endpoint: str, recovery: Callable[[str, float], None]
+) -> None:
     """SIGKILL every rank and daemon while the step-20 async save is in flight; new daemons
     resume from step 10 (the partial step 20 is reported and skipped) and finish."""
     ckpt = tmp_path / "ckpt"
@@ -174,6 +179,7 @@ def test_cold_restart_after_every_group_died_mid_save(tmp_path: Path, etcd_endpo
         30,
         "free slots",
     )
+    restarted_at = time.time()
     second = [
         start_daemon(tmp_path, n, [etcd_endpoint], overrides=job, name=f"{n}-again")
         for n in ("node-a", "node-b")
@@ -204,6 +210,8 @@ def test_cold_restart_after_every_group_died_mid_save(tmp_path: Path, etcd_endpo
         else:
             assert d.events("heal_done") and not d.events("checkpoint_invalid")
     assert len({d.events("train_done")[0]["params_sha256"] for d in second}) == 1
+    resumed = min(event_time(d.events("checkpoint_loaded")[0]) for d in loaders)
+    recovery("every group gone: daemons started -> resumed from checkpoint", resumed - restarted_at)
     # Retention: exactly `keep` complete checkpoints, no leftover partial one.
     steps = {p.name: (p / "COMPLETE.json").exists() for p in ckpt.iterdir()}
     assert steps == {"step-20": True, "step-30": True, "step-40": True}

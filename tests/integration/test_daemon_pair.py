@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,9 @@ from tests.harness import (
     Daemon,
     Event,
     alive,
+    event_time,
+    job_groups,
+    largest_step_gap,
     start_daemon,
     wait_for,
 )
@@ -77,7 +81,7 @@ def solo_steps_since(d: Daemon, step: int) -> list[int]:
 
 
 def test_killed_rank_is_restarted_and_healed_while_the_peer_is_untouched(
-    tmp_path: Path, etcd_endpoint: str
+    tmp_path: Path, etcd_endpoint: str, recovery: Callable[[str, float], None]
 ) -> None:
     a, b = pair(tmp_path, etcd_endpoint, steps=160)
     try:
@@ -94,6 +98,7 @@ def test_killed_rank_is_restarted_and_healed_while_the_peer_is_untouched(
         assert "node-a" in table and "node-b" in table and "leader" in table
 
         victim = b.rank_pids()[0]
+        killed_at = time.time()
         os.kill(victim, signal.SIGKILL)
         restarted = wait_for(lambda: b.events("group_restarted"), 60, "node-b's group to restart")
         assert restarted[0]["reason"] == "rank_exit" and victim not in restarted[0]["pids"]
@@ -110,13 +115,17 @@ def test_killed_rank_is_restarted_and_healed_while_the_peer_is_untouched(
     finally:
         a.stop()
         b.stop()
+    healed = next(e for e in after(b.events(), restarted[0]) if e["event"] == "heal_done")
+    recovery("rank SIGKILL: group restarted", event_time(restarted[0]) - killed_at)
+    recovery("rank SIGKILL: group healed from its peer", event_time(healed) - killed_at)
+    recovery("rank SIGKILL: peer group's longest pause", largest_step_gap(a.events(), killed_at))
     assert digest(a) == digest(b)
     assert not a.events("group_restarted")  # node-a's ranks were never restarted
     assert a.events("group_started")[0]["pids"] == a_pids
 
 
 def test_killed_daemon_takes_its_ranks_along_and_a_new_one_rejoins(
-    tmp_path: Path, etcd_endpoint: str
+    tmp_path: Path, etcd_endpoint: str, recovery: Callable[[str, float], None]
 ) -> None:
     a, b = pair(tmp_path, etcd_endpoint, steps=320)
     b2: Daemon | None = None
@@ -124,7 +133,7 @@ def test_killed_daemon_takes_its_ranks_along_and_a_new_one_rejoins(
         b_ranks = b.rank_pids()
         b_slot = int(b.require_status()["replica_group"])
         os.kill(b.pid, signal.SIGKILL)
-        killed = time.monotonic()
+        killed, killed_at = time.monotonic(), time.time()
         wait_for(
             lambda: not any(alive(p) for p in b_ranks),
             10,
@@ -134,11 +143,9 @@ def test_killed_daemon_takes_its_ranks_along_and_a_new_one_rejoins(
         step = a.step()
         wait_for(lambda: solo_steps_since(a, step), 60, "node-a to commit steps alone")
         # The slot frees when the dead daemon's lease expires (TTL 4 s).
-        wait_for(
-            lambda: str(b_slot) not in status_json(etcd_endpoint)["groups"],
-            30,
-            "node-b's slot to free",
-        )
+        wait_for(lambda: b_slot not in job_groups(etcd_endpoint), 30, "node-b's slot to free", 0.05)
+        recovery("daemon SIGKILL: its slot freed (etcd lease TTL 4 s)", time.monotonic() - killed)
+        rejoined_at = time.time()
         b2 = start_daemon(
             tmp_path, "node-b", [etcd_endpoint], overrides=["train.steps=320"], name="node-b-again"
         )
@@ -151,15 +158,24 @@ def test_killed_daemon_takes_its_ranks_along_and_a_new_one_rejoins(
                 d.stop()
     assert b2.events("heal_done")
     assert digest(a) == digest(b2)
+    recovery("daemon SIGKILL: its ranks gone (no orphans)", orphans_gone_s)
+    recovery("daemon SIGKILL: peer group's longest pause", largest_step_gap(a.events(), killed_at))
+    recovery(
+        "daemon SIGKILL: replacement started -> healed",
+        event_time(b2.events("heal_done")[0]) - rejoined_at,
+    )
 
 
-def test_leader_failover_keeps_the_survivors_ranks(tmp_path: Path, etcd_endpoint: str) -> None:
+def test_leader_failover_keeps_the_survivors_ranks(
+    tmp_path: Path, etcd_endpoint: str, recovery: Callable[[str, float], None]
+) -> None:
     a, b = pair(tmp_path, etcd_endpoint, steps=260)
     try:
         leader, other = (a, b) if a.require_status()["leader"] else (b, a)
         assert other.require_status()["leader"] is False
         survivor_pids = other.rank_pids()
         old_lighthouse = int(leader.events("lighthouse_started")[-1]["pid"])
+        killed_at = time.time()
         os.kill(leader.pid, signal.SIGKILL)
         wait_for(lambda: not alive(old_lighthouse), 5, "the old leader's lighthouse to die with it")
         took_over = wait_for(
@@ -176,19 +192,26 @@ def test_leader_failover_keeps_the_survivors_ranks(tmp_path: Path, etcd_endpoint
     assert not other.events("group_restarted") and not other.events("group_failed")
     assert other.events("group_started")[0]["pids"] == survivor_pids
     assert other.events("train_done")[0]["step"] == 260
+    recovery("leader SIGKILL: new leader's lighthouse up", event_time(took_over[0]) - killed_at)
+    recovery(
+        "leader SIGKILL: survivor's longest pause", largest_step_gap(other.events(), killed_at)
+    )
 
 
-def test_etcd_outage_does_not_restart_ranks(tmp_path: Path, etcd: EmbeddedEtcd) -> None:
+def test_etcd_outage_does_not_restart_ranks(
+    tmp_path: Path, etcd: EmbeddedEtcd, recovery: Callable[[str, float], None]
+) -> None:
     a, b = pair(tmp_path, etcd.endpoint, steps=400)
     try:
         pids = {d.node_id: d.rank_pids() for d in (a, b)}
         etcd.stop()
-        stopped = time.monotonic()
+        stopped, stopped_at = time.monotonic(), time.time()
         steps = a.step()
         time.sleep(5)
         assert a.step() > steps  # training goes on while etcd is away
         time.sleep(max(0.0, 10 - (time.monotonic() - stopped)))
         etcd.restart()
+        back_at = time.time()
         for d in (a, b):
             wait_for(
                 functools.partial(d.events, "etcd_session_renewed"),
@@ -208,27 +231,33 @@ def test_etcd_outage_does_not_restart_ranks(tmp_path: Path, etcd: EmbeddedEtcd) 
         assert not d.events("group_restarted") and not d.events("group_failed")
         assert d.events("group_started")[0]["pids"] == pids[d.node_id]
     assert digest(a) == digest(b)
+    renewed = max(event_time(d.events("etcd_session_renewed")[0]) for d in (a, b))
+    recovery("etcd outage 10 s: both daemons re-registered after etcd returned", renewed - back_at)
+    recovery(
+        "etcd outage 10 s: longest training pause",
+        max(largest_step_gap(d.events(), stopped_at) for d in (a, b)),
+    )
 
 
 def test_sigterm_drains_one_node_and_the_other_continues(
-    tmp_path: Path, etcd_endpoint: str
+    tmp_path: Path, etcd_endpoint: str, recovery: Callable[[str, float], None]
 ) -> None:
     a, b = pair(tmp_path, etcd_endpoint, steps=260)
     try:
+        b_slot = str(b.require_status()["replica_group"])
         b.proc.popen.send_signal(signal.SIGTERM)
-        sent = time.monotonic()
+        sent, sent_at = time.monotonic(), time.time()
         assert b.wait(15 + 5) == 0, b.proc.tail()
         drained_in = time.monotonic() - sent
         assert drained_in < 15  # node.drain_grace_s
         assert b.events("train_stopped"), "the ranks should leave after a step, not be killed"
-        # The slot is released at once, not after the lease TTL.
-        assert (
-            "1" not in status_json(etcd_endpoint)["groups"]
-            or "0" not in status_json(etcd_endpoint)["groups"]
-        )
+        # The slot is released at once (the lease would keep it for its 4 s TTL).
+        assert b_slot not in status_json(etcd_endpoint)["groups"]
         step = a.step()
         wait_for(lambda: solo_steps_since(a, step), 60, "node-a to continue alone")
         assert a.wait(180) == 0, a.proc.tail()
     finally:
         a.stop()
         b.stop()
+    recovery("SIGTERM drain: daemon exited 0", drained_in)
+    recovery("SIGTERM drain: peer group's longest pause", largest_step_gap(a.events(), sent_at))

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -51,7 +52,9 @@ def test_embedded_default_trains_to_completion_and_leaves_nothing_behind(tmp_pat
     assert [pid for pid in seen if alive(pid)] == []
 
 
-def test_a_hung_rank_is_detected_and_its_group_restarted(tmp_path: Path) -> None:
+def test_a_hung_rank_is_detected_and_its_group_restarted(
+    tmp_path: Path, recovery: Callable[[str, float], None]
+) -> None:
     daemon = start_daemon(
         tmp_path, "hang", None, overrides=["node.hang_timeout_s=6", "train.steps=100000"]
     )
@@ -68,11 +71,14 @@ def test_a_hung_rank_is_detected_and_its_group_restarted(tmp_path: Path) -> None
         assert restarted[0]["reason"] == "hang"
         assert set(restarted[0]["pids"]).isdisjoint(pids)
         assert all(not alive(pid) for pid in pids)  # the stopped rank was killed
+        recovery("rank hang (SIGSTOP): detected, node.hang_timeout_s = 6", detected_after)
     finally:
         daemon.stop()
 
 
-def test_a_rank_that_always_crashes_exhausts_the_restart_budget(tmp_path: Path) -> None:
+def test_a_rank_that_always_crashes_exhausts_the_restart_budget(
+    tmp_path: Path, recovery: Callable[[str, float], None]
+) -> None:
     daemon = start_daemon(
         tmp_path,
         "crashy",
@@ -80,10 +86,12 @@ def test_a_rank_that_always_crashes_exhausts_the_restart_budget(tmp_path: Path) 
         overrides=["node.max_restarts=2", "node.restart_backoff_s=0.2"],
         env={"PHALANX_CHAOS": "start@0:crash"},
     )
+    started = time.monotonic()
     try:
         code = daemon.wait(180)
     finally:
         daemon.stop()
+    recovery("crash loop: gave up after 2 restarts (exit 1)", time.monotonic() - started)
     assert code == 1
     restarts = daemon.events("group_restarted")
     assert len(restarts) == 2
