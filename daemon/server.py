@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from daemon.supervisor import State, Supervisor
+from trainer import logs
 
 STALE_LOOP_S = 10.0
 
@@ -43,6 +45,20 @@ def status_document(sup: Supervisor) -> dict[str, Any]:
     }
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: object, client_address: tuple[str, int]) -> None:
+        """A scraper that hung up mid-response is routine; anything else is one structured event
+        (the stdlib would print a traceback into the daemon's JSON log)."""
+        error = sys.exc_info()[1]
+        if isinstance(error, ConnectionError):
+            return
+        logs.get().warning(
+            "http_error", client=client_address[0], error=f"{type(error).__name__}: {error}"
+        )
+
+
 class StatusServer:
     def __init__(
         self, sup: Supervisor, host: str, port: int, metrics: Callable[[], bytes] | None = None
@@ -63,8 +79,7 @@ class StatusServer:
             def log_message(self, *args: object) -> None:
                 pass
 
-        self.httpd = ThreadingHTTPServer((host, port), Handler)
-        self.httpd.daemon_threads = True
+        self.httpd = _Server((host, port), Handler)
         self.port: int = self.httpd.server_address[1]
         self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True, name="http")
 

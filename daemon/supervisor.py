@@ -246,34 +246,42 @@ class Supervisor:
                 self.lighthouse.stop()
                 self.lighthouse = None
             return
-        if self.lighthouse is None or not self.lighthouse.alive:
-            if self.lighthouse is not None:
-                self.log.warning(
-                    "lighthouse_died",
-                    code=self.lighthouse.popen.poll() if self.lighthouse.popen else None,
-                )
-            node = self.cfg.node
-            lh = LighthouseProcess(
-                self.cfg.lighthouse,
-                self.cfg.job.min_replicas,
-                node.lighthouse_bind,
-                node.lighthouse_port,
-                self.run_dir / "lighthouse.log",
-            )
-            try:
-                lh.start()
-            except LighthouseError as e:
-                self.log.error("lighthouse_failed", error=str(e))
-                self._etcd_retry_at = time.monotonic() + 2.0
-                return
-            if not lh.wait_listening(10):
-                self.log.error("lighthouse_failed", log=str(lh.log_path))
-                lh.stop()
-                return
-            self.lighthouse = lh
-            address = f"{self.cfg.advertise_host}:{lh.port}"
+        if (self.lighthouse is None or not self.lighthouse.alive) and not self._start_lighthouse():
+            return
+        assert self.lighthouse is not None
+        # Publish whenever etcd does not show our address: after a start, and also when the
+        # key vanished with a lease that expired while etcd was away.
+        address = f"{self.cfg.advertise_host}:{self.lighthouse.port}"
+        if (self.view.job.lighthouse if self.view.job else None) != address:
             self.coord.publish_lighthouse(address)
-            self.log.info("lighthouse_started", address=address, pid=lh.pid)
+            self.log.info("lighthouse_published", address=address)
+
+    def _start_lighthouse(self) -> bool:
+        if self.lighthouse is not None:
+            code = self.lighthouse.popen.poll() if self.lighthouse.popen else None
+            self.log.warning("lighthouse_died", code=code)
+            self.lighthouse = None
+        node = self.cfg.node
+        lh = LighthouseProcess(
+            self.cfg.lighthouse,
+            self.cfg.job.min_replicas,
+            node.lighthouse_bind,
+            node.lighthouse_port,
+            self.run_dir / "lighthouse.log",
+        )
+        try:
+            lh.start()
+        except LighthouseError as e:
+            self.log.error("lighthouse_failed", error=str(e))
+            self._etcd_retry_at = time.monotonic() + 2.0
+            return False
+        if not lh.wait_listening(10):
+            self.log.error("lighthouse_failed", log=str(lh.log_path))
+            lh.stop()
+            return False
+        self.lighthouse = lh
+        self.log.info("lighthouse_started", port=lh.port, pid=lh.pid)
+        return True
 
     def _register(self) -> None:
         self._last_record = {}

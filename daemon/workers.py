@@ -16,6 +16,7 @@ in /proc.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import ctypes
 import json
 import os
@@ -200,9 +201,10 @@ class WorkerGroup:
             r = Rank(rank, popen, heartbeat)
             for stream, name in ((popen.stdout, "stdout"), (popen.stderr, "stderr")):
                 assert stream is not None
+                # A copy of the daemon's context: events made here carry job, node, group.
                 t = threading.Thread(
-                    target=self._pump,
-                    args=(rank, stream, name),
+                    target=contextvars.copy_context().run,
+                    args=(self._pump, rank, stream, name),
                     daemon=True,
                     name=f"rank{rank}-{name}",
                 )

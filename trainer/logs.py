@@ -79,6 +79,21 @@ def configure(
     root.setLevel(logging.WARNING)
     for name in _NOISY:
         logging.getLogger(name).setLevel(logging.CRITICAL)
+    # Python warnings and crashes of background threads become events too, so a
+    # service's stderr stays one JSON object per line.
+    logging.captureWarnings(True)
+    threading.excepthook = _thread_crashed
+
+
+def _thread_crashed(args: threading.ExceptHookArgs) -> None:
+    if args.exc_type is SystemExit:
+        return
+    get().error(
+        "thread_crashed",
+        thread=args.thread.name if args.thread else None,
+        error=f"{args.exc_type.__name__}: {args.exc_value}",
+        exc_info=(args.exc_type, args.exc_value, args.exc_traceback),
+    )
 
 
 def _drop_known_noise(record: logging.LogRecord) -> bool:

@@ -72,6 +72,29 @@ def after(events: list[Event], first: Event) -> list[Event]:
     return events[events.index(first) + 1 :]
 
 
+def assert_structured_log(path: Path, slot: int) -> None:
+    """Every line the daemon wrote is one JSON event with its context; the lifecycle
+    events of a run with a restart are there with their fields."""
+    lines = path.read_text().splitlines()
+    events = [json.loads(line) for line in lines]  # fails on any line that is not JSON
+    for e in events:
+        assert {"event", "time", "level", "job", "node"} <= set(e), e
+    by_name: dict[str, list[Event]] = {}
+    for e in events:
+        by_name.setdefault(e["event"], []).append(e)
+    started = by_name["group_started"][0]
+    assert started["slot"] == slot and started["attempt"] == 1 and started["pids"]
+    restarted = by_name["group_restarted"][0]
+    assert restarted["reason"] == "rank_exit" and restarted["attempt"] == 2 and restarted["pids"]
+    assert restarted["replica_group"] == slot
+    healed = by_name["heal_done"][-1]
+    assert healed["step"] > 0 and healed["seconds"] >= 0 and healed["rank"] == 0
+    assert healed["replica_group"] == slot
+    done = by_name["train_done"][0]
+    assert done["replica_group"] == slot and done["rank"] == 0 and done["step"] == 160
+    assert len(done["params_sha256"]) == 64 and isinstance(done["loss"], float)
+
+
 def solo_steps_since(d: Daemon, step: int) -> list[int]:
     return [
         int(e["step"])
@@ -120,6 +143,7 @@ def test_killed_rank_is_restarted_and_healed_while_the_peer_is_untouched(
     recovery("rank SIGKILL: group healed from its peer", event_time(healed) - killed_at)
     recovery("rank SIGKILL: peer group's longest pause", largest_step_gap(a.events(), killed_at))
     assert digest(a) == digest(b)
+    assert_structured_log(b.proc.stderr, slot=int(restarted[0]["slot"]))
     assert not a.events("group_restarted")  # node-a's ranks were never restarted
     assert a.events("group_started")[0]["pids"] == a_pids
 
@@ -220,6 +244,10 @@ def test_etcd_outage_does_not_restart_ranks(
             )
         wait_for(
             lambda: len(status_json(etcd.endpoint)["nodes"]) == 2, 30, "both nodes in etcd again"
+        )
+        # The lighthouse address is published again (a node joining now must find it).
+        wait_for(
+            lambda: status_json(etcd.endpoint)["lighthouse"], 10, "the lighthouse to be republished"
         )
         assert a.wait(240) == 0, a.proc.tail()
         assert b.wait(60) == 0, b.proc.tail()
