@@ -13,7 +13,7 @@ import sys
 from daemon.config import DaemonConfig, load_daemon_config, read_password
 from daemon.coordination import CoordinationError, Coordinator, EtcdSettings
 from trainer import logs
-from trainer.config import ConfigError
+from trainer.config import ConfigError, add_override_option
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 ENDPOINT_FILE = "etcd.endpoint"
@@ -22,14 +22,7 @@ ENDPOINT_FILE = "etcd.endpoint"
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="job file (TOML)")
     parser.add_argument("--node-id", help="this node's id (default: node.id, else the hostname)")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="override a setting; the value is a TOML literal (bare words are strings)",
-    )
+    add_override_option(parser)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -19,14 +19,9 @@ from pydantic import Field
 
 from trainer.config import (
     TRAINER_SECTIONS,
-    CheckpointConfig,
     ConfigError,
-    DataConfig,
-    FaultToleranceConfig,
-    ModelConfig,
-    ParallelConfig,
     Section,
-    TrainConfig,
+    TrainerConfig,
     apply_overrides,
     check_trainer,
     read_job_file,
@@ -140,18 +135,14 @@ class MetricsConfig(Section):
     enabled: bool = Field(True, description="Serve /metrics (daemon and ranks).")
 
 
-class DaemonConfig(Section):
+class DaemonConfig(TrainerConfig):
+    """A whole job file: the trainer's sections plus the daemon's."""
+
     job: JobConfig = JobConfig()
     etcd: EtcdConfig = EtcdConfig()
     node: NodeConfig = NodeConfig()
     lighthouse: LighthouseConfig = LighthouseConfig()
     metrics: MetricsConfig = MetricsConfig()
-    model: ModelConfig = ModelConfig()
-    parallel: ParallelConfig = ParallelConfig()
-    train: TrainConfig = TrainConfig()
-    data: DataConfig = DataConfig()
-    checkpoint: CheckpointConfig = CheckpointConfig()
-    ft: FaultToleranceConfig = FaultToleranceConfig()
 
     @property
     def node_id(self) -> str:
@@ -191,8 +182,11 @@ def load_daemon_config(
     if node_id:
         data.setdefault("node", {})["id"] = node_id
     cfg = validate(DaemonConfig, data, str(path))
-    trainer = validate_trainer(cfg, str(path))
-    del trainer
+    try:  # the trainer's own cross-field checks, with this node's group size
+        check_trainer(cfg, cfg.node.nproc)
+    except ConfigError as e:
+        message = str(e).replace("the replica group has", "node.nproc gives the replica group")
+        raise ConfigError(f"{path}: {message}") from None
     etcd = cfg.etcd
     for field in ("ca_file", "cert_file", "key_file", "password_file"):
         value = getattr(etcd, field)
@@ -217,19 +211,6 @@ def load_daemon_config(
             f"{path}: job.min_replicas ({cfg.job.min_replicas}) exceeds job.max_replicas ({cfg.job.max_replicas})."
         )
     return cfg
-
-
-def validate_trainer(cfg: DaemonConfig, source: str) -> object:
-    """Run the trainer's own cross-field checks with this node's group size."""
-    from trainer.config import TrainerConfig
-
-    trainer = validate(TrainerConfig, cfg.trainer_sections(), source)
-    try:
-        check_trainer(trainer, cfg.node.nproc)
-    except ConfigError as e:
-        message = str(e).replace("the replica group has", "node.nproc gives the replica group")
-        raise ConfigError(f"{source}: {message}") from None
-    return trainer
 
 
 def read_password(cfg: DaemonConfig) -> str | None:

@@ -10,6 +10,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from daemon.config import SHARED_SECTIONS, DaemonConfig
+from trainer.config import TRAINER_SECTIONS
 
 INTRO = """# Configuration reference
 
@@ -43,8 +44,9 @@ def _default(info: FieldInfo) -> str:
 
 def render() -> str:
     out = [INTRO]
-    for name, field in DaemonConfig.model_fields.items():
-        model = field.annotation
+    daemon_first = [n for n in DaemonConfig.model_fields if n not in TRAINER_SECTIONS]
+    for name in [*daemon_first, *TRAINER_SECTIONS]:
+        model = DaemonConfig.model_fields[name].annotation
         assert isinstance(model, type) and issubclass(model, BaseModel)
         shared = " *(shared)*" if name in SHARED_SECTIONS else ""
         out.append(f"\n## [{name}]{shared}\n")

@@ -20,16 +20,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from daemon.workers import descendants
+from daemon.workers import free_port as free_port  # re-exported for the tests
+
+# The daemon's own helpers: /proc walking (not process groups) and free ports.
+children = descendants
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 Event = dict[str, Any]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def read_events(path: Path) -> list[Event]:
@@ -54,26 +53,6 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(interval)
-
-
-def children(pid: int) -> list[int]:
-    """All descendants of pid, found by walking /proc (not process groups)."""
-    parents: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        parents.setdefault(ppid, []).append(int(entry.name))
-    out, todo = [], [pid]
-    while todo:
-        for child in parents.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
 
 
 def alive(pid: int) -> bool:

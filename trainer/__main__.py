@@ -12,7 +12,7 @@ import os
 import sys
 
 from trainer import logs
-from trainer.config import ConfigError, load_trainer_config
+from trainer.config import ConfigError, add_override_option, load_trainer_config
 from trainer.env import RankEnv
 
 EXIT_FAILED, EXIT_BAD_INPUT = 1, 2
@@ -30,14 +30,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=default,
         help="job file (TOML, or the JSON a daemon writes); default $PHALANX_CONFIG",
     )
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="override a setting; the value is a TOML literal (bare words are strings)",
-    )
+    add_override_option(parser)
     return parser.parse_args(argv)
 
 

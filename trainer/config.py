@@ -12,6 +12,7 @@ rejected in a fraction of a second and the daemon can validate job files with it
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import tomllib
@@ -180,6 +181,18 @@ class TrainerConfig(Section):
 TRAINER_SECTIONS: tuple[str, ...] = tuple(TrainerConfig.model_fields)
 
 C = TypeVar("C", bound=Section)
+
+
+def add_override_option(parser: argparse.ArgumentParser) -> None:
+    """The `--set section.key=value` option every Phalanx command shares."""
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a setting; the value is a TOML literal (bare words are strings)",
+    )
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
