@@ -61,7 +61,7 @@ class _NodeCollector(Collector):
         )
         yield gauge("phalanx_etcd_up", "1 if the last etcd request succeeded.", float(v.etcd_up))
         lighthouse_up = sup.forwarder.target is not None and (
-            not v.leader or bool(sup.lighthouse and sup.lighthouse.alive)
+            not v.leader or sup.leadership.lighthouse_alive
         )
         yield gauge(
             "phalanx_lighthouse_up",

@@ -17,7 +17,8 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from daemon.supervisor import State, Supervisor
+from daemon.supervisor import Supervisor
+from daemon.view import State
 from trainer import logs
 
 STALE_LOOP_S = 10.0

@@ -26,63 +26,21 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 from daemon import __version__
 from daemon.config import DaemonConfig, write_rank_config
-from daemon.coordination import (
-    Coordinator,
-    EtcdAccessDenied,
-    EtcdUnavailable,
-    JobView,
-    SpecMismatch,
-)
-from daemon.lighthouse import Forwarder, LighthouseError, LighthouseProcess
+from daemon.coordination import Coordinator, EtcdAccessDenied, EtcdUnavailable, SpecMismatch
+from daemon.leadership import Leadership
+from daemon.lighthouse import Forwarder
 from daemon.restarts import RestartBudget
 from daemon.systemd import Notifier
+from daemon.view import NodeView, State
 from daemon.workers import ExitKind, GroupExit, GroupSpec, WorkerGroup
 from trainer import logs
 
 TICK_S = 0.25
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
-
-
-class State(StrEnum):
-    JOINING = "joining"
-    CLAIMING = "claiming"
-    WAITING = "waiting"
-    RUNNING = "running"
-    RESTARTING = "restarting"
-    DRAINING = "draining"
-    DONE = "done"
-    FAILED = "failed"
-
-
-@dataclass
-class NodeView:
-    """What this daemon knows, for /status, /readyz, metrics and the node record."""
-
-    state: State = State.JOINING
-    slot: int | None = None
-    leader: bool = False
-    lighthouse: str | None = None
-    etcd_up: bool = False
-    etcd_errors: int = 0
-    registered: bool = False
-    step: int = 0
-    loss: float | None = None
-    participants: int | None = None
-    restarts: dict[str, int] = field(default_factory=dict)
-    heals: int = 0
-    last_heal_s: float | None = None
-    pids: list[int] = field(default_factory=list)
-    last_error: str | None = None
-    train_done: dict[str, Any] | None = None
-    checkpoint_to_publish: dict[str, Any] | None = None  # from a rank's checkpoint_saved
-    job: JobView | None = None
-    last_tick: float = field(default_factory=time.monotonic)
 
 
 class Supervisor:
@@ -103,7 +61,7 @@ class Supervisor:
         remembered = self.slot_file.read_text().strip() if self.slot_file.exists() else ""
         self.previous_slot = int(remembered) if remembered.isdigit() else None
         self.forwarder = Forwarder(port=cfg.node.lighthouse_proxy_port)
-        self.lighthouse: LighthouseProcess | None = None
+        self.leadership = Leadership(cfg, coordinator, self.run_dir)
         self.group: WorkerGroup | None = None
         self.attempt = 0
         self.budget = RestartBudget(
@@ -118,7 +76,6 @@ class Supervisor:
         self._etcd_backoff = 0.5
         self._record_at = 0.0
         self._last_record: dict[str, Any] = {}
-        self.lock = threading.Lock()
         self.http_port = cfg.node.http_port  # the bound port, set by the CLI
 
     # ------------------------------------------------------------------ loop
@@ -190,7 +147,8 @@ class Supervisor:
         try:
             if self.coord.ensure_session():
                 self._rejoin()
-            self._lead()
+            if not self.leadership.update(self.view):
+                self._etcd_retry_at = time.monotonic() + 2.0  # a lighthouse would not start
             job = self.coord.snapshot()
             self._etcd_ok()
         except EtcdUnavailable as e:
@@ -234,54 +192,6 @@ class Supervisor:
                 self.restart_at = time.monotonic()
             else:
                 self.log.info("slot_reclaimed", slot=slot)
-
-    def _lead(self) -> None:
-        was_leader = self.view.leader
-        self.view.leader = self.coord.campaign()
-        if self.view.leader and not was_leader:
-            self.log.info("leader_elected", node=self.cfg.node_id)
-        if not self.view.leader:
-            if self.lighthouse is not None:
-                self.log.info("lighthouse_stopped", reason="no longer leader")
-                self.lighthouse.stop()
-                self.lighthouse = None
-            return
-        if (self.lighthouse is None or not self.lighthouse.alive) and not self._start_lighthouse():
-            return
-        assert self.lighthouse is not None
-        # Publish whenever etcd does not show our address: after a start, and also when the
-        # key vanished with a lease that expired while etcd was away.
-        address = f"{self.cfg.advertise_host}:{self.lighthouse.port}"
-        if (self.view.job.lighthouse if self.view.job else None) != address:
-            self.coord.publish_lighthouse(address)
-            self.log.info("lighthouse_published", address=address)
-
-    def _start_lighthouse(self) -> bool:
-        if self.lighthouse is not None:
-            code = self.lighthouse.popen.poll() if self.lighthouse.popen else None
-            self.log.warning("lighthouse_died", code=code)
-            self.lighthouse = None
-        node = self.cfg.node
-        lh = LighthouseProcess(
-            self.cfg.lighthouse,
-            self.cfg.job.min_replicas,
-            node.lighthouse_bind,
-            node.lighthouse_port,
-            self.run_dir / "lighthouse.log",
-        )
-        try:
-            lh.start()
-        except LighthouseError as e:
-            self.log.error("lighthouse_failed", error=str(e))
-            self._etcd_retry_at = time.monotonic() + 2.0
-            return False
-        if not lh.wait_listening(10):
-            self.log.error("lighthouse_failed", log=str(lh.log_path))
-            lh.stop()
-            return False
-        self.lighthouse = lh
-        self.log.info("lighthouse_started", port=lh.port, pid=lh.pid)
-        return True
 
     def _register(self) -> None:
         self._last_record = {}
@@ -475,42 +385,19 @@ class Supervisor:
 
     def _on_rank_event(self, rank: int, event: dict[str, Any]) -> None:
         """Called from the rank output threads: track progress, then relay the event."""
-        name = event.get("event")
-        with self.lock:
-            if name == "train_step":
-                self.view.step = int(event.get("step", self.view.step))
-                self.view.loss = event.get("loss")
-                self.view.participants = event.get("participants")
-            elif name == "heal_done":
-                self.view.heals += 1
-                self.view.last_heal_s = event.get("seconds")
-                self.view.step = int(event.get("step", self.view.step))
-            elif name == "train_done":
-                self.view.train_done = dict(event)
-                self.view.step = int(event.get("step", self.view.step))
-            elif name == "checkpoint_saved":
-                self.view.checkpoint_to_publish = {
-                    "step": event.get("step"),
-                    "path": event.get("path"),
-                    "time": event.get("time"),
-                    "node": self.cfg.node_id,
-                }
-            elif name in ("rank_failed", "bad_input"):
-                self.view.last_error = str(event.get("error"))
+        self.view.track(event, self.cfg.node_id)
         logs.relay(event)
 
     def _publish_checkpoint(self) -> None:
         """checkpoints/latest in etcd, from the main loop (rank threads only record it)."""
-        with self.lock:
-            record, self.view.checkpoint_to_publish = self.view.checkpoint_to_publish, None
+        record = self.view.take_checkpoint()
         if record is None:
             return
         try:
             self.coord.publish_checkpoint(record)
             self.log.info("checkpoint_published", step=record["step"], path=record["path"])
         except EtcdUnavailable:
-            with self.lock:  # try again next tick unless a newer one arrived
-                self.view.checkpoint_to_publish = self.view.checkpoint_to_publish or record
+            self.view.return_checkpoint(record)
 
     # ------------------------------------------------------------ completion
 
@@ -556,15 +443,10 @@ class Supervisor:
 
     def _release(self) -> None:
         """Give back the slot and leadership now, rather than after the lease TTL."""
-        if self.lighthouse is not None:
-            self.lighthouse.stop()
-            self.lighthouse = None
         try:
+            self.leadership.resign(self.view)
             if self.view.slot is not None:
                 self.coord.release_slot(self.view.slot)
-            if self.view.leader:
-                self.coord.resign()
-                self.view.leader = False
         except EtcdUnavailable as e:
             self.log.warning("release_deferred", error=str(e), note="the lease TTL frees them")
 
@@ -572,9 +454,7 @@ class Supervisor:
         if self.group is not None:
             self.group.kill()
             self.group = None
-        if self.lighthouse is not None:
-            self.lighthouse.stop()
-            self.lighthouse = None
+        self.leadership.stop()
         self.forwarder.close()
         try:
             self.coord.close(revoke=True)

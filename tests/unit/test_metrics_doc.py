@@ -27,7 +27,8 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from daemon.metrics import DaemonMetrics
-from daemon.supervisor import NodeView, Supervisor
+from daemon.supervisor import Supervisor
+from daemon.view import NodeView
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "metrics.md"
@@ -79,7 +80,7 @@ def node_metrics_text(tmp: Path) -> str:
         ),
         view=view,
         forwarder=SimpleNamespace(target="127.0.0.1:1"),
-        lighthouse=SimpleNamespace(alive=True),
+        leadership=SimpleNamespace(lighthouse_alive=True),
     )
     metrics = DaemonMetrics(cast(Supervisor, fake))  # wipes and creates metrics_dir
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp / "metrics")}

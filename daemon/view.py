@@ -1,0 +1,83 @@
+"""What one daemon knows: its state, its slot, its group's progress (for /status, metrics, etcd)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from daemon.coordination import JobView
+
+
+class State(StrEnum):
+    JOINING = "joining"
+    CLAIMING = "claiming"
+    WAITING = "waiting"
+    RUNNING = "running"
+    RESTARTING = "restarting"
+    DRAINING = "draining"
+    DONE = "done"
+    FAILED = "failed"
+
+
+@dataclass
+class NodeView:
+    """Written by the supervisor loop, and by the rank output threads through :meth:`track`."""
+
+    state: State = State.JOINING
+    slot: int | None = None
+    leader: bool = False
+    lighthouse: str | None = None
+    etcd_up: bool = False
+    etcd_errors: int = 0
+    registered: bool = False
+    step: int = 0
+    loss: float | None = None
+    participants: int | None = None
+    restarts: dict[str, int] = field(default_factory=dict)
+    heals: int = 0
+    last_heal_s: float | None = None
+    pids: list[int] = field(default_factory=list)
+    last_error: str | None = None
+    train_done: dict[str, Any] | None = None
+    checkpoint_to_publish: dict[str, Any] | None = None  # from a rank's checkpoint_saved
+    job: JobView | None = None
+    last_tick: float = field(default_factory=time.monotonic)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def track(self, event: dict[str, Any], node_id: str) -> None:
+        """Fold one rank event into the view (called from the rank output threads)."""
+        name = event.get("event")
+        with self.lock:
+            if name == "train_step":
+                self.step = int(event.get("step", self.step))
+                self.loss = event.get("loss")
+                self.participants = event.get("participants")
+            elif name == "heal_done":
+                self.heals += 1
+                self.last_heal_s = event.get("seconds")
+                self.step = int(event.get("step", self.step))
+            elif name == "train_done":
+                self.train_done = dict(event)
+                self.step = int(event.get("step", self.step))
+            elif name == "checkpoint_saved":
+                self.checkpoint_to_publish = {
+                    "step": event.get("step"),
+                    "path": event.get("path"),
+                    "time": event.get("time"),
+                    "node": node_id,
+                }
+            elif name in ("rank_failed", "bad_input"):
+                self.last_error = str(event.get("error"))
+
+    def take_checkpoint(self) -> dict[str, Any] | None:
+        with self.lock:
+            record, self.checkpoint_to_publish = self.checkpoint_to_publish, None
+            return record
+
+    def return_checkpoint(self, record: dict[str, Any]) -> None:
+        """Publishing failed: keep the record for the next tick unless a newer one arrived."""
+        with self.lock:
+            self.checkpoint_to_publish = self.checkpoint_to_publish or record
