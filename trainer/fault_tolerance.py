@@ -21,10 +21,11 @@ group down with it. The paths here report the error to the manager instead.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable, Iterable
 from datetime import timedelta
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch.distributed import AllreduceOptions, ReduceOp
@@ -120,6 +121,46 @@ def buckets(tensors: list[torch.Tensor], cap_bytes: int = BUCKET_BYTES) -> list[
     return out
 
 
+def membership_token(replica_ids: Iterable[str]) -> str:
+    """A short name for a quorum's exact members (replica ids carry a per-process uuid)."""
+    return hashlib.sha256("\n".join(sorted(replica_ids)).encode()).hexdigest()[:16]
+
+
+class _QuorumRecorder:
+    """Wraps torchft's ManagerClient to keep the last quorum result it returned."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self.last: Any = None
+
+    def _quorum(self, *args: Any, **kwargs: Any) -> Any:
+        self.last = self._client._quorum(*args, **kwargs)
+        return self.last
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+def _scoped(base: type) -> type:
+    """torchft's process group, rendezvousing under a store prefix unique to the quorum's members.
+
+    torchft names the prefix after the quorum id alone. A lighthouse that restarts
+    (a leader failover) numbers its quorums from 1 again, so a later quorum can
+    reuse an id whose keys a dead peer left in a survivor's store, and gloo's
+    connect then waits on that peer until it times out. Adding the members'
+    replica ids (each with its process's uuid) keeps every rendezvous fresh.
+    """
+
+    class Scoped(base):  # type: ignore[misc]
+        membership: Callable[[], str] = staticmethod(lambda: "0")
+
+        def configure(self, store_addr: str, *args: Any, **kwargs: Any) -> None:
+            super().configure(f"{store_addr}/{self.membership()}", *args, **kwargs)
+
+    Scoped.__name__ = Scoped.__qualname__ = f"Scoped{base.__name__}"
+    return Scoped
+
+
 class TorchFTGroup:
     def __init__(
         self,
@@ -141,10 +182,8 @@ class TorchFTGroup:
         self.log = logs.get()
         self._step_started = time.monotonic()
         timeout = timedelta(seconds=cfg.timeout_s)
-        pg = (
-            ProcessGroupNCCL(timeout=timeout)
-            if device.type == "cuda"
-            else ProcessGroupGloo(timeout=timeout)
+        pg = _scoped(ProcessGroupNCCL if device.type == "cuda" else ProcessGroupGloo)(
+            timeout=timeout
         )
         state.on_load.append(self._healed)
         self.manager = Manager(
@@ -172,6 +211,11 @@ class TorchFTGroup:
             # (they wait out the quorum timeout); retrying, with a fresh lighthouse client
             # each time, rides out a leader change behind the daemon's forwarder.
             quorum_retries=cfg.quorum_retries,
+        )
+        recorder = _QuorumRecorder(self.manager._client)
+        self.manager._client = recorder
+        pg.membership = lambda: (
+            membership_token(recorder.last.replica_ids) if recorder.last else "0"
         )
         self.managed_pg = ManagedProcessGroup(self.manager)
         self.on_heal: list[Callable[[int, float], None]] = []

@@ -151,42 +151,54 @@ def test_killed_rank_is_restarted_and_healed_while_the_peer_is_untouched(
 def test_killed_daemon_takes_its_ranks_along_and_a_new_one_rejoins(
     tmp_path: Path, etcd_endpoint: str, recovery: Callable[[str, float], None]
 ) -> None:
+    """SIGKILL the leader's daemon: its ranks and lighthouse die with it, the survivor takes
+    over leadership, and a replacement daemon for the dead node joins the new lighthouse's
+    quorums and heals (a lighthouse numbers its quorums anew, so this also checks that a
+    rendezvous never reuses a dead peer's store keys)."""
     a, b = pair(tmp_path, etcd_endpoint, steps=320)
-    b2: Daemon | None = None
+    victim, survivor = (a, b) if a.require_status()["leader"] else (b, a)
+    replacement: Daemon | None = None
     try:
-        b_ranks = b.rank_pids()
-        b_slot = int(b.require_status()["replica_group"])
-        os.kill(b.pid, signal.SIGKILL)
+        ranks = victim.rank_pids()
+        slot = int(victim.require_status()["replica_group"])
+        os.kill(victim.pid, signal.SIGKILL)
         killed, killed_at = time.monotonic(), time.time()
-        wait_for(
-            lambda: not any(alive(p) for p in b_ranks),
-            10,
-            "node-b's ranks to die with their daemon",
-        )
+        wait_for(lambda: not any(alive(p) for p in ranks), 10, "the ranks to die with their daemon")
         orphans_gone_s = time.monotonic() - killed
-        step = a.step()
-        wait_for(lambda: solo_steps_since(a, step), 60, "node-a to commit steps alone")
+        step = survivor.step()
+        wait_for(lambda: solo_steps_since(survivor, step), 60, "the survivor to commit steps alone")
         # The slot frees when the dead daemon's lease expires (TTL 4 s).
-        wait_for(lambda: b_slot not in job_groups(etcd_endpoint), 30, "node-b's slot to free", 0.05)
-        recovery("daemon SIGKILL: its slot freed (etcd lease TTL 4 s)", time.monotonic() - killed)
-        rejoined_at = time.time()
-        b2 = start_daemon(
-            tmp_path, "node-b", [etcd_endpoint], overrides=["train.steps=320"], name="node-b-again"
+        wait_for(
+            lambda: slot not in job_groups(etcd_endpoint), 30, "the dead node's slot to free", 0.05
         )
-        assert b2.wait(240) == 0, b2.proc.tail()
-        assert a.wait(60) == 0, a.proc.tail()
+        recovery("daemon SIGKILL: its slot freed (etcd lease TTL 4 s)", time.monotonic() - killed)
+        wait_for(lambda: survivor.require_status()["leader"], 30, "the survivor to lead")
+        rejoined_at = time.time()
+        replacement = start_daemon(
+            tmp_path,
+            victim.node_id,
+            [etcd_endpoint],
+            overrides=["train.steps=320"],
+            name="replacement",
+        )
+        assert replacement.wait(240) == 0, replacement.proc.tail()
+        assert survivor.wait(60) == 0, survivor.proc.tail()
         assert orphans_gone_s < 5
     finally:
-        for d in (a, b, b2):
+        for d in (a, b, replacement):
             if d is not None:
                 d.stop()
-    assert b2.events("heal_done")
-    assert digest(a) == digest(b2)
+    assert replacement.events("heal_done")
+    # Nothing hung: neither group was ever restarted.
+    assert not survivor.events("group_failed") and not replacement.events("group_failed")
+    assert digest(survivor) == digest(replacement)
     recovery("daemon SIGKILL: its ranks gone (no orphans)", orphans_gone_s)
-    recovery("daemon SIGKILL: peer group's longest pause", largest_step_gap(a.events(), killed_at))
+    recovery(
+        "daemon SIGKILL: peer group's longest pause", largest_step_gap(survivor.events(), killed_at)
+    )
     recovery(
         "daemon SIGKILL: replacement started -> healed",
-        event_time(b2.events("heal_done")[0]) - rejoined_at,
+        event_time(replacement.events("heal_done")[0]) - rejoined_at,
     )
 
 

@@ -147,3 +147,11 @@ def test_digest_changes_with_any_bit() -> None:
         p = next(iter(state.params.values()))
         p.view(-1)[0] = torch.nextafter(p.view(-1)[0], torch.tensor(1.0))
     assert params_sha256(state.params) != before
+
+
+def test_membership_token_names_exactly_the_members() -> None:
+    from trainer.fault_tolerance import membership_token
+
+    a = membership_token(["phalanx_group_00000:uuid-1", "phalanx_group_00001:uuid-2"])
+    assert a == membership_token(["phalanx_group_00001:uuid-2", "phalanx_group_00000:uuid-1"])
+    assert a != membership_token(["phalanx_group_00000:uuid-1", "phalanx_group_00001:uuid-3"])
