@@ -51,8 +51,8 @@ def test_ready_watchdog_and_stopping(tmp_path: Path, etcd_endpoint: str) -> None
         listener = Listener(str(Path(short) / "notify"))
         env = {
             "NOTIFY_SOCKET": str(Path(short) / "notify"),
-            "WATCHDOG_USEC": "2000000",
-        }  # WatchdogSec=2s
+            "WATCHDOG_USEC": "4000000",  # WatchdogSec=4s
+        }
         daemon = start_daemon(
             tmp_path, "sd-node", [etcd_endpoint], overrides=["train.steps=100000"], env=env
         )
@@ -64,11 +64,11 @@ def test_ready_watchdog_and_stopping(tmp_path: Path, etcd_endpoint: str) -> None
             assert "STATUS=" in ready_message
             wait_for(lambda: daemon.step() > 0, 60, "training to start")
             start = time.monotonic()
-            time.sleep(5)
+            time.sleep(7)
             pings = [t for t in listener.times("WATCHDOG=1") if t >= start]
-            assert len(pings) >= 4, f"only {len(pings)} watchdog pings in 5 s"
+            assert len(pings) >= 3, f"only {len(pings)} watchdog pings in 7 s"
             gaps = [b - a for a, b in itertools.pairwise(pings)]
-            assert max(gaps) < 2.0, f"a watchdog gap of {max(gaps):.2f}s exceeds WatchdogSec"
+            assert max(gaps) < 4.0, f"a watchdog gap of {max(gaps):.2f}s exceeds WatchdogSec"
             assert any(m.startswith("STATUS=running") for _, m in listener.messages)
             daemon.proc.popen.send_signal(signal.SIGTERM)
             wait_for(lambda: listener.times("STOPPING=1"), 30, "STOPPING=1")
