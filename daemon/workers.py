@@ -139,7 +139,6 @@ class WorkerGroup:
         self.started_at = 0.0
         self.master_port = 0
         self.stop_requested_at: float | None = None
-        self._exit: GroupExit | None = None
 
     @property
     def pids(self) -> list[int]:
@@ -171,10 +170,9 @@ class WorkerGroup:
         }
         if s.metrics_dir is not None:
             env["PROMETHEUS_MULTIPROC_DIR"] = str(s.metrics_dir)
+        # torchrun's marker and systemd's notify socket belong to the daemon, not its ranks.
         for inherited in ("TORCHELASTIC_RUN_ID", "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
-            env.pop(
-                inherited, None
-            )  # torchrun's marker and systemd's notify socket are the daemon's
+            env.pop(inherited, None)
         env.setdefault("RUST_LOG", "warn")  # torchft's Rust manager logs every quorum at info
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // s.nproc)))
         return env
@@ -241,8 +239,6 @@ class WorkerGroup:
 
     def poll(self) -> GroupExit | None:
         """Classify the group's state: None while it is healthy and running."""
-        if self._exit is not None:
-            return self._exit
         codes = [r.popen.poll() for r in self.ranks]
         now = time.monotonic()
         if any(c is not None and c not in (0, EXIT_DRAINED) for c in codes):

@@ -24,7 +24,6 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from trainer import logs
 from trainer.chaos import Chaos
 from trainer.config import TrainerConfig
 from trainer.data import Sampler
@@ -75,7 +74,6 @@ class Loop:
     drained: bool = False  # the group agreed to stop early (SIGTERM)
 
     def __post_init__(self) -> None:
-        self.log = logs.get()
         self.params = list(self.state.params.values())
         self.sharded = self.layout.sub("dp_shard") is not None
         self.autocast = autocast_dtype(self.cfg.parallel, self.layout)
@@ -115,6 +113,7 @@ class Loop:
         committed = self.replication.should_commit()
         grad_norm = float("nan")
         lr = float(self.state.scheduler.get_last_lr()[0])
+        tokens = self.cfg.train.batch_size * self.cfg.train.seq_len if committed else 0
         if committed:
             self.chaos.at("optimizer")
             grad_norm = clip_grad_norm(
@@ -122,7 +121,6 @@ class Loop:
             )
             self.state.optimizer.step()
             self.state.scheduler.step()
-            tokens = self.cfg.train.batch_size * self.cfg.train.seq_len
             self.state.tokens += tokens
             self.last_loss = loss
         return StepReport(
@@ -134,7 +132,7 @@ class Loop:
             participants=self.replication.participants(),
             quorum_id=self.replication.quorum_id(),
             seconds=time.monotonic() - started,
-            tokens=self.cfg.train.batch_size * self.cfg.train.seq_len if committed else 0,
+            tokens=tokens,
         )
 
     def _forward_backward(self, step: int) -> float:
