@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -174,11 +173,3 @@ class Sampler:
         seqs = np.stack([self.sequence(step, r) for r in rows])
         tokens = torch.from_numpy(seqs).to(device)
         return StepData(inputs=tokens[:, :-1].contiguous(), targets=tokens[:, 1:].contiguous())
-
-    def state_dict(self) -> dict[str, int]:
-        return {"num_groups": self.num_groups, "batch_size": self.batch_size}
-
-
-def initial_loss(vocab: int) -> float:
-    """Loss of a uniform prediction, where training starts."""
-    return math.log(vocab)
