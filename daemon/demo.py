@@ -123,13 +123,15 @@ def run_demo(steps: int = 240, workdir: str | None = None) -> int:
             node = nodes[name]
             kind = ev.get("event")
             if kind == "train_step":
-                node.step, node.loss = int(ev["step"]), ev.get("loss")
+                node.step = int(ev["step"])
+                if ev.get("loss") is not None:  # None: the group healed during that step
+                    node.loss = ev["loss"]
                 lead = max(n.step for n in nodes.values())
                 if lead >= last_print + 20:
                     last_print = lead - lead % 20
                     row = "  ".join(f"{n.name} {n.step}" for n in nodes.values())
                     say(
-                        f"  step {lead:>4}/{steps}  loss {node.loss:.3f}  participants {ev.get('participants')}  ({row})"
+                        f"  step {lead:>4}/{steps}  loss {'-' if node.loss is None else f'{node.loss:.3f}'}  participants {ev.get('participants')}  ({row})"
                     )
             elif kind == "rank_started":
                 entropy = ev.get("entropy", entropy)
@@ -198,7 +200,7 @@ def _summary(
         and injected is not None
         and heal is not None
     )
-    final = [n.done.get("loss") for n in nodes.values() if n.done]
+    final = [n.done["loss"] for n in nodes.values() if n.done and n.done.get("loss") is not None]
     say("")
     say("Phalanx demo summary")
     reached = " / ".join(f"{n.name} {(n.done or {}).get('step', n.step)}" for n in nodes.values())

@@ -45,7 +45,7 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 class StepReport:
     step: int  # committed steps after this one (1 for the first step)
     committed: bool
-    loss: float
+    loss: float | None  # None when the group healed after this step's forward (stale parameters)
     lr: float
     grad_norm: float
     participants: int
@@ -82,6 +82,11 @@ class Loop:
         self.rows = range(start, start + per_rank)
         self.first = self.schedule is None or any(m.tok_embeddings is not None for m in self.models)
         self.last = self.schedule is None or any(m.output is not None for m in self.models)
+        self._healed = False
+        self.state.on_load.append(self._note_heal)
+
+    def _note_heal(self, step: int, seconds: float) -> None:
+        self._healed = True
 
     def run(self) -> None:
         while self.replication.current_step() < self.cfg.train.steps and not self.drained:
@@ -95,6 +100,9 @@ class Loop:
     def step(self) -> StepReport | None:
         started = time.monotonic()
         self.replication.start_step()
+        # A heal from here on (torchft's async quorum applies it in should_commit) comes
+        # after this step's forward, which then ran on stale parameters.
+        self._healed = False
         while self.on_first_quorum:
             self.on_first_quorum.pop(0)()
         step = self.replication.current_step()
@@ -111,6 +119,7 @@ class Loop:
             )
         self.state.before_mutation()  # healing (in should_commit) and the optimizer write next
         committed = self.replication.should_commit()
+        reported: float | None = None if self._healed else loss
         grad_norm = float("nan")
         lr = float(self.state.scheduler.get_last_lr()[0])
         tokens = self.cfg.train.batch_size * self.cfg.train.seq_len if committed else 0
@@ -122,11 +131,12 @@ class Loop:
             self.state.optimizer.step()
             self.state.scheduler.step()
             self.state.tokens += tokens
-            self.last_loss = loss
+            if reported is not None:
+                self.last_loss = reported
         return StepReport(
             step=self.replication.current_step(),
             committed=committed,
-            loss=loss,
+            loss=reported,
             lr=lr,
             grad_norm=grad_norm,
             participants=self.replication.participants(),

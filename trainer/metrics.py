@@ -86,7 +86,7 @@ class TrainMetrics:
         )
 
     def observe_step(
-        self, step: int, committed: bool, loss: float, lr: float, seconds: float, tokens: int,
+        self, step: int, committed: bool, loss: float | None, lr: float, seconds: float, tokens: int,
         participants: int, quorum_id: int | None,
     ) -> None:  # fmt: skip
         if not self.enabled:
@@ -99,7 +99,8 @@ class TrainMetrics:
             self.commit_failures.inc()
             return
         self.step.set(step)
-        self.loss.set(loss)
+        if loss is not None:  # None: healed in this step, its forward ran on stale parameters
+            self.loss.set(loss)
         self.lr.set(lr)
         self.tokens.inc(tokens)
 

@@ -178,7 +178,7 @@ class StepLogger:
             self.log.info(
                 "train_step",
                 step=r.step,
-                loss=round(r.loss, 6),
+                loss=None if r.loss is None else round(r.loss, 6),
                 lr=r.lr,
                 grad_norm=round(r.grad_norm, 6),
                 tokens_per_s=round(r.tokens / r.seconds, 1) if r.seconds > 0 else None,

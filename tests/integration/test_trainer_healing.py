@@ -84,6 +84,13 @@ def _kill_relaunch_heal(
 
     heal = final.events("heal_done")
     assert heal and heal[0]["step"] > 0, "the relaunched group did not heal from its peer"
+    # A heal lands after the group's forward (torchft's async quorum), so that step's loss
+    # was computed on stale parameters and is not reported: a group omits its loss exactly
+    # on the steps in which it healed.
+    assert final.events("train_step")[0]["loss"] is None
+    for group in (survivor, final):
+        unreported = [e for e in group.events("train_step") if e["loss"] is None]
+        assert len(unreported) == len(group.events("heal_done"))
     done0, done1 = survivor.events("train_done")[0], final.events("train_done")[0]
     assert done0["step"] == done1["step"] == steps
     assert len(done0["params_sha256"]) == 64
