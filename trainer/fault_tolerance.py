@@ -12,7 +12,11 @@ every step commits. :class:`TorchFTGroup` wires one ``torchft.Manager`` per grou
 * ``should_commit`` gating the optimizer step, so a step that lost a peer
   mid-all-reduce is discarded everywhere and retried by the survivors;
 * live healing: a group whose step is behind receives :class:`TrainState` from
-  a peer through :class:`SafeHTTPTransport`.
+  a peer through :class:`~trainer.torchft_adapter.SafeHTTPTransport`.
+
+Everything that touches torchft's private internals (the quorum id, the healing
+flag, the quorum's members, the rendezvous prefix, the transport's loader) goes
+through :mod:`trainer.torchft_adapter`, which checks it all at startup.
 
 ``torchft.DistributedDataParallel`` is deliberately not used: in torchft 0.2.0 its
 comm hook asserts when a peer dies during the all-reduce and takes the surviving
@@ -25,18 +29,19 @@ import hashlib
 import time
 from collections.abc import Callable, Iterable
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 from torch.distributed import AllreduceOptions, ReduceOp
 from torch.distributed.fsdp import FSDPModule
 
 from trainer import logs
+from trainer import torchft_adapter as ft
 from trainer.chaos import Chaos
 from trainer.config import FaultToleranceConfig
 from trainer.env import RankEnv
 from trainer.state import TrainState
-from trainer.transport import SafeHTTPTransport, advertise_host
+from trainer.transport import advertise_host, checkpoint_transport
 
 BUCKET_BYTES = 25 * 1024 * 1024
 
@@ -126,41 +131,6 @@ def membership_token(replica_ids: Iterable[str]) -> str:
     return hashlib.sha256("\n".join(sorted(replica_ids)).encode()).hexdigest()[:16]
 
 
-class _QuorumRecorder:
-    """Wraps torchft's ManagerClient to keep the last quorum result it returned."""
-
-    def __init__(self, client: Any) -> None:
-        self._client = client
-        self.last: Any = None
-
-    def _quorum(self, *args: Any, **kwargs: Any) -> Any:
-        self.last = self._client._quorum(*args, **kwargs)
-        return self.last
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._client, name)
-
-
-def _scoped(base: type) -> type:
-    """torchft's process group, rendezvousing under a store prefix unique to the quorum's members.
-
-    torchft names the prefix after the quorum id alone. A lighthouse that restarts
-    (a leader failover) numbers its quorums from 1 again, so a later quorum can
-    reuse an id whose keys a dead peer left in a survivor's store, and gloo's
-    connect then waits on that peer until it times out. Adding the members'
-    replica ids (each with its process's uuid) keeps every rendezvous fresh.
-    """
-
-    class Scoped(base):  # type: ignore[misc]
-        membership: Callable[[], str] = staticmethod(lambda: "0")
-
-        def configure(self, store_addr: str, *args: Any, **kwargs: Any) -> None:
-            super().configure(f"{store_addr}/{self.membership()}", *args, **kwargs)
-
-    Scoped.__name__ = Scoped.__qualname__ = f"Scoped{base.__name__}"
-    return Scoped
-
-
 class TorchFTGroup:
     def __init__(
         self,
@@ -177,14 +147,15 @@ class TorchFTGroup:
             ProcessGroupNCCL,
         )
 
+        ft.check_torchft()
         self.state = state
         self.chaos = chaos
         self.log = logs.get()
         self._step_started = time.monotonic()
         timeout = timedelta(seconds=cfg.timeout_s)
-        pg = _scoped(ProcessGroupNCCL if device.type == "cuda" else ProcessGroupGloo)(
-            timeout=timeout
-        )
+        pg = ft.scoped_process_group(
+            ProcessGroupNCCL if device.type == "cuda" else ProcessGroupGloo
+        )(timeout=timeout)
         state.on_load.append(self._healed)
         self.manager = Manager(
             pg=pg,
@@ -204,7 +175,7 @@ class TorchFTGroup:
             # lowest id sorts first (the checkpoint writer, see is_writer).
             replica_id=f"phalanx_group_{env.replica_group:05d}",
             hostname=advertise_host(),
-            checkpoint_transport=SafeHTTPTransport(timeout=timeout, num_chunks=0),
+            checkpoint_transport=checkpoint_transport(timeout),
             # Every group initialises identical weights from train.seed.
             init_sync=False,
             # torchft 0.2.0's manager does not tell its ranks when a lighthouse call fails
@@ -212,10 +183,9 @@ class TorchFTGroup:
             # each time, rides out a leader change behind the daemon's forwarder.
             quorum_retries=cfg.quorum_retries,
         )
-        recorder = _QuorumRecorder(self.manager._client)
-        self.manager._client = recorder
+        recorder = ft.record_quorums(self.manager)
         pg.membership = lambda: (
-            membership_token(recorder.last.replica_ids) if recorder.last else "0"
+            membership_token(recorder.replica_ids) if recorder.replica_ids is not None else "0"
         )
         self.managed_pg = ManagedProcessGroup(self.manager)
         self.on_heal: list[Callable[[int, float], None]] = []
@@ -239,7 +209,7 @@ class TorchFTGroup:
         return int(self.manager.num_participants())
 
     def quorum_id(self) -> int | None:
-        return int(self.manager._quorum_id)
+        return ft.quorum_id(self.manager)
 
     def is_writer(self) -> bool:
         """True for the lowest-id group among the up-to-date participants of this quorum."""
@@ -248,7 +218,7 @@ class TorchFTGroup:
     def fresh_start(self) -> bool:
         """After this step's quorum: no participant has committed a step (every group is new)."""
         self.manager.wait_quorum()
-        return not bool(self.manager._healing) and int(self.manager.current_step()) == 0
+        return not ft.is_healing(self.manager) and int(self.manager.current_step()) == 0
 
     def ft_state(self) -> dict[str, int]:
         return dict(self.manager.state_dict())

@@ -9,30 +9,26 @@ Two differences from ``torchft.checkpointing.HTTPTransport``:
   unpickler is enough.
 * The advertised address uses ``PHALANX_ADVERTISE_HOST`` when set (for example a
   pod's stable DNS name), else the hostname, as torchft does.
+
+Both override torchft internals, so the class, :class:`SafeHTTPTransport`, lives
+in ``trainer.torchft_adapter``; this module holds Phalanx's choices.
 """
 
 from __future__ import annotations
 
 import os
 import socket
-import urllib.request
 from datetime import timedelta
-from typing import Any
 
-from torch.distributed._serialization import _streaming_load
-from torchft.checkpointing.http_transport import HTTPTransport
+from trainer.torchft_adapter import SafeHTTPTransport
+
+__all__ = ["SafeHTTPTransport", "advertise_host", "checkpoint_transport"]
 
 
 def advertise_host() -> str:
     return os.environ.get("PHALANX_ADVERTISE_HOST") or socket.gethostname()
 
 
-class SafeHTTPTransport(HTTPTransport[Any]):  # type: ignore[misc]
-    @classmethod
-    def _load_from_address(cls, address: str, timeout: timedelta) -> object:
-        with urllib.request.urlopen(address, timeout=timeout.total_seconds()) as f:
-            return _streaming_load(f, weights_only=True)
-
-    def address(self) -> str:
-        port = self._server.socket.getsockname()[1]
-        return f"http://{advertise_host()}:{port}/checkpoint/"
+def checkpoint_transport(timeout: timedelta) -> SafeHTTPTransport:
+    """The transport a group heals through: one unchunked transfer, at the advertised host."""
+    return SafeHTTPTransport(timeout=timeout, num_chunks=0, host=advertise_host())

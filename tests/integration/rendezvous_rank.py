@@ -12,7 +12,8 @@ import torch
 from torch.distributed import AllreduceOptions
 from torchft.process_group import ProcessGroupGloo
 
-from trainer.fault_tolerance import _scoped, membership_token
+from trainer.fault_tolerance import membership_token
+from trainer.torchft_adapter import scoped_process_group
 
 
 def main() -> None:
@@ -22,7 +23,9 @@ def main() -> None:
         sys.argv[3] == "1",
         sys.argv[4].split(","),
     )
-    pg = (_scoped(ProcessGroupGloo) if scoped else ProcessGroupGloo)(timeout=timedelta(seconds=5))
+    pg = (scoped_process_group(ProcessGroupGloo) if scoped else ProcessGroupGloo)(
+        timeout=timedelta(seconds=5)
+    )
     if scoped:
         pg.membership = lambda: membership_token(ids)
     try:

@@ -22,11 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from torch._C._distributed_c10d import TCPStore
+from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, not re-exported in stubs
 from torchft.process_group import create_store_client
 
 from tests.harness import ROOT
-from trainer.fault_tolerance import _scoped, membership_token
+from trainer.fault_tolerance import membership_token
+from trainer.torchft_adapter import scoped_process_group
 
 pytestmark = pytest.mark.integration
 
@@ -78,7 +79,7 @@ def address(port: int, scoped: bool, ids: list[str]) -> str:
     unscoped = f"127.0.0.1:{port}/torchft/2/0"  # what torchft's manager passes
     if not scoped:
         return unscoped
-    pg = _scoped(_AddressOnly)()
+    pg = scoped_process_group(_AddressOnly)()
     pg.membership = lambda: membership_token(ids)
     pg.configure(unscoped, ids[0], 0, len(ids))
     return str(pg.address)

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import http.server
-import io
-import pickle
-import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
 import torch
-from torch.distributed._serialization import _streaming_save
+from torchft.checkpointing.http_transport import HTTPTransport
 
 from trainer.chaos import Chaos, InjectedCrash, parse
 from trainer.config import TrainConfig, TrainerConfig
@@ -20,7 +18,7 @@ from trainer.model import build_model
 from trainer.optim import build_optimizer, build_scheduler, init_optimizer_state, lr_at
 from trainer.pipeline import split_layers, stage_ids
 from trainer.state import TrainState
-from trainer.transport import SafeHTTPTransport
+from trainer.torchft_adapter import SafeHTTPTransport
 
 
 def test_chaos_spec() -> None:
@@ -89,6 +87,27 @@ def test_eager_optimizer_state_trains_bit_identically() -> None:
     assert params_sha256(eager.params) == params_sha256(lazy.params)
 
 
+TIMEOUT = timedelta(seconds=5)
+
+
+@contextmanager
+def serving(state_dict: object, step: int) -> Iterator[str]:
+    """A peer's real checkpoint transport serving `state_dict` at `step`; yields its metadata."""
+    sender = SafeHTTPTransport(timeout=TIMEOUT, num_chunks=0, host="127.0.0.1")
+    try:
+        sender.send_checkpoint(dst_ranks=[1], step=step, state_dict=state_dict, timeout=TIMEOUT)
+        yield str(sender.metadata())
+    finally:
+        sender.shutdown(wait=True)
+
+
+def receive(transport: HTTPTransport[object], metadata: str, step: int) -> object:
+    try:
+        return transport.recv_checkpoint(src_rank=0, metadata=metadata, step=step, timeout=TIMEOUT)
+    finally:
+        transport.shutdown(wait=True)
+
+
 def test_healing_state_round_trips_through_the_weights_only_loader() -> None:
     src, dst = _state(seed=1), _state(seed=2)
     for p in src.params.values():  # give the optimizer state to carry
@@ -96,12 +115,9 @@ def test_healing_state_round_trips_through_the_weights_only_loader() -> None:
     src.optimizer.step()
     src.scheduler.step()
     src.step, src.tokens = 7, 123
-    buf = io.BytesIO()
-    _streaming_save(src.healing_state_dict(), buf)
-    buf.seek(0)
-    from torch.distributed._serialization import _streaming_load
-
-    dst.load_healing_state_dict(_streaming_load(buf, weights_only=True))  # type: ignore[arg-type]
+    with serving(src.healing_state_dict(), step=7) as metadata:
+        receiver = SafeHTTPTransport(timeout=TIMEOUT, num_chunks=0, host="127.0.0.1")
+        dst.load_healing_state_dict(receive(receiver, metadata, step=7))  # type: ignore[arg-type]
     assert params_sha256(dst.params) == params_sha256(src.params)
     assert (dst.step, dst.tokens) == (7, 123)
     assert dst.scheduler.state_dict()["last_epoch"] == 1
@@ -116,28 +132,15 @@ class _Evil:
 
 
 def test_transport_refuses_pickled_code() -> None:
-    """A peer serving a pickled callable is refused by the weights-only loader."""
-    buf = io.BytesIO()
-    _streaming_save({"x": _Evil()}, buf, pickle_module=pickle)
-    payload = buf.getvalue()
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.end_headers()
-            self.wfile.write(payload)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/checkpoint/1/full"
+    """A peer serving a pickled callable is refused by the weights-only loader; torchft's runs it."""
+    with serving({"x": _Evil()}, step=1) as metadata:
+        safe = SafeHTTPTransport(timeout=TIMEOUT, num_chunks=0, host="127.0.0.1")
         with pytest.raises(Exception, match=r"(?i)weights only|unsupported global"):
-            SafeHTTPTransport._load_from_address(url, timedelta(seconds=5))
-    finally:
-        server.shutdown()
+            receive(safe, metadata, step=1)
+        # torchft's own loader unpickles the callable and calls it (print returns None).
+        assert receive(HTTPTransport(timeout=TIMEOUT, num_chunks=0), metadata, step=1) == {
+            "x": None
+        }
 
 
 def test_digest_changes_with_any_bit() -> None:

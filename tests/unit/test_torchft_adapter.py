@@ -1,0 +1,237 @@
+"""trainer.torchft_adapter against the installed torchft: one test per private name it uses.
+
+Nothing here mocks torchft: the unit tests inspect the real installed classes (and
+the source of the methods that use them), and the integration test runs one
+quorum on a real Manager against a real lighthouse.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import inspect
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, not re-exported in stubs
+from torchft._torchft import ManagerClient, QuorumResult
+from torchft.checkpointing.http_transport import HTTPTransport
+from torchft.manager import REPLICA_ID_KEY, Manager
+from torchft.process_group import ProcessGroupGloo, ProcessGroupNCCL
+
+from trainer import torchft_adapter as ft
+from trainer.fault_tolerance import membership_token
+from trainer.transport import checkpoint_transport
+
+TIMEOUT = timedelta(seconds=10)
+
+
+def source(function: Callable[..., object]) -> str:
+    return inspect.getsource(function)
+
+
+def test_check_torchft_passes_on_the_installed_version() -> None:
+    ft.check_torchft()
+
+
+def test_check_torchft_names_the_version_and_what_is_missing() -> None:
+    missing = ft.ReachIn("torchft.manager:Manager", "_no_such", "instance attribute", "a test")
+    wrong_kind = ft.ReachIn(
+        "torchft.checkpointing.http_transport:HTTPTransport", "address", "classmethod", "a test"
+    )
+    with pytest.raises(ft.TorchFTIncompatible) as raised:
+        ft.check_torchft([*ft.REACH_INS, missing, wrong_kind])
+    message = str(raised.value)
+    assert f"torchft {importlib.metadata.version('torchft')}" in message
+    assert "torchft.manager.Manager._no_such" in message and "not assigned" in message
+    assert "HTTPTransport.address (classmethod" in message and "not a classmethod" in message
+    assert "_healing" not in message  # only the broken ones are named
+
+
+def test_every_reach_in_is_checked() -> None:
+    """The checklist covers exactly the private names the tests below pin down."""
+    assert {(r.owner.rpartition(":")[2] or r.owner, r.name) for r in ft.REACH_INS} == {
+        ("Manager", "_client"),
+        ("ManagerClient", "_quorum"),
+        ("Manager", "_quorum_id"),
+        ("Manager", "_healing"),
+        ("ProcessGroupGloo", "configure"),
+        ("ProcessGroupNCCL", "configure"),
+        ("HTTPTransport", "_load_from_address"),
+        ("HTTPTransport", "_server"),
+        ("torch.distributed._serialization", "_streaming_load"),
+    }
+
+
+def test_manager_client() -> None:
+    """record_quorums replaces Manager._client, which the quorum thread calls _quorum on."""
+    assert re.search(r"self\._client = ManagerClient\(", source(Manager.__init__))
+    assert "self._client._quorum(" in source(Manager._async_quorum)
+
+
+def test_manager_client_quorum() -> None:
+    """QuorumRecorder._quorum stands in for ManagerClient._quorum, called with keywords."""
+    assert inspect.isroutine(inspect.getattr_static(ManagerClient, "_quorum"))
+    params = set(inspect.signature(ManagerClient._quorum).parameters)
+    call = source(Manager._async_quorum).split("self._client._quorum(", 1)[1].split(")", 1)[0]
+    assert set(re.findall(r"(\w+)=", call)) <= params
+    assert isinstance(inspect.getattr_static(QuorumResult, "replica_ids"), type(QuorumResult.heal))
+
+
+def test_manager_quorum_id() -> None:
+    assert "self._quorum_id = -1" in source(Manager.__init__)
+    assert "self._quorum_id = quorum_id" in source(Manager._async_quorum)
+
+
+def test_manager_healing() -> None:
+    assert "self._healing = False" in source(Manager.__init__)
+    assert "self._healing = True" in source(Manager._async_quorum)
+    assert "self._healing = False" in source(Manager.start_quorum)
+
+
+@pytest.mark.parametrize("base", [ProcessGroupGloo, ProcessGroupNCCL])
+def test_process_group_configure(base: type[Any]) -> None:
+    """Scoped.configure takes store_addr first, and the manager passes it first, positionally."""
+    params = list(inspect.signature(base.configure).parameters)
+    assert params[:2] == ["self", "store_addr"]
+    assert "self._pg.configure(\n                        store_prefixed_addr," in source(
+        Manager._async_quorum
+    )
+    scoped = ft.scoped_process_group(base)
+    assert issubclass(scoped, base) and scoped.__name__ == f"Scoped{base.__name__}"
+
+
+def test_http_transport_load_from_address() -> None:
+    """SafeHTTPTransport overrides the classmethod recv_checkpoint fetches every URL with."""
+    assert isinstance(inspect.getattr_static(HTTPTransport, "_load_from_address"), classmethod)
+    expected = inspect.signature(ft.SafeHTTPTransport._load_from_address)
+    assert list(inspect.signature(HTTPTransport._load_from_address).parameters) == list(
+        expected.parameters
+    )
+    assert "self._load_from_address(" in source(HTTPTransport.recv_checkpoint)
+
+
+def test_http_transport_server() -> None:
+    """SafeHTTPTransport.address reads HTTPTransport._server for the port it listens on."""
+    assert "self._server = " in source(HTTPTransport.__init__)
+    transport = ft.SafeHTTPTransport(timeout=TIMEOUT, num_chunks=0, host="127.0.0.1")
+    try:
+        match = re.fullmatch(r"http://127\.0\.0\.1:(\d+)/checkpoint/", transport.address())
+        assert match
+        with socket.create_connection(("127.0.0.1", int(match[1])), timeout=5):
+            pass
+    finally:
+        transport.shutdown(wait=True)
+
+
+def test_streaming_load() -> None:
+    """The private torch reader SafeHTTPTransport uses reads what torchft's sender writes."""
+    from torch.distributed import _serialization
+    from torchft.checkpointing import http_transport
+
+    assert http_transport._streaming_save is _serialization._streaming_save
+    assert "weights_only" in inspect.signature(_serialization._streaming_load).parameters
+
+
+# --- A live Manager ----------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def lighthouse() -> Iterator[str]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "torchft_lighthouse"),
+            "--min_replicas",
+            "1",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--join_timeout_ms",
+            "100",
+            "--quorum_tick_ms",
+            "50",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            assert proc.poll() is None, "the lighthouse exited"
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert time.monotonic() < deadline, "the lighthouse did not listen"
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_accessors_on_a_live_manager(lighthouse: str) -> None:
+    """One quorum on a real Manager: every accessor returns the right kind of value."""
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    pg = ft.scoped_process_group(ProcessGroupGloo)(timeout=TIMEOUT)
+    manager = Manager(
+        pg=pg,
+        load_state_dict=lambda _: None,
+        state_dict=lambda: {},
+        min_replica_size=1,
+        use_async_quorum=False,
+        timeout=TIMEOUT,
+        quorum_timeout=TIMEOUT,
+        connect_timeout=TIMEOUT,
+        rank=0,
+        world_size=1,
+        store_addr="127.0.0.1",
+        store_port=store.port,
+        lighthouse_addr=lighthouse,
+        replica_id="phalanx_group_00000",
+        hostname="127.0.0.1",
+        checkpoint_transport=checkpoint_transport(TIMEOUT),
+        init_sync=False,
+    )
+    try:
+        recorder = ft.record_quorums(manager)
+        assert recorder.replica_ids is None and ft.quorum_id(manager) == -1
+        tokens: list[str] = []
+
+        def membership() -> str:
+            tokens.append(membership_token(recorder.replica_ids or []))
+            return tokens[-1]
+
+        pg.membership = membership
+        manager.start_quorum()
+        manager.wait_quorum()
+        assert manager.errored() is None
+
+        quorum_id = ft.quorum_id(manager)
+        assert isinstance(quorum_id, int) and quorum_id >= 1
+        assert ft.is_healing(manager) is False
+        # The recorder saw this quorum's members: this group, under the id the manager registered.
+        replica_ids = recorder.replica_ids
+        assert replica_ids is not None and replica_ids == [store.get(REPLICA_ID_KEY).decode()]
+        # The scoped process group was configured once, for those members, and works.
+        assert tokens == [membership_token(replica_ids)]
+        tensor = torch.ones(2)
+        manager.allreduce(tensor).wait()
+        assert tensor.tolist() == [1.0, 1.0] and manager.num_participants() == 1
+    finally:
+        manager.shutdown(wait=True)

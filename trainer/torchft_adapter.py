@@ -1,0 +1,250 @@
+"""Every place Phalanx relies on torchft's (and one of torch's) private internals.
+
+torchft 0.2.0 offers no public way to read the quorum id or the healing flag,
+to see a quorum's members, to choose the process group's rendezvous prefix or
+to harden the checkpoint transport's loader, so Phalanx reaches in. Each
+reach-in is written once, below, with what it is and why it is needed.
+:func:`check_torchft` verifies that all of them still exist with the expected
+kind, so a torchft upgrade fails loudly here, at startup, naming what changed,
+rather than as an ``AttributeError`` in the middle of a quorum.
+``tests/unit/test_torchft_adapter.py`` tests each one against the installed torchft.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import inspect
+import pkgutil
+import textwrap
+import urllib.request
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Literal
+
+from torchft.checkpointing.http_transport import HTTPTransport
+
+Kind = Literal["instance attribute", "method", "classmethod", "function"]
+
+
+@dataclass(frozen=True)
+class ReachIn:
+    """One private name Phalanx uses: where it lives, what kind it must be, who uses it."""
+
+    owner: str  # "module:Class" or "module"
+    name: str
+    kind: Kind
+    used_by: str
+    params: tuple[str, ...] = ()  # leading parameters the override or call expects
+
+
+REACH_INS: tuple[ReachIn, ...] = (
+    ReachIn("torchft.manager:Manager", "_client", "instance attribute", "record_quorums"),
+    ReachIn("torchft._torchft:ManagerClient", "_quorum", "method", "QuorumRecorder"),
+    ReachIn("torchft.manager:Manager", "_quorum_id", "instance attribute", "quorum_id"),
+    ReachIn("torchft.manager:Manager", "_healing", "instance attribute", "is_healing"),
+    ReachIn(
+        "torchft.process_group:ProcessGroupGloo",
+        "configure",
+        "method",
+        "scoped_process_group",
+        ("store_addr",),
+    ),
+    ReachIn(
+        "torchft.process_group:ProcessGroupNCCL",
+        "configure",
+        "method",
+        "scoped_process_group",
+        ("store_addr",),
+    ),
+    ReachIn(
+        "torchft.checkpointing.http_transport:HTTPTransport",
+        "_load_from_address",
+        "classmethod",
+        "SafeHTTPTransport",
+        ("address", "timeout"),
+    ),
+    ReachIn(
+        "torchft.checkpointing.http_transport:HTTPTransport",
+        "_server",
+        "instance attribute",
+        "SafeHTTPTransport",
+    ),
+    ReachIn("torch.distributed._serialization", "_streaming_load", "function", "SafeHTTPTransport"),
+)
+
+
+class TorchFTIncompatible(RuntimeError):
+    """The installed torchft (or torch) lacks a private name the adapter relies on."""
+
+
+def versions() -> str:
+    return f"torchft {importlib.metadata.version('torchft')} (torch {importlib.metadata.version('torch')})"
+
+
+def _assigned_in_init(cls: type, name: str) -> bool:
+    """Whether ``cls.__init__`` (or a base's) assigns ``self.<name>``."""
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if not inspect.isfunction(init):
+            continue
+        tree = ast.parse(textwrap.dedent(inspect.getsource(init)))
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.ctx, ast.Store)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "self"
+                and node.attr == name
+            ):
+                return True
+    return False
+
+
+def _problem(reach: ReachIn) -> str | None:
+    """What is wrong with one reach-in on the installed versions, or None."""
+    try:
+        owner = pkgutil.resolve_name(reach.owner)
+    except (ImportError, AttributeError) as e:
+        return f"cannot resolve {reach.owner} ({e})"
+    if reach.kind == "instance attribute":
+        try:
+            return None if _assigned_in_init(owner, reach.name) else "not assigned in __init__"
+        except (OSError, TypeError) as e:
+            return f"cannot read {reach.owner}.__init__ source ({e})"
+    found = inspect.getattr_static(owner, reach.name, None)
+    if found is None:
+        return "missing"
+    if reach.kind == "classmethod" and not isinstance(found, classmethod):
+        return f"not a classmethod but {type(found).__name__}"
+    if reach.kind in ("method", "function") and (
+        isinstance(found, classmethod | staticmethod | property) or not inspect.isroutine(found)
+    ):
+        return f"not a {reach.kind} but {type(found).__name__}"
+    if reach.params:
+        leading = list(inspect.signature(getattr(owner, reach.name)).parameters)
+        if reach.kind == "method":
+            leading = leading[1:]  # self
+        if leading[: len(reach.params)] != list(reach.params):
+            return f"parameters are {leading}, expected to start with {list(reach.params)}"
+    return None
+
+
+def check_torchft(reach_ins: Iterable[ReachIn] = REACH_INS) -> None:
+    """Raise one :class:`TorchFTIncompatible` naming every reach-in the installed torchft breaks."""
+    problems = [
+        f"{r.owner.replace(':', '.')}.{r.name} ({r.kind}, used by {r.used_by}): {problem}"
+        for r in reach_ins
+        if (problem := _problem(r)) is not None
+    ]
+    if problems:
+        raise TorchFTIncompatible(
+            f"{versions()} is not what trainer/torchft_adapter.py was written for; "
+            + "; ".join(problems)
+        )
+
+
+# --- Manager ---------------------------------------------------------------------------
+
+
+def quorum_id(manager: Any) -> int:
+    """The id of the quorum the manager last configured its process group for (-1 before any)."""
+    # Manager._quorum_id: set by the quorum thread on each reconfiguration. No public
+    # getter in torchft 0.2.0; Phalanx logs it and exports it as phalanx_ft_quorum_id.
+    return int(manager._quorum_id)
+
+
+def is_healing(manager: Any) -> bool:
+    """Whether this step's quorum found the group behind and it is receiving a peer's state."""
+    # Manager._healing: set by the quorum thread when the lighthouse says heal, reset by
+    # start_quorum. No public getter; Phalanx needs it to tell a fresh job (nobody has
+    # committed, nobody heals, so load the newest checkpoint) from a group being healed.
+    return bool(manager._healing)
+
+
+class QuorumRecorder:
+    """Stands in for a Manager's ManagerClient and keeps the last quorum result it returned."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self.last: Any = None  # torchft._torchft.QuorumResult
+
+    # ManagerClient._quorum: the RPC the manager's quorum thread calls (with keywords)
+    # to get each quorum from the lighthouse. The manager keeps the result's
+    # replica_ids to itself; Phalanx needs them to scope the rendezvous prefix.
+    def _quorum(self, *args: Any, **kwargs: Any) -> Any:
+        self.last = self._client._quorum(*args, **kwargs)
+        return self.last
+
+    @property
+    def replica_ids(self) -> list[str] | None:
+        """The members of the last quorum (replica id and process uuid), None before any."""
+        return None if self.last is None else list(self.last.replica_ids)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+def record_quorums(manager: Any) -> QuorumRecorder:
+    """Install a :class:`QuorumRecorder` in front of the manager's client; return it."""
+    # Manager._client: the ManagerClient the quorum thread calls _quorum on. Replaced
+    # once, right after the Manager is built and before its first quorum.
+    recorder = QuorumRecorder(manager._client)
+    manager._client = recorder
+    return recorder
+
+
+# --- Process group ---------------------------------------------------------------------
+
+
+def scoped_process_group(base: type) -> type:
+    """torchft's process group, rendezvousing under a store prefix unique to the quorum's members.
+
+    torchft names the prefix after the quorum id alone. A lighthouse that restarts
+    (a leader failover) numbers its quorums from 1 again, so a later quorum can
+    reuse an id whose keys a dead peer left in a survivor's store, and gloo's
+    connect then waits on that peer until it times out. Adding the members'
+    replica ids (each with its process's uuid) keeps every rendezvous fresh.
+    Set ``membership`` on the instance to a function naming the current members.
+    """
+
+    class Scoped(base):  # type: ignore[misc]
+        membership: Callable[[], str] = staticmethod(lambda: "0")
+
+        # ProcessGroup.configure: public, but overriding it relies on the manager
+        # passing "<store>/torchft/<quorum id>/<group rank>" as store_addr, first.
+        def configure(self, store_addr: str, *args: Any, **kwargs: Any) -> None:
+            super().configure(f"{store_addr}/{self.membership()}", *args, **kwargs)
+
+    Scoped.__name__ = Scoped.__qualname__ = f"Scoped{base.__name__}"
+    return Scoped
+
+
+# --- Checkpoint transport --------------------------------------------------------------
+
+
+class SafeHTTPTransport(HTTPTransport[Any]):  # type: ignore[misc]
+    """torchft's HTTP checkpoint transport, loading with ``weights_only=True`` and advertising ``host``."""
+
+    def __init__(self, timeout: timedelta, num_chunks: int, host: str) -> None:
+        self.host = host  # before super().__init__, which logs address()
+        super().__init__(timeout=timeout, num_chunks=num_chunks)
+
+    # HTTPTransport._load_from_address: the classmethod recv_checkpoint fetches every
+    # URL with. torchft 0.2.0 loads with full pickle there, which would let any peer
+    # run code in a healing rank; Phalanx only sends tensors and plain containers.
+    @classmethod
+    def _load_from_address(cls, address: str, timeout: timedelta) -> object:
+        # torch.distributed._serialization._streaming_load: the reader for the format
+        # torchft's sender writes (torchft re-exports it); torch has no public one.
+        from torch.distributed._serialization import _streaming_load
+
+        with urllib.request.urlopen(address, timeout=timeout.total_seconds()) as f:
+            return _streaming_load(f, weights_only=True)
+
+    def address(self) -> str:
+        # HTTPTransport._server: the HTTP server the transport started; torchft builds
+        # the address from socket.gethostname(), Phalanx from the advertised host.
+        port = self._server.socket.getsockname()[1]
+        return f"http://{self.host}:{port}/checkpoint/"
