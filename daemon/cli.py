@@ -90,9 +90,15 @@ def etcd_settings(cfg: DaemonConfig, endpoints: list[str]) -> EtcdSettings:
 def run(cfg: DaemonConfig) -> int:
     from daemon.etcd_server import EmbeddedEtcd, EtcdStartError
     from daemon.metrics import DaemonMetrics
+    from daemon.preflight import preflight
     from daemon.server import StatusServer
     from daemon.supervisor import Supervisor
 
+    try:  # before anything starts; the lock on run_dir is held until the daemon exits
+        lock = preflight(cfg)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     logs.configure()
     logs.bind(job=cfg.job.name, node=cfg.node_id)
     log = logs.get()
@@ -105,6 +111,7 @@ def run(cfg: DaemonConfig) -> int:
             embedded = EmbeddedEtcd(run_dir / "etcd").start()
         except (EtcdStartError, FileNotFoundError) as e:
             log.error("etcd_embedded_failed", error=str(e))
+            lock.release()
             return EXIT_FAILED
         endpoints = [embedded.endpoint]
         (run_dir / ENDPOINT_FILE).write_text(embedded.endpoint + "\n")
@@ -149,6 +156,7 @@ def run(cfg: DaemonConfig) -> int:
         if embedded is not None:
             embedded.stop()
             (run_dir / ENDPOINT_FILE).unlink(missing_ok=True)
+        lock.release()
 
 
 def status(cfg: DaemonConfig, as_json: bool) -> int:

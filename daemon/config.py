@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,6 +32,19 @@ from trainer.config import (
 
 # The sections every node of a job must share; `node`, `etcd` and `metrics` are per node.
 SHARED_SECTIONS: tuple[str, ...] = ("job", "lighthouse", *TRAINER_SECTIONS)
+
+# What the shipped service definitions give a stopping daemon before SIGKILL:
+# ops/systemd/phalanx.service TimeoutStopSec=60s and ops/k8s/statefulset.yaml
+# terminationGracePeriodSeconds: 60 (a unit test parses both). After
+# node.drain_grace_s the daemon still kills its ranks and stops its lighthouse and
+# etcd, so the drain grace leaves STOP_MARGIN_S of that time.
+STOP_MARGIN_S = 15.0
+MAX_DRAIN_GRACE_S = 45.0
+
+# Node ids are etcd key segments and the default run_dir's last component.
+NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+NODE_ID_RULE = "must start with a letter or digit and hold only letters, digits, '.', '_' and '-'"
+PORT_FIELDS: tuple[str, ...] = ("http_port", "lighthouse_port", "lighthouse_proxy_port")
 
 
 class JobConfig(Section):
@@ -58,13 +72,22 @@ class EtcdConfig(Section):
     user: str | None = Field(None, description="etcd user for password auth.")
     password_file: str | None = Field(None, description="File holding the etcd password.")
     lease_ttl_s: int = Field(
-        10, ge=2, description="Session lease TTL; a dead node's claims vanish after it."
+        10,
+        ge=2,
+        le=300,
+        description="Session lease TTL, 2 to 300 s; a dead node's claims vanish after it.",
     )
-    timeout_s: float = Field(5.0, gt=0, description="Deadline of each etcd request.")
+    timeout_s: float = Field(
+        5.0, gt=0, description="Deadline of each etcd request; must be below lease_ttl_s."
+    )
 
 
 class NodeConfig(Section):
-    id: str | None = Field(None, description="Node id (default: the hostname).")
+    id: str | None = Field(
+        None,
+        description="Node id (default: the hostname): letters, digits, '.', '_' and '-', "
+        "starting with a letter or digit.",
+    )
     nproc: int = Field(1, ge=1, description="Ranks on this node = the replica group's world size.")
     device: str = Field(
         "auto",
@@ -75,7 +98,8 @@ class NodeConfig(Section):
         29520,
         ge=0,
         le=65535,
-        description="Port of /metrics /healthz /readyz /status (0 = any free port).",
+        description="Port of /metrics /healthz /readyz /status (0 = any free port); "
+        "must be free and differ from the node's other ports.",
     )
     http_host: str = Field("0.0.0.0", description="Address the HTTP server binds.")
     advertise_host: str | None = Field(
@@ -85,7 +109,8 @@ class NodeConfig(Section):
         29510,
         ge=0,
         le=65535,
-        description="Port this node's torchft_lighthouse binds when it leads (0 = any free port).",
+        description="Port this node's torchft_lighthouse binds when it leads (0 = any free port); "
+        "must differ from the node's other ports.",
     )
     lighthouse_bind: str = Field(
         "0.0.0.0", description="Address the lighthouse binds when this node leads."
@@ -94,10 +119,13 @@ class NodeConfig(Section):
         0,
         ge=0,
         le=65535,
-        description="Local port the ranks reach the lighthouse through (0 = any free port).",
+        description="Local port the ranks reach the lighthouse through (0 = any free port); "
+        "must be free and differ from the node's other ports.",
     )
     run_dir: str | None = Field(
-        None, description="Directory for this node's files (default runs/<job>/<node>)."
+        None,
+        description="Directory for this node's files (default runs/<job>/<node>); must be "
+        "writable, and one daemon at a time holds it (daemon.lock).",
     )
     max_restarts: int = Field(
         5, ge=0, description="Group restarts allowed within restart_window_s before giving up."
@@ -107,10 +135,17 @@ class NodeConfig(Section):
         1.0, ge=0, description="First restart delay; doubles per restart up to 30 s."
     )
     hang_timeout_s: float = Field(
-        300.0, gt=0, description="A rank with no progress for this long is hung."
+        300.0,
+        ge=5,
+        le=86400,
+        description="A rank with no progress for this long is hung (5 s to 86400 s).",
     )
     drain_grace_s: float = Field(
-        30.0, gt=0, description="SIGTERM: time for ranks to leave the quorum before SIGKILL."
+        30.0,
+        gt=0,
+        description="SIGTERM: time for ranks to leave the quorum before SIGKILL; at most "
+        f"{MAX_DRAIN_GRACE_S:g} s, so the daemon is done {STOP_MARGIN_S:g} s before the shipped "
+        "systemd unit (TimeoutStopSec) and pod (terminationGracePeriodSeconds) kill it.",
     )
     env: dict[str, str] = Field(
         default_factory=dict, description="Extra environment for the ranks (e.g. NCCL_*)."
@@ -174,25 +209,68 @@ class DaemonConfig(TrainerConfig):
         return {name: spec_hash(dumped, [name]) for name in SHARED_SECTIONS}
 
 
-def load_daemon_config(
-    path: str | Path, overrides: Sequence[str] = (), node_id: str | None = None
-) -> DaemonConfig:
-    """Read, override and validate a job file for the daemon; raise ConfigError on any problem."""
-    data = apply_overrides(read_job_file(path), overrides)
+def split_endpoint(endpoint: str) -> tuple[str, int]:
+    """Host and port of an etcd endpoint ``host:port`` (an ``http(s)://`` scheme is allowed).
+
+    Raises ValueError when it is not host:port with a port from 1 to 65535.
+    """
+    netloc = endpoint.split("://", 1)[-1].rstrip("/")
+    host, _, port = netloc.rpartition(":")
+    if not host or not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
+        raise ValueError(f"{endpoint!r} is not host:port with a port from 1 to 65535")
+    return host, int(port)
+
+
+def check_node_id(node_id: str | None, source: str) -> None:
+    """Refuse a node id that cannot be an etcd key segment and a directory name.
+
+    ``node_id`` is the id given by ``source`` (``--node-id``, ``node.id``), or
+    None for the default, the hostname.
+    """
+    value = node_id or socket.gethostname()
+    if NODE_ID.fullmatch(value):
+        return
     if node_id:
-        data.setdefault("node", {})["id"] = node_id
-    cfg = validate(DaemonConfig, data, str(path))
-    try:  # the trainer's own cross-field checks, with this node's group size
-        check_trainer(cfg, cfg.node.nproc)
-    except ConfigError as e:
-        message = str(e).replace("the replica group has", "node.nproc gives the replica group")
-        raise ConfigError(f"{path}: {message}") from None
+        raise ConfigError(f"{source} {value!r} {NODE_ID_RULE}; choose another node id.")
+    raise ConfigError(
+        f"the hostname {value!r} is not a valid node id (it {NODE_ID_RULE}); "
+        "set one with --node-id or node.id."
+    )
+
+
+def _check_node(cfg: DaemonConfig, path: str | Path) -> None:
+    node = cfg.node
+    if node.drain_grace_s > MAX_DRAIN_GRACE_S:
+        raise ConfigError(
+            f"{path}: node.drain_grace_s ({node.drain_grace_s:g}) exceeds {MAX_DRAIN_GRACE_S:g} s, "
+            "the most the shipped systemd unit and Kubernetes pod leave the daemon to drain "
+            f"before they kill it; lower it to {MAX_DRAIN_GRACE_S:g} or less."
+        )
+    taken: dict[int, str] = {}
+    for field in PORT_FIELDS:
+        port = getattr(node, field)
+        if port and port in taken:
+            raise ConfigError(
+                f"{path}: node.{taken[port]} and node.{field} are both {port}; "
+                "give each its own port (0 = any free port)."
+            )
+        taken[port] = field
+
+
+def _check_etcd(cfg: DaemonConfig, path: str | Path) -> None:
+    """The etcd settings of a job file; the etcd client parses endpoints with split_endpoint."""
     etcd = cfg.etcd
+    if etcd.timeout_s >= etcd.lease_ttl_s:
+        raise ConfigError(
+            f"{path}: etcd.timeout_s ({etcd.timeout_s:g}) must be below etcd.lease_ttl_s "
+            f"({etcd.lease_ttl_s}), or one slow request outlives the lease; lower etcd.timeout_s."
+        )
     for field in ("ca_file", "cert_file", "key_file", "password_file"):
         value = getattr(etcd, field)
         if value and not Path(value).is_file():
+            what = "is not a file" if Path(value).exists() else "does not exist"
             raise ConfigError(
-                f"{path}: etcd.{field} {value} does not exist; point it at the file or remove it."
+                f"{path}: etcd.{field} {value} {what}; point it at the file or remove it."
             )
     if bool(etcd.cert_file) != bool(etcd.key_file):
         raise ConfigError(
@@ -203,9 +281,35 @@ def load_daemon_config(
             f"{path}: etcd.user and etcd.password_file go together; set both or neither."
         )
     for endpoint in etcd.endpoints:
-        host, _, port = endpoint.rpartition(":")
-        if not host or not port.isdigit():
-            raise ConfigError(f"{path}: etcd.endpoints entry {endpoint!r} must be host:port.")
+        try:
+            split_endpoint(endpoint)
+        except ValueError:
+            raise ConfigError(
+                f"{path}: etcd.endpoints entry {endpoint!r} must be host:port "
+                "with a port from 1 to 65535."
+            ) from None
+
+
+def load_daemon_config(
+    path: str | Path, overrides: Sequence[str] = (), node_id: str | None = None
+) -> DaemonConfig:
+    """Read, override and validate a job file for the daemon; raise ConfigError on any problem."""
+    data = apply_overrides(read_job_file(path), overrides)
+    if node_id:
+        check_node_id(node_id, "--node-id")
+        data.setdefault("node", {})["id"] = node_id
+    cfg = validate(DaemonConfig, data, str(path))
+    try:
+        check_node_id(cfg.node.id, "node.id")
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}" if cfg.node.id else str(e)) from None
+    _check_node(cfg, path)
+    try:  # the trainer's own cross-field checks, with this node's group size
+        check_trainer(cfg, cfg.node.nproc)
+    except ConfigError as e:
+        message = str(e).replace("the replica group has", "node.nproc gives the replica group")
+        raise ConfigError(f"{path}: {message}") from None
+    _check_etcd(cfg, path)
     if cfg.job.min_replicas > cfg.job.max_replicas:
         raise ConfigError(
             f"{path}: job.min_replicas ({cfg.job.min_replicas}) exceeds job.max_replicas ({cfg.job.max_replicas})."
@@ -214,9 +318,24 @@ def load_daemon_config(
 
 
 def read_password(cfg: DaemonConfig) -> str | None:
-    if not cfg.etcd.password_file:
+    """The etcd password from etcd.password_file; ConfigError when it cannot be used."""
+    path = cfg.etcd.password_file
+    if not path:
         return None
-    return Path(cfg.etcd.password_file).read_text().strip()
+    try:
+        password = Path(path).read_text(encoding="utf-8").strip()
+    except OSError as e:
+        raise ConfigError(
+            f"etcd.password_file {path} cannot be read ({e.strerror}); "
+            "make it readable by the daemon's user."
+        ) from None
+    except UnicodeDecodeError:
+        raise ConfigError(
+            f"etcd.password_file {path} is not UTF-8 text; write the password as UTF-8."
+        ) from None
+    if not password:
+        raise ConfigError(f"etcd.password_file {path} is empty; write the etcd password into it.")
+    return password
 
 
 def write_rank_config(cfg: DaemonConfig, path: Path) -> Path:

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 import grpc  # type: ignore[import-untyped]  # no stubs; not in the mypy overrides
 import pyetcd
 
+from daemon.config import split_endpoint
 from trainer import logs
 
 log = logs.get()
@@ -179,11 +180,13 @@ def translate_error(exc: BaseException, endpoint: str, settings: EtcdSettings) -
 
 
 def _split_endpoint(endpoint: str) -> tuple[str, int]:
-    netloc = endpoint.split("://", 1)[-1].rstrip("/")
-    host, _, port = netloc.rpartition(":")
-    if not host or not port.isdigit():
-        raise CoordinationError(f"etcd endpoint '{endpoint}' is not host:port; fix etcd.endpoints.")
-    return host, int(port)
+    try:  # parsed where the job file's etcd settings are validated
+        return split_endpoint(endpoint)
+    except ValueError:
+        raise CoordinationError(
+            f"etcd endpoint '{endpoint}' is not host:port with a port from 1 to 65535; "
+            "fix etcd.endpoints."
+        ) from None
 
 
 def _read(path: str | None, field: str) -> bytes | None:

@@ -21,7 +21,9 @@ Without these variables every call is a cheap no-op.
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import signal
 import time
 from dataclasses import dataclass
@@ -50,7 +52,7 @@ def parse(spec: str) -> list[Fault]:
         action = action or "kill"
         relative = step.startswith("+")
         digits = step.removeprefix("+")
-        if point not in POINTS or action not in ACTIONS or not digits.isdigit():
+        if point not in POINTS or action not in ACTIONS or not re.fullmatch("[0-9]+", digits):
             raise ValueError(
                 f"PHALANX_CHAOS entry {item!r} must be point@[+]step[:action] with point in "
                 f"{', '.join(POINTS)} and action in {', '.join(ACTIONS)}."
@@ -59,11 +61,22 @@ def parse(spec: str) -> list[Fault]:
     return faults
 
 
+def parse_delay(text: str | None) -> float:
+    """Seconds of ``PHALANX_CHAOS_DELAY`` (unset or empty: 0); ValueError when malformed."""
+    try:
+        delay = float(text or 0)
+    except ValueError:
+        delay = math.nan
+    if not (math.isfinite(delay) and delay >= 0):
+        raise ValueError(f"PHALANX_CHAOS_DELAY {text!r} must be a number of seconds, 0 or more.")
+    return delay
+
+
 class Chaos:
     def __init__(self, spec: str | None = None, delay: float | None = None) -> None:
         self.faults = parse(spec if spec is not None else os.environ.get("PHALANX_CHAOS", ""))
         self.delay = (
-            delay if delay is not None else float(os.environ.get("PHALANX_CHAOS_DELAY") or 0)
+            delay if delay is not None else parse_delay(os.environ.get("PHALANX_CHAOS_DELAY"))
         )
         self.step = 0  # the committed step being attempted
         self.attempt = -1  # this process's step attempts, from 0

@@ -241,6 +241,10 @@ def read_job_file(path: str | Path) -> dict[str, Any]:
         raise ConfigError(
             f"job file {p} cannot be read ({e.strerror}); check its permissions."
         ) from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"job file {p} is not UTF-8 text (byte {e.start} is invalid); save it as UTF-8."
+        ) from None
     try:
         loaded = json.loads(text) if p.suffix == ".json" else tomllib.loads(text)
     except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:

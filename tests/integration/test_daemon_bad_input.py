@@ -1,0 +1,323 @@
+"""`phalanx run` refuses bad input before it starts anything.
+
+Each case runs the real command and expects exit code 2 and one line on stderr,
+``error: ...`` naming the field or file, with no traceback, no process started or
+left behind, no run_dir created, and (where the case points etcd.endpoints at a
+real etcd) no key written under /phalanx/.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyetcd
+import pytest
+
+from daemon.config import MAX_DRAIN_GRACE_S
+from daemon.preflight import LOCK_FILE, cuda_present
+from tests.harness import BIN, DAEMON_JOB, ROOT, alive, children, free_port, start_daemon, wait_for
+
+pytestmark = pytest.mark.integration
+
+NO_CUDA = pytest.mark.skipif(cuda_present(), reason="this machine has a GPU driver")
+AS_USER = pytest.mark.skipif(os.geteuid() == 0, reason="root reads and writes despite modes")
+
+
+@dataclass
+class Refusal:
+    code: int
+    stdout: str
+    stderr: str
+    started: set[int] = field(default_factory=set)
+
+
+def phalanx_run(args: list[str], tmp_path: Path, env: dict[str, str] | None = None) -> Refusal:
+    """Run `phalanx run ARGS` to its end, noting every process it started on the way."""
+    out, err = tmp_path / "refused.out", tmp_path / "refused.err"
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    for name in ("PHALANX_CHAOS", "PHALANX_CHAOS_DELAY"):
+        if env is None or name not in env:
+            full_env.pop(name, None)
+    with out.open("wb") as o, err.open("wb") as e:
+        popen = subprocess.Popen(
+            [str(BIN / "phalanx"), "run", *args], stdout=o, stderr=e, env=full_env, cwd=ROOT
+        )
+    started: set[int] = set()
+    deadline = time.monotonic() + 30
+    while popen.poll() is None and time.monotonic() < deadline:
+        started.update(children(popen.pid))
+        time.sleep(0.01)
+    if popen.poll() is None:
+        for pid in [*children(popen.pid), popen.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        popen.wait(10)
+        raise AssertionError(f"phalanx run {args} still running after 30 s")
+    return Refusal(popen.returncode, out.read_text(), err.read_text(), started)
+
+
+def assert_refused(result: Refusal, names: str) -> str:
+    """Exit 2 with one `error:` line naming `names`; nothing started or left running."""
+    assert result.code == 2, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert names in lines[0], lines[0]
+    assert result.started == set(), f"processes started: {result.started}"
+    assert [pid for pid in result.started if alive(pid)] == []
+    return lines[0]
+
+
+def phalanx_keys(endpoint: str) -> list[bytes]:
+    host, port = endpoint.rsplit(":", 1)
+    client = pyetcd.client(host=host, port=int(port), timeout=5)
+    try:
+        return [meta.key for _, meta in client.get_prefix("/phalanx/")]
+    finally:
+        client.close()
+
+
+@dataclass
+class Case:
+    """A bad input: extra `phalanx run` arguments and environment, and what the error names."""
+
+    names: str
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+Setup = Callable[[Path, contextlib.ExitStack], Case]
+
+
+def sets(*overrides: str) -> list[str]:
+    return [a for o in overrides for a in ("--set", o)]
+
+
+def listening_port(stack: contextlib.ExitStack) -> int:
+    server = stack.enter_context(socket.create_server(("127.0.0.1", 0)))
+    port: int = server.getsockname()[1]
+    return port
+
+
+def not_utf8(tmp: Path, _: contextlib.ExitStack) -> Case:
+    job = tmp / "latin1.toml"
+    job.write_bytes(DAEMON_JOB.read_bytes() + b'\n[data]\npath = "caf\xe9.txt"\n')
+    return Case(f"job file {job} is not UTF-8", ["--config", str(job)])
+
+
+def http_port_in_use(_: Path, stack: contextlib.ExitStack) -> Case:
+    port = listening_port(stack)
+    return Case(f"node.http_port {port} is already in use", sets(f"node.http_port={port}"))
+
+
+def proxy_port_in_use(_: Path, stack: contextlib.ExitStack) -> Case:
+    port = listening_port(stack)
+    return Case(
+        f"node.lighthouse_proxy_port {port} is already in use",
+        sets(f"node.lighthouse_proxy_port={port}"),
+    )
+
+
+def same_port(first: str, second: str) -> Setup:
+    def setup(_: Path, __: contextlib.ExitStack) -> Case:
+        port = free_port()
+        return Case(
+            f"node.{first} and node.{second} are both {port}",
+            sets(f"node.{first}={port}", f"node.{second}={port}"),
+        )
+
+    return setup
+
+
+def run_dir_at(make: Callable[[Path], Path], names: str) -> Setup:
+    """run_dir = make(tmp); `names` may say {run_dir}."""
+
+    def setup(tmp: Path, _: contextlib.ExitStack) -> Case:
+        run_dir = make(tmp)
+        return Case(names.format(run_dir=run_dir), sets(f'node.run_dir="{run_dir}"'))
+
+    return setup
+
+
+def a_file(tmp: Path) -> Path:
+    (tmp / "file").write_text("")
+    return tmp / "file"
+
+
+def under_a_file(tmp: Path) -> Path:
+    return a_file(tmp) / "run"
+
+
+def on_sysfs(_: Path) -> Path:
+    return Path("/sys/phalanx-test/run")  # mkdir is refused there, even to root
+
+
+def read_only_dir(tmp: Path) -> Path:
+    (tmp / "ro").mkdir(mode=0o555)
+    return tmp / "ro" / "run"
+
+
+def password_file(content: bytes, mode: int = 0o600) -> Setup:
+    def setup(tmp: Path, _: contextlib.ExitStack) -> Case:
+        pw = tmp / "etcd-password"
+        pw.write_bytes(content)
+        pw.chmod(mode)
+        return Case(f"etcd.password_file {pw}", sets("etcd.user=u", f'etcd.password_file="{pw}"'))
+
+    return setup
+
+
+def override(names: str, *overrides: str) -> Setup:
+    return lambda _, __: Case(names, sets(*overrides))
+
+
+def node_id_flag(node_id: str) -> Setup:
+    return lambda _, __: Case(f"--node-id {node_id!r}", ["--node-id", node_id])
+
+
+def endpoints(*entries: str) -> Setup:
+    return override("etcd.endpoints", f"etcd.endpoints={json.dumps(list(entries))}")
+
+
+def environment(names: str, **env: str) -> Setup:
+    return lambda _, __: Case(names, env=env)
+
+
+def case(name: str, setup: Setup, with_etcd: bool, *marks: pytest.MarkDecorator) -> Any:
+    """One parameter: `with_etcd` points etcd.endpoints at a real etcd (else the embedded default)."""
+    return pytest.param(setup, with_etcd, id=name, marks=marks)
+
+
+CASES = [
+    case("job-file-not-utf8", not_utf8, False),
+    case("http-port-in-use", http_port_in_use, True),
+    case("proxy-port-in-use", proxy_port_in_use, False),
+    case("http-port-is-lighthouse-port", same_port("http_port", "lighthouse_port"), True),
+    case("proxy-port-is-http-port", same_port("http_port", "lighthouse_proxy_port"), False),
+    case(
+        "proxy-port-is-lighthouse-port", same_port("lighthouse_port", "lighthouse_proxy_port"), True
+    ),
+    case("run-dir-under-a-file", run_dir_at(under_a_file, "node.run_dir {run_dir} cannot"), False),
+    case("run-dir-is-a-file", run_dir_at(a_file, "node.run_dir {run_dir} is a file"), True),
+    case("run-dir-on-sysfs", run_dir_at(on_sysfs, "node.run_dir {run_dir} cannot"), False),
+    case("run-dir-read-only", run_dir_at(read_only_dir, "node.run_dir {run_dir}"), False, AS_USER),
+    case("password-not-utf8", password_file(b"\xff\xfe"), True),
+    case("password-empty", password_file(b"\n"), False),
+    case("password-unreadable", password_file(b"secret", mode=0), True, AS_USER),
+    case("node-id-dotdot", node_id_flag(".."), True),
+    case("node-id-dot", node_id_flag("."), False),
+    case("node-id-slash", node_id_flag("a/b"), True),
+    case("node-id-space", node_id_flag("a b"), False),
+    case("node-id-control", node_id_flag("a\x1bb"), True),
+    case("node-id-in-job-file", override("node.id 'x/y'", 'node.id="x/y"'), True),
+    case("node-id-tab-in-job-file", override("node.id 'x\\ty'", 'node.id="x\\ty"'), False),
+    case("hang-timeout-low", override("node.hang_timeout_s", "node.hang_timeout_s=1"), True),
+    case("hang-timeout-high", override("node.hang_timeout_s", "node.hang_timeout_s=1e5"), False),
+    case("lease-ttl-low", override("etcd.lease_ttl_s", "etcd.lease_ttl_s=1"), True),
+    case("lease-ttl-high", override("etcd.lease_ttl_s", "etcd.lease_ttl_s=301"), False),
+    case("etcd-timeout-not-below-ttl", override("etcd.timeout_s", "etcd.timeout_s=4.0"), True),
+    case(
+        "drain-grace-above-stop-timeouts",
+        override("node.drain_grace_s", f"node.drain_grace_s={MAX_DRAIN_GRACE_S + 1}"),
+        True,
+    ),
+    case("endpoint-port-over-65535", endpoints("127.0.0.1:70000"), False),
+    case("endpoint-port-zero", endpoints("127.0.0.1:0"), False),
+    case("endpoint-port-not-a-number", endpoints("127.0.0.1:2379x"), False),
+    case("chaos-malformed", environment("PHALANX_CHAOS", PHALANX_CHAOS="forward@soon"), True),
+    case("chaos-unknown-point", environment("PHALANX_CHAOS", PHALANX_CHAOS="nowhere@1"), False),
+    case("chaos-delay", environment("PHALANX_CHAOS_DELAY", PHALANX_CHAOS_DELAY="x"), True),
+    case(
+        "chaos-in-node-env", override("node.env", 'node.env={PHALANX_CHAOS="start@0:boom"}'), False
+    ),
+    case("node-device-cuda", override("node.device", "node.device=cuda"), True, NO_CUDA),
+    case(
+        "parallel-device-cuda",
+        override("parallel.device", 'parallel.device="cuda"'),
+        False,
+        NO_CUDA,
+    ),
+]
+
+
+@pytest.fixture
+def stack() -> Iterator[contextlib.ExitStack]:
+    with contextlib.ExitStack() as s:
+        yield s
+
+
+@pytest.mark.parametrize(("setup", "with_etcd"), CASES)
+def test_bad_input_is_refused_before_anything_starts(
+    setup: Setup,
+    with_etcd: bool,
+    tmp_path: Path,
+    stack: contextlib.ExitStack,
+    request: pytest.FixtureRequest,
+) -> None:
+    bad = setup(tmp_path, stack)
+    run_dir = tmp_path / "run"
+    base = [
+        "--config",
+        str(DAEMON_JOB),
+        *sets(
+            'node.id="refused"',
+            f'node.run_dir="{run_dir}"',
+            f"node.http_port={free_port()}",
+            f"node.lighthouse_port={free_port()}",
+        ),
+    ]
+    endpoint = str(request.getfixturevalue("etcd_endpoint")) if with_etcd else None
+    if endpoint:
+        base += sets(f"etcd.endpoints={json.dumps([endpoint])}")
+    before = set(tmp_path.iterdir())
+    result = phalanx_run([*base, *bad.args], tmp_path, bad.env)
+    assert_refused(result, bad.names)
+    assert not run_dir.exists()
+    created = (
+        set(tmp_path.iterdir()) - before - {tmp_path / "refused.out", tmp_path / "refused.err"}
+    )
+    assert created == set()
+    assert not Path("/sys/phalanx-test").exists()
+    if endpoint:
+        assert phalanx_keys(endpoint) == []
+
+
+def test_a_second_daemon_on_the_same_run_dir_is_refused(tmp_path: Path) -> None:
+    """The first daemon (embedded etcd) holds its run_dir; a second with the same job file,
+    node id and ports is refused naming the run_dir and the holder, and the first carries on."""
+    first = start_daemon(tmp_path, "twin", None, overrides=["train.steps=100000"])
+    run_dir = tmp_path / "twin"
+    try:
+        wait_for(lambda: (run_dir / "etcd.endpoint").exists(), 30, "the embedded etcd")
+        wait_for(first.status, 30, "the first daemon's /status")
+        assert (run_dir / LOCK_FILE).read_text().strip() == str(first.pid)
+        endpoint = (run_dir / "etcd.endpoint").read_text()
+        second = phalanx_run(
+            [
+                "--config",
+                str(DAEMON_JOB),
+                "--node-id",
+                "twin",
+                *sets(f'node.run_dir="{run_dir}"', f"node.http_port={first.http_port}"),
+            ],
+            tmp_path,
+        )
+        line = assert_refused(second, f"node.run_dir {run_dir} is in use")
+        assert f"(pid {first.pid})" in line
+        assert first.proc.popen.poll() is None
+        assert (run_dir / "etcd.endpoint").read_text() == endpoint
+        assert (run_dir / LOCK_FILE).read_text().strip() == str(first.pid)
+        wait_for(lambda: first.step() > 0, 90, "the first daemon to train on")
+        assert first.proc.popen.poll() is None and not first.events("node_failed")
+    finally:
+        first.stop()
