@@ -1,6 +1,6 @@
 """The `phalanx` command: `run` (the service), `status`, `demo`.
 
-Exit codes: 0 done, 1 failed, 2 bad input.
+Exit codes are ``daemon.exits``: 0 done, 1 failed (restart me), 2 bad input only.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import sys
 
 from daemon.config import DaemonConfig, load_daemon_config, read_password
 from daemon.coordination import CoordinationError, Coordinator, EtcdSettings
+from daemon.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from trainer import logs
 from trainer.config import ConfigError, add_override_option
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 ENDPOINT_FILE = "etcd.endpoint"
 
 
@@ -123,9 +123,13 @@ def run(cfg: DaemonConfig) -> int:
         )
     server = None
     try:
-        coord = Coordinator(
-            etcd_settings(cfg, endpoints), cfg.job.name, cfg.node_id, cfg.etcd.lease_ttl_s
-        )
+        try:
+            coord = Coordinator(
+                etcd_settings(cfg, endpoints), cfg.job.name, cfg.node_id, cfg.etcd.lease_ttl_s
+            )
+        except CoordinationError as e:  # the settings themselves: bad input
+            print(f"error: {e}", file=sys.stderr)
+            return EXIT_BAD_INPUT
         sup = Supervisor(cfg, coord)
         metrics = DaemonMetrics(sup)
         try:
@@ -138,7 +142,7 @@ def run(cfg: DaemonConfig) -> int:
                 file=sys.stderr,
             )
             return EXIT_BAD_INPUT
-        sup.http_port = server.port
+        sup.upkeep.http_port = server.port
         log.info(
             "http_listening",
             port=server.port,
@@ -147,9 +151,9 @@ def run(cfg: DaemonConfig) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: sup.request_drain())
         return sup.run()
-    except CoordinationError as e:
-        log.error("node_failed", error=str(e))
-        return EXIT_BAD_INPUT
+    except Exception as e:  # a bug or an unforeseen failure: never 2, so the node is restarted
+        log.exception("node_failed", error=f"{type(e).__name__}: {e}", code=EXIT_FAILED)
+        return EXIT_FAILED
     finally:
         if server is not None:
             server.stop()

@@ -140,6 +140,12 @@ class NodeConfig(Section):
         le=86400,
         description="A rank with no progress for this long is hung (5 s to 86400 s).",
     )
+    wait_timeout_s: float = Field(
+        0.0,
+        ge=0,
+        description="Give up (exit 1, so the service manager restarts it) after waiting this long "
+        "for a lighthouse and job.min_replicas groups; 0 waits forever (reported every 30 s).",
+    )
     drain_grace_s: float = Field(
         30.0,
         gt=0,

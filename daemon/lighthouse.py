@@ -11,18 +11,15 @@ restarted; torchft's manager reconnects on its next quorum or heartbeat.
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
+from daemon.children import die_with_parent
 from daemon.config import LighthouseConfig
-from daemon.workers import die_with_parent
 from trainer import logs
 
 
@@ -83,23 +80,15 @@ class LighthouseProcess:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                preexec_fn=die_with_parent(
-                    os.getpid()
-                ),  # no orphaned lighthouse if the daemon dies
+                preexec_fn=die_with_parent(),  # no orphaned lighthouse if the daemon dies
             )
 
-    def wait_listening(self, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
+    def listening(self) -> bool:
+        """One quick probe (no waiting): does it accept connections yet?"""
         host = "127.0.0.1" if self.bind_host in ("0.0.0.0", "::", "[::]") else self.bind_host
-        while time.monotonic() < deadline:
-            if not self.alive:
-                return False
-            with socket.socket() as s:
-                s.settimeout(0.5)
-                if s.connect_ex((host, self.port)) == 0:
-                    return True
-            time.sleep(0.05)
-        return False
+        with socket.socket() as s:
+            s.settimeout(0.2)
+            return s.connect_ex((host, self.port)) == 0
 
     @property
     def alive(self) -> bool:
@@ -110,16 +99,28 @@ class LighthouseProcess:
         return self.popen.pid if self.popen else None
 
     def stop(self) -> None:
+        """SIGKILL and reap: a lighthouse keeps nothing worth a graceful stop, and a
+        SIGKILLed process is gone at once, so this never holds up the daemon's loop."""
         if self.popen is None:
             return
         if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(5)
-            except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
                 self.popen.kill()
-                self.popen.wait(5)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(2)
         self.popen = None
+
+
+def parse_address(address: object) -> tuple[str, int] | None:
+    """``host:port`` (optionally ``http://``, ``[v6]``) as a tuple; None for anything else."""
+    if not isinstance(address, str):
+        return None
+    rest = address.removeprefix("http://").removeprefix("https://")
+    host, _, port = rest.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    return host, int(port)
 
 
 class Forwarder:
@@ -145,7 +146,7 @@ class Forwarder:
 
     def set_target(self, address: str | None) -> None:
         """Point new connections at `host:port` (None: refuse them); drop old connections on a change."""
-        target = _split(address) if address else None
+        target = parse_address(address) if address else None
         with self._lock:
             if target == self._target:
                 return
@@ -188,12 +189,6 @@ class Forwarder:
         self._closed = True
         _close(self._server)
         self.set_target(None)
-
-
-def _split(address: str) -> tuple[str, int]:
-    address = address.removeprefix("http://").removeprefix("https://")
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
 
 
 def _pipe(src: socket.socket, dst: socket.socket) -> None:

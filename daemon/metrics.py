@@ -60,8 +60,8 @@ class _NodeCollector(Collector):
             float(sup.cfg.job.min_replicas),
         )
         yield gauge("phalanx_etcd_up", "1 if the last etcd request succeeded.", float(v.etcd_up))
-        lighthouse_up = sup.forwarder.target is not None and (
-            not v.leader or sup.leadership.lighthouse_alive
+        lighthouse_up = sup.upkeep.forwarder.target is not None and (
+            not v.leader or sup.upkeep.leadership.lighthouse_alive
         )
         yield gauge(
             "phalanx_lighthouse_up",

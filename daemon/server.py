@@ -42,6 +42,8 @@ def status_document(sup: Supervisor) -> dict[str, Any]:
         "heals": v.heals,
         "pids": v.pids,
         "last_error": v.last_error,
+        "waiting_for": v.waiting_for,
+        "ticks": v.ticks,
         "view": job,
     }
 

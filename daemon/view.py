@@ -5,21 +5,12 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 from daemon.coordination import JobView
+from daemon.states import State
 
-
-class State(StrEnum):
-    JOINING = "joining"
-    CLAIMING = "claiming"
-    WAITING = "waiting"
-    RUNNING = "running"
-    RESTARTING = "restarting"
-    DRAINING = "draining"
-    DONE = "done"
-    FAILED = "failed"
+__all__ = ["NodeView", "State"]
 
 
 @dataclass
@@ -45,6 +36,8 @@ class NodeView:
     checkpoint_to_publish: dict[str, Any] | None = None  # from a rank's checkpoint_saved
     job: JobView | None = None
     last_tick: float = field(default_factory=time.monotonic)
+    ticks: int = 0  # supervisor loop iterations: /status shows the loop is alive
+    waiting_for: str | None = None  # what WAITING waits for, None otherwise
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def track(self, event: dict[str, Any], node_id: str) -> None:

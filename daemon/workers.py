@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import ctypes
 import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -35,9 +33,8 @@ from typing import IO, Any
 
 from prometheus_client.multiprocess import mark_process_dead
 
-PR_SET_PDEATHSIG = 1
-EXIT_BAD_INPUT = 2
-EXIT_DRAINED = 128 + signal.SIGTERM
+from daemon.children import die_with_parent, free_port, kill_tree
+from daemon.exits import RANK_BAD_INPUT, RANK_DRAINED
 
 RankEvent = Callable[[int, dict[str, Any]], None]
 # torchft's Rust side logs `2026-01-01T00:00:00.000 [INFO] [torchft::manager] - text`.
@@ -59,50 +56,27 @@ class GroupExit:
     reason: str
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live descendant of pid, from /proc (process groups are not trusted)."""
-    parents: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        parents.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry.name))
-    out, todo = [], [pid]
-    while todo:
-        for child in parents.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-def die_with_parent(parent: int) -> Callable[[], None]:
-    """A preexec_fn: the child gets SIGKILL when the thread that started it exits."""
-
-    def preexec() -> None:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent:  # the daemon died before prctl took effect
-            os._exit(1)
-
-    return preexec
-
-
 @dataclass
 class Rank:
     rank: int
     popen: subprocess.Popen[bytes]
     heartbeat: Path
     readers: list[threading.Thread] = field(default_factory=list)
+    # Progress on the daemon's monotonic clock: when the heartbeat's mtime was last
+    # seen to change. Only a change counts, never the mtime's value, so a wall-clock
+    # step (NTP) neither fakes progress nor makes a healthy rank look hung.
+    beat_mtime_ns: int = -1
+    progressed_at: float = 0.0
+
+    def idle_for(self, now: float) -> float:
+        """Seconds since this rank's heartbeat last changed (as seen by the daemon)."""
+        try:
+            mtime = self.heartbeat.stat().st_mtime_ns
+        except OSError:
+            mtime = self.beat_mtime_ns
+        if mtime != self.beat_mtime_ns:
+            self.beat_mtime_ns, self.progressed_at = mtime, now
+        return now - self.progressed_at
 
     @property
     def pid(self) -> int:
@@ -196,7 +170,8 @@ class WorkerGroup:
                 start_new_session=True,
                 preexec_fn=die_with_parent(os.getpid()),  # PR_SET_PDEATHSIG must run in the child
             )
-            r = Rank(rank, popen, heartbeat)
+            r = Rank(rank, popen, heartbeat, progressed_at=self.started_at)
+            r.idle_for(self.started_at)
             for stream, name in ((popen.stdout, "stdout"), (popen.stderr, "stderr")):
                 assert stream is not None
                 # A copy of the daemon's context: events made here carry job, node, group.
@@ -211,50 +186,58 @@ class WorkerGroup:
             self.ranks.append(r)
 
     def _pump(self, rank: int, stream: IO[bytes], name: str) -> None:
+        """Read one output stream to its end. Nothing a rank prints may stop this thread:
+        a reader that died would leave the pipe to fill, and the rank to block on it."""
         for raw in iter(stream.readline, b""):
             line = raw.decode("utf-8", "replace").rstrip("\n")
             if not line:
                 continue
-            event: dict[str, Any] | None = None
-            if line.startswith("{"):
-                with contextlib.suppress(json.JSONDecodeError):
-                    parsed = json.loads(line)
-                    if isinstance(parsed, dict) and "event" in parsed:
-                        event = parsed
-            if event is None:
-                rust = RUST_LINE.match(line)
-                if rust:
-                    event = {
-                        "event": "library_log",
-                        "logger": rust["logger"],
-                        "level": rust["level"].lower(),
-                        "message": rust["message"],
-                    }
-                else:
-                    event = {"event": "rank_output", "stream": name, "line": line}
-            event.setdefault("rank", rank)
-            event.setdefault("replica_group", self.spec.slot)
-            self.on_event(rank, event)
+            try:
+                self._relay(rank, line, name)
+            except Exception as e:  # a line that parses but does not fit what its event means
+                fallback: dict[str, Any] = {"event": "rank_output", "stream": name, "line": line}
+                fallback.update(rank=rank, replica_group=self.spec.slot, unreadable=repr(e))
+                with contextlib.suppress(Exception):
+                    self.on_event(rank, fallback)
         stream.close()
+
+    def _relay(self, rank: int, line: str, name: str) -> None:
+        event: dict[str, Any] | None = None
+        if line.startswith("{"):
+            with contextlib.suppress(json.JSONDecodeError):
+                parsed = json.loads(line)
+                if isinstance(parsed, dict) and "event" in parsed:
+                    event = parsed
+        if event is None:
+            rust = RUST_LINE.match(line)
+            if rust:
+                event = {
+                    "event": "library_log",
+                    "logger": rust["logger"],
+                    "level": rust["level"].lower(),
+                    "message": rust["message"],
+                }
+            else:
+                event = {"event": "rank_output", "stream": name, "line": line}
+        event.setdefault("rank", rank)
+        event.setdefault("replica_group", self.spec.slot)
+        self.on_event(rank, event)
 
     def poll(self) -> GroupExit | None:
         """Classify the group's state: None while it is healthy and running."""
         codes = [r.popen.poll() for r in self.ranks]
         now = time.monotonic()
-        if any(c is not None and c not in (0, EXIT_DRAINED) for c in codes):
-            bad = [c for c in codes if c is not None and c not in (0, EXIT_DRAINED)]
-            kind = ExitKind.BAD_INPUT if EXIT_BAD_INPUT in bad else ExitKind.FAILED
+        if any(c is not None and c not in (0, RANK_DRAINED) for c in codes):
+            bad = [c for c in codes if c is not None and c not in (0, RANK_DRAINED)]
+            kind = ExitKind.BAD_INPUT if RANK_BAD_INPUT in bad else ExitKind.FAILED
             ranks = [r.rank for r, c in zip(self.ranks, codes, strict=True) if c in bad]
             return GroupExit(kind, codes, f"rank {ranks[0]} exited with {_describe(bad[0])}")
         if all(c is not None for c in codes):
-            kind = ExitKind.DRAINED if EXIT_DRAINED in codes else ExitKind.COMPLETED
+            kind = ExitKind.DRAINED if RANK_DRAINED in codes else ExitKind.COMPLETED
             return GroupExit(kind, codes, kind.value)
         if self.stop_requested_at is None:
             for r, c in zip(self.ranks, codes, strict=True):
-                if (
-                    c is None
-                    and now - _mtime(r.heartbeat, self.started_at) > self.spec.hang_timeout_s
-                ):
+                if c is None and r.idle_for(now) > self.spec.hang_timeout_s:
                     return GroupExit(
                         ExitKind.HUNG,
                         codes,
@@ -284,17 +267,10 @@ class WorkerGroup:
 
     def kill(self) -> None:
         """SIGKILL every rank and every descendant of every rank, then reap."""
-        victims = [pid for r in self.ranks for pid in (*descendants(r.pid), r.pid)]
-        for pid in victims:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        if self.stop_requested_at is None:
+            self.stop_requested_at = time.monotonic()
+        kill_tree(self.pids)
         self._reap()
-
-    def stop(self, grace_s: float) -> None:
-        """Blocking stop: SIGTERM, wait up to grace_s, SIGKILL the rest."""
-        self.request_stop()
-        while not self.stopped(grace_s):
-            time.sleep(0.05)
 
     def _reap(self) -> None:
         for r in self.ranks:
@@ -304,16 +280,7 @@ class WorkerGroup:
                 # Drop the exited rank's live gauges; its counters keep the node's totals.
                 mark_process_dead(r.pid, str(self.spec.metrics_dir))  # type: ignore[no-untyped-call]
             for t in r.readers:
-                t.join(timeout=2)
-
-
-def _mtime(path: Path, default: float) -> float:
-    """The heartbeat's age reference on the monotonic clock."""
-    try:
-        age = time.time() - path.stat().st_mtime
-    except OSError:
-        return default
-    return time.monotonic() - age
+                t.join(timeout=0.5)
 
 
 def _describe(code: int) -> str:

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from daemon.workers import descendants
-from daemon.workers import free_port as free_port  # re-exported for the tests
+from daemon.children import descendants
+from daemon.children import free_port as free_port  # re-exported for the tests
 
 # The daemon's own helpers: /proc walking (not process groups) and free ports.
 children = descendants

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from daemon.coordination import EtcdSettings
-from daemon.etcd_server import EmbeddedEtcd
+from tests.etcd_control import ControlledEtcd
 
 
 @pytest.fixture
-def etcd(tmp_path: Path) -> Iterator[EmbeddedEtcd]:
+def etcd(tmp_path: Path) -> Iterator[ControlledEtcd]:
     """A fresh single-member etcd on loopback, stopped after the test."""
-    server = EmbeddedEtcd(tmp_path / "etcd")
+    server = ControlledEtcd(tmp_path / "etcd")
     server.start()
     try:
         yield server
@@ -23,12 +23,12 @@ def etcd(tmp_path: Path) -> Iterator[EmbeddedEtcd]:
 
 
 @pytest.fixture
-def etcd_settings(etcd: EmbeddedEtcd) -> EtcdSettings:
+def etcd_settings(etcd: ControlledEtcd) -> EtcdSettings:
     """Client settings for :func:`etcd`, with a short per-request deadline."""
     return EtcdSettings(endpoints=[etcd.endpoint], timeout_s=2.0)
 
 
 @pytest.fixture
-def etcd_endpoint(etcd: EmbeddedEtcd) -> str:
+def etcd_endpoint(etcd: ControlledEtcd) -> str:
     """host:port of :func:`etcd`, for daemons started with etcd.endpoints."""
     return etcd.endpoint

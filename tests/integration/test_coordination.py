@@ -21,6 +21,7 @@ from daemon.coordination import (
     SpecMismatch,
 )
 from daemon.etcd_server import EmbeddedEtcd, EtcdStartError, find_etcd_binary
+from tests.etcd_control import ControlledEtcd
 
 pytestmark = pytest.mark.integration
 
@@ -263,7 +264,7 @@ def test_lease_bound_writes_need_a_session(etcd_settings: EtcdSettings) -> None:
 
 
 def test_paused_etcd_fails_fast_then_same_lease_continues(
-    etcd: EmbeddedEtcd, make: MakeCoordinator
+    etcd: ControlledEtcd, make: MakeCoordinator
 ) -> None:
     settings = EtcdSettings([etcd.endpoint], timeout_s=1.0)
     a = make("a", ttl=10, settings=settings)
@@ -285,7 +286,7 @@ def test_paused_etcd_fails_fast_then_same_lease_continues(
     assert view.groups == {0: "a"} and "a" in view.nodes
 
 
-def test_paused_past_ttl_gives_a_new_session(etcd: EmbeddedEtcd, make: MakeCoordinator) -> None:
+def test_paused_past_ttl_gives_a_new_session(etcd: ControlledEtcd, make: MakeCoordinator) -> None:
     settings = EtcdSettings([etcd.endpoint], timeout_s=1.0)
     a = make("a", ttl=2, settings=settings)
     a.register({"host": "h"})
@@ -306,7 +307,7 @@ def test_paused_past_ttl_gives_a_new_session(etcd: EmbeddedEtcd, make: MakeCoord
 
 
 def test_restarted_etcd_keeps_a_short_outage_lease(
-    etcd: EmbeddedEtcd, make: MakeCoordinator
+    etcd: ControlledEtcd, make: MakeCoordinator
 ) -> None:
     settings = EtcdSettings([etcd.endpoint], timeout_s=1.0)
     a = make("a", ttl=10, settings=settings)
@@ -327,20 +328,26 @@ def test_restarted_etcd_keeps_a_short_outage_lease(
     assert a.claim_slot(2) == 0
 
 
-def test_restarted_etcd_after_ttl_gives_a_new_session(
-    etcd: EmbeddedEtcd, make: MakeCoordinator
+def test_restarted_etcd_after_ttl_gives_a_new_session_without_dropping_the_slot(
+    etcd: ControlledEtcd, make: MakeCoordinator
 ) -> None:
+    """Our clock gave the lease up while etcd was away, but the restarted etcd restored it:
+    the slot stays held through the new session (a standby never sees it free), moves to
+    the new lease, and only then is the old lease revoked."""
     settings = EtcdSettings([etcd.endpoint], timeout_s=1.0)
     a, b = make("a", ttl=2, settings=settings), make("b", ttl=30, settings=settings)
     a.register({"host": "h"})
-    assert a.claim_slot(2) == 0
+    assert a.claim_slot(1) == 0
     etcd.stop()
     wait_for(lambda: not a.session_alive, 10, "the session to be reported lost")
     etcd.restart()
     wait_for(lambda: reachable(a), 10, "etcd to answer again")
-    # etcd restores leases on restart, but ours was given up: it is revoked, keys go.
     assert a.ensure_session() is True
-    assert a.snapshot().groups == {}
+    assert a.snapshot().groups == {0: "a"}  # the old lease still holds it
+    assert b.claim_slot(1) is None  # a standby cannot grab it in between
     a.register({"host": "h"})
-    assert a.claim_slot(2) == 0
+    assert a.claim_slot(1) == 0  # moved onto the new lease
+    a.retire_leases()  # the old lease goes; the slot stays
+    assert a.snapshot().groups == {0: "a"}
+    assert b.claim_slot(1) is None
     assert b.ensure_session() is False  # the long-TTL session survived the restart

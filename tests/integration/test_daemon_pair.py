@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from daemon.etcd_server import EmbeddedEtcd
+from tests.etcd_control import ControlledEtcd
 from tests.harness import (
     BIN,
     DAEMON_JOB,
@@ -235,7 +235,7 @@ def test_leader_failover_keeps_the_survivors_ranks(
 
 
 def test_etcd_outage_does_not_restart_ranks(
-    tmp_path: Path, etcd: EmbeddedEtcd, recovery: Callable[[str, float], None]
+    tmp_path: Path, etcd: ControlledEtcd, recovery: Callable[[str, float], None]
 ) -> None:
     a, b = pair(tmp_path, etcd.endpoint, steps=400)
     try:

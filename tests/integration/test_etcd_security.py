@@ -26,7 +26,8 @@ from daemon.coordination import (
     EtcdSettings,
     EtcdUnavailable,
 )
-from daemon.etcd_server import EmbeddedEtcd, EtcdUser, ServerTls
+from daemon.etcd_server import ServerTls
+from tests.etcd_control import ControlledEtcd, EtcdUser
 
 pytestmark = pytest.mark.integration
 
@@ -169,9 +170,9 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 
 
 @pytest.fixture(scope="module")
-def secure_etcd(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedEtcd]:
+def secure_etcd(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlledEtcd]:
     """etcd serving TLS, requiring client certificates from ``ca``, with auth enabled."""
-    server = EmbeddedEtcd(
+    server = ControlledEtcd(
         tmp_path_factory.mktemp("secure") / "etcd",
         tls=ServerTls(cert_file=pki.server_cert, key_file=pki.server_key, trusted_ca_file=pki.ca),
     )
@@ -191,7 +192,7 @@ def secure_etcd(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         server.stop()
 
 
-def settings(etcd: EmbeddedEtcd, pki: Pki, **overrides: Any) -> EtcdSettings:
+def settings(etcd: ControlledEtcd, pki: Pki, **overrides: Any) -> EtcdSettings:
     values: dict[str, Any] = {
         "endpoints": [etcd.endpoint],
         "ca_file": pki.ca,
@@ -218,7 +219,7 @@ def connect_error(s: EtcdSettings) -> tuple[Exception, float]:
     pytest.fail("connect() succeeded with bad credentials")
 
 
-def test_correct_settings_work_end_to_end(secure_etcd: EmbeddedEtcd, pki: Pki) -> None:
+def test_correct_settings_work_end_to_end(secure_etcd: ControlledEtcd, pki: Pki) -> None:
     a = Coordinator(settings(secure_etcd, pki), "secure", "a", 5)
     b = Coordinator(settings(secure_etcd, pki), "secure", "b", 5)
     try:
@@ -236,21 +237,21 @@ def test_correct_settings_work_end_to_end(secure_etcd: EmbeddedEtcd, pki: Pki) -
         b.close()
 
 
-def test_wrong_password_is_denied_quickly(secure_etcd: EmbeddedEtcd, pki: Pki) -> None:
+def test_wrong_password_is_denied_quickly(secure_etcd: ControlledEtcd, pki: Pki) -> None:
     exc, took = connect_error(settings(secure_etcd, pki, password="wrong"))
     assert isinstance(exc, EtcdAccessDenied), exc
     assert "etcd.password" in str(exc)
     assert took < TIMEOUT_S
 
 
-def test_user_without_permission_is_denied(secure_etcd: EmbeddedEtcd, pki: Pki) -> None:
+def test_user_without_permission_is_denied(secure_etcd: ControlledEtcd, pki: Pki) -> None:
     exc, took = connect_error(settings(secure_etcd, pki, user=OUTSIDER, password=OUTSIDER_PASSWORD))
     assert isinstance(exc, EtcdAccessDenied), exc
     assert "permission" in str(exc) and OUTSIDER in str(exc)
     assert took < TIMEOUT_S
 
 
-def test_untrusted_server_certificate_is_denied(secure_etcd: EmbeddedEtcd, pki: Pki) -> None:
+def test_untrusted_server_certificate_is_denied(secure_etcd: ControlledEtcd, pki: Pki) -> None:
     exc, took = connect_error(settings(secure_etcd, pki, ca_file=pki.other_ca))
     assert isinstance(exc, EtcdAccessDenied | EtcdUnavailable), exc
     assert "not trusted" in str(exc)
@@ -258,7 +259,7 @@ def test_untrusted_server_certificate_is_denied(secure_etcd: EmbeddedEtcd, pki: 
     assert took < TIMEOUT_S
 
 
-def test_untrusted_client_certificate_is_denied(secure_etcd: EmbeddedEtcd, pki: Pki) -> None:
+def test_untrusted_client_certificate_is_denied(secure_etcd: ControlledEtcd, pki: Pki) -> None:
     exc, took = connect_error(
         settings(secure_etcd, pki, cert_file=pki.stranger_cert, key_file=pki.stranger_key)
     )
@@ -267,7 +268,7 @@ def test_untrusted_client_certificate_is_denied(secure_etcd: EmbeddedEtcd, pki: 
     assert took < TIMEOUT_S
 
 
-def _daemon_tls_args(secure_etcd: EmbeddedEtcd, pki: Pki, password_file: Path) -> list[str]:
+def _daemon_tls_args(secure_etcd: ControlledEtcd, pki: Pki, password_file: Path) -> list[str]:
     return [
         f'etcd.endpoints=["{secure_etcd.endpoint}"]',
         f'etcd.ca_file="{pki.ca}"',
@@ -279,7 +280,7 @@ def _daemon_tls_args(secure_etcd: EmbeddedEtcd, pki: Pki, password_file: Path) -
 
 
 def test_daemon_trains_against_etcd_with_tls_and_auth(
-    secure_etcd: EmbeddedEtcd, pki: Pki, tmp_path: Path
+    secure_etcd: ControlledEtcd, pki: Pki, tmp_path: Path
 ) -> None:
     """`phalanx run` end to end over TLS with client certificates and a password."""
     from tests.harness import start_daemon
@@ -296,7 +297,7 @@ def test_daemon_trains_against_etcd_with_tls_and_auth(
 
 
 def test_daemon_with_a_wrong_password_fails_clearly(
-    secure_etcd: EmbeddedEtcd, pki: Pki, tmp_path: Path
+    secure_etcd: ControlledEtcd, pki: Pki, tmp_path: Path
 ) -> None:
     from tests.harness import start_daemon
 

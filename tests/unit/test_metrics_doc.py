@@ -79,8 +79,10 @@ def node_metrics_text(tmp: Path) -> str:
             metrics_dir=tmp / "metrics",
         ),
         view=view,
-        forwarder=SimpleNamespace(target="127.0.0.1:1"),
-        leadership=SimpleNamespace(lighthouse_alive=True),
+        upkeep=SimpleNamespace(
+            forwarder=SimpleNamespace(target="127.0.0.1:1"),
+            leadership=SimpleNamespace(lighthouse_alive=True),
+        ),
     )
     metrics = DaemonMetrics(cast(Supervisor, fake))  # wipes and creates metrics_dir
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp / "metrics")}

@@ -1,0 +1,68 @@
+"""The daemon's child processes: free ports, lives tied to the daemon's, /proc walking.
+
+Every child the daemon starts (ranks, the lighthouse, an embedded etcd) is started
+with :func:`die_with_parent` as its ``preexec_fn``: the kernel SIGKILLs it when the
+thread that started it exits (PR_SET_PDEATHSIG), and the child checks after that
+request that the daemon had not already gone. No Phalanx child outlives its daemon,
+however the daemon ends. Stopping never relies on process groups: :func:`kill_tree`
+signals every descendant found in /proc.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+PR_SET_PDEATHSIG = 1
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free on `host` a moment ago (the caller binds it soon after)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def die_with_parent(parent: int | None = None) -> Callable[[], None]:
+    """A preexec_fn: the child gets SIGKILL when the thread that started it exits."""
+    parent = os.getpid() if parent is None else parent
+
+    def preexec() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the daemon died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of pid, from /proc (process groups are not trusted)."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        parents.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def kill_tree(pids: Iterable[int], sig: signal.Signals = signal.SIGKILL) -> None:
+    """Signal each pid and every descendant of it."""
+    for pid in [p for root in pids for p in (*descendants(root), root)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)

@@ -1,0 +1,267 @@
+"""etcd upkeep for one node: session, record, slot, rejoin, leadership, checkpoints, job state.
+
+:class:`EtcdUpkeep` is the only caller of the :class:`~daemon.coordination.Coordinator`
+in the daemon, and no coordination error leaves it as an exception. Each one
+becomes what the state machine needs to know:
+
+* etcd unreachable (or a lost lease): ``view.etcd_up`` goes false, the round is
+  retried with backoff; the ranks are never touched for it;
+* a conflict (a compare-and-swap that lost a race, ``NotLeader``, a key that
+  "keeps changing"): logged as ``etcd_retry`` and tried again next round;
+* a refusal that is the user's to fix (another job file, wrong credentials):
+  only while joining, returned as :data:`Join.REFUSED` with its message;
+* a lost slot after a new session: an :data:`Event.SLOT_LOST` for the supervisor.
+
+A new session (the old lease was lost by our clock) re-registers and re-claims
+first, and only then revokes the old lease, so the node's keys never vanish
+all at once for a standby to grab.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, TypeVar
+
+from daemon import __version__
+from daemon.config import DaemonConfig
+from daemon.coordination import (
+    CoordinationError,
+    Coordinator,
+    EtcdAccessDenied,
+    EtcdUnavailable,
+    SpecMismatch,
+)
+from daemon.leadership import Leadership
+from daemon.lighthouse import Forwarder, parse_address
+from daemon.view import NodeView
+from trainer import logs
+
+T = TypeVar("T")
+RECORD_EVERY_S = 2.0
+BACKOFF_FIRST_S, BACKOFF_CAP_S = 0.5, 5.0
+
+
+class Join(StrEnum):
+    JOINED = "joined"
+    NOT_YET = "not_yet"  # etcd unreachable or a conflict: try again next tick
+    REFUSED = "refused"  # bad input: another job file, wrong credentials
+
+
+class Event(StrEnum):
+    SLOT_LOST = "slot_lost"  # a new session could not keep this node's slot
+
+
+class EtcdUpkeep:
+    def __init__(
+        self, cfg: DaemonConfig, coord: Coordinator, view: NodeView, run_dir: Path
+    ) -> None:
+        self.cfg = cfg
+        self.coord = coord
+        self.view = view
+        self.log = logs.get()
+        self.leadership = Leadership(cfg, coord, run_dir)
+        self.forwarder = Forwarder(port=cfg.node.lighthouse_proxy_port)
+        self.refusal = ""
+        self.events: list[Event] = []
+        self.http_port = cfg.node.http_port  # the bound port, set by the CLI
+        self._retry_at = 0.0
+        self._backoff = BACKOFF_FIRST_S
+        self._record_at = 0.0
+        self._last_record: dict[str, Any] = {}
+        self._bad_lighthouse: object = None
+
+    # ------------------------------------------------------------ error handling
+
+    def _attempt(
+        self, what: str, fn: Callable[[], T], refusals: tuple[type[Exception], ...] = ()
+    ) -> tuple[bool, T | None]:
+        """Run one coordination step; every error becomes state, never an exception
+        (but `refusals`, which the caller turns into a refusal to join)."""
+        try:
+            value = fn()
+        except refusals:
+            raise
+        except EtcdUnavailable as e:  # includes a lost lease (SessionExpired)
+            self.view.etcd_errors += 1
+            if self.view.etcd_up:
+                self.log.warning("etcd_unavailable", error=str(e), during=what, ranks="untouched")
+            self.view.etcd_up = False
+            self._retry_at = time.monotonic() + self._backoff
+            self._backoff = min(BACKOFF_CAP_S, self._backoff * 2)
+            return False, None
+        except CoordinationError as e:  # NotLeader, a lost compare-and-swap, "keeps changing"
+            self.view.etcd_errors += 1
+            self.log.warning("etcd_retry", error=str(e), kind=type(e).__name__, during=what)
+            return False, None
+        if not self.view.etcd_up:
+            self.log.info("etcd_up", endpoints=self.coord.settings.endpoints)
+        self.view.etcd_up = True
+        self._backoff = BACKOFF_FIRST_S
+        return True, value
+
+    def _due(self) -> bool:
+        return time.monotonic() >= self._retry_at
+
+    # ------------------------------------------------------------------ joining
+
+    def join(self) -> Join:
+        """Connect, open a session, check the job spec, register."""
+        if not self._due():
+            return Join.NOT_YET
+
+        def steps() -> None:
+            self.coord.connect()
+            self.coord.ensure_session()
+            self.coord.check_spec(self.cfg.spec())
+            self._register()
+
+        try:
+            ok, _ = self._attempt("join", steps, refusals=(SpecMismatch, EtcdAccessDenied))
+        except (SpecMismatch, EtcdAccessDenied) as e:
+            self.refusal = str(e)
+            return Join.REFUSED
+        if ok:
+            self.coord.retire_leases()
+        return Join.JOINED if ok else Join.NOT_YET
+
+    def claim(self, preferred: int | None) -> int | None:
+        if not self._due():
+            return None
+        _, slot = self._attempt(
+            "claim", lambda: self.coord.claim_slot(self.cfg.job.max_replicas, preferred=preferred)
+        )
+        return slot
+
+    # -------------------------------------------------------------------- rounds
+
+    def tick(self) -> None:
+        """One round of upkeep: session, leadership, the job view, forwarder, record, checkpoint."""
+        if not self.view.registered or not self._due():
+            return
+        ok, renewed = self._attempt("session", self.coord.ensure_session)
+        if not ok:
+            return
+        if renewed and not self._rejoin():
+            return
+        self._attempt("leadership", lambda: self.leadership.update(self.view))
+        ok, job = self._attempt("snapshot", self.coord.snapshot)
+        if not ok or job is None:
+            return
+        self.view.job = job
+        self._follow_lighthouse(job.lighthouse)
+        self._publish_checkpoint()
+        self._attempt("record", self._update_record)
+
+    def _rejoin(self) -> bool:
+        """A new lease: register and re-claim on it, then let the old lease go."""
+        self.log.info("etcd_session_renewed", slot=self.view.slot)
+        ok, _ = self._attempt("register", self._register)
+        if not ok:
+            return False
+        held = self.view.slot
+        if held is not None:
+            ok, slot = self._attempt(
+                "reclaim", lambda: self.coord.claim_slot(self.cfg.job.max_replicas, preferred=held)
+            )
+            if not ok:
+                return False
+            if slot == held:
+                self.log.info("slot_reclaimed", slot=slot)
+            else:
+                self.log.warning("slot_lost", previous=held, now=slot)
+                self.view.slot = slot
+                self.events.append(Event.SLOT_LOST)
+        self._attempt("retire", self.coord.retire_leases)
+        return True
+
+    def _follow_lighthouse(self, address: str | None) -> None:
+        """Point the forwarder at the published address; a key briefly absent during a
+        leader change keeps the old target, and a malformed value is reported and ignored."""
+        if not address:
+            return
+        if parse_address(address) is None:
+            if address != self._bad_lighthouse:
+                self.log.error("lighthouse_address_invalid", value=str(address)[:200])
+                self._bad_lighthouse = address
+            return
+        self.view.lighthouse = address
+        self.forwarder.set_target(address)
+
+    def _register(self) -> None:
+        self._last_record = {}
+        self._update_record(force=True)
+
+    def _update_record(self, force: bool = False) -> None:
+        v = self.view
+        record = {
+            "host": self.cfg.advertise_host,
+            "http_port": self.http_port,
+            "pid": os.getpid(),
+            "version": __version__,
+            "group": v.slot,
+            "state": v.state.value,
+            "step": v.step,
+            "pids": v.pids,
+        }
+        now = time.monotonic()
+        changed = {k: x for k, x in record.items() if k != "step"} != {
+            k: x for k, x in self._last_record.items() if k != "step"
+        }
+        if (
+            force
+            or changed
+            or (record != self._last_record and now - self._record_at > RECORD_EVERY_S)
+        ):
+            self.coord.register(record)
+            self._last_record, self._record_at = record, now
+
+    def _publish_checkpoint(self) -> None:
+        """checkpoints/latest in etcd, from the main loop (rank threads only record it)."""
+        record = self.view.take_checkpoint()
+        if record is None:
+            return
+        ok, _ = self._attempt("checkpoint", lambda: self.coord.publish_checkpoint(record))
+        if ok:
+            self.log.info("checkpoint_published", step=record["step"], path=record["path"])
+        else:
+            self.view.return_checkpoint(record)
+
+    # ----------------------------------------------------------------- the job
+
+    def set_state(self, state: str, **extra: object) -> None:
+        """The job's persistent state (running, completed, failed); best effort."""
+        ok, _ = self._attempt(
+            "state",
+            lambda: self.coord.set_state(state, self.view.step, node=self.cfg.node_id, **extra),
+        )
+        if not ok:
+            self.log.warning("state_not_written", state=state)
+
+    def release(self) -> None:
+        """Give back the slot and leadership now, rather than after the lease TTL."""
+        self._retry_at = 0.0
+
+        def give_back() -> None:
+            self.leadership.resign(self.view)
+            if self.view.slot is not None:
+                self.coord.release_slot(self.view.slot)
+
+        ok, _ = self._attempt("release", give_back)
+        if not ok:
+            self.log.warning("release_deferred", note="the lease TTL frees them")
+
+    def take_events(self) -> list[Event]:
+        events, self.events = self.events, []
+        return events
+
+    def close(self) -> None:
+        self.leadership.stop()
+        self.forwarder.close()
+        try:
+            self.coord.close(revoke=True)
+        except Exception as e:
+            self.log.warning("etcd_close_failed", error=str(e))

@@ -1,0 +1,259 @@
+"""Transient faults must never stop a node for good; each review finding of the daemon has a test.
+
+Real etcd, real lighthouse, real ranks. Coordination errors are injected at the
+client (the etcd server is real); everything else is done to real processes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from daemon.children import free_port
+from daemon.config import load_daemon_config
+from daemon.coordination import (
+    CoordinationError,
+    Coordinator,
+    EtcdSettings,
+    EtcdUnavailable,
+    NotLeader,
+    SessionExpired,
+)
+from daemon.states import State
+from daemon.supervisor import Supervisor
+from tests.harness import DAEMON_JOB, Daemon, alive, start_daemon, wait_for
+
+pytestmark = pytest.mark.integration
+T = TypeVar("T")
+
+# The coordination errors a daemon meets, in the order each state gets them.
+ERRORS: list[tuple[str, Callable[[], CoordinationError]]] = [
+    ("not_leader", lambda: NotLeader("node 'x' is not the leader of job 'itest'.")),
+    (
+        "cas_conflict",
+        lambda: CoordinationError("the spec of job 'itest' keeps changing; try again."),
+    ),
+    ("lost_lease", lambda: SessionExpired("this node's etcd lease has expired.")),
+    ("unavailable", lambda: EtcdUnavailable("cannot reach etcd (injected).")),
+]
+
+
+class InjectingCoordinator(Coordinator):
+    """A real coordinator whose first etcd calls in each state fail, one error of each kind."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.state: Callable[[], State] = lambda: State.JOINING
+        self.injected: dict[State, list[str]] = {}
+
+    def _call(self, fn: Callable[[Any], T]) -> T:
+        done = self.injected.setdefault(self.state(), [])
+        if len(done) < len(ERRORS):
+            name, make = ERRORS[len(done)]
+            done.append(name)
+            if name == "lost_lease" and self._session is not None:
+                self._session.mark_gone()  # what the real client does on this error
+            raise make()
+        return super()._call(fn)
+
+
+def test_coordination_errors_in_every_state_never_stop_the_node(
+    tmp_path: Path, etcd_endpoint: str
+) -> None:
+    cfg = load_daemon_config(
+        DAEMON_JOB,
+        [
+            "node.http_port=0",
+            f"node.lighthouse_port={free_port()}",
+            f'node.run_dir="{tmp_path / "node"}"',
+            f'etcd.endpoints=["{etcd_endpoint}"]',
+            "node.restart_backoff_s=3",  # RESTARTING lasts long enough to meet every error
+            "metrics.enabled=false",  # in-process: no DaemonMetrics to create the directory
+            "train.steps=100000",
+        ],
+        "fault-node",
+    )
+    coord = InjectingCoordinator(
+        EtcdSettings([etcd_endpoint], timeout_s=2.0), cfg.job.name, cfg.node_id, 4
+    )
+    sup = Supervisor(cfg, coord)
+    coord.state = lambda: sup.view.state
+    codes: list[int] = []
+    os.environ["PHALANX_CHAOS_DELAY"] = "0.05"
+    try:
+        runner = threading.Thread(target=lambda: codes.append(sup.run()), daemon=True)
+        runner.start()
+        first = wait_for(lambda: sup.view.step > 3 and list(sup.view.pids), 120, "training")
+        os.kill(first[0], signal.SIGKILL)
+        wait_for(lambda: sup.view.restarts.get("rank_exit"), 30, "the restart")
+        wait_for(
+            lambda: (
+                sup.view.state == State.RUNNING and sup.view.step > 3 and sup.view.pids != first
+            ),
+            120,
+            "the restarted group to train",
+        )
+        sup.request_drain()
+        runner.join(60)
+    finally:
+        os.environ.pop("PHALANX_CHAOS_DELAY", None)
+        if sup.group is not None:
+            sup.group.kill()
+    assert codes == [0], sup.view.last_error
+    every_kind = [name for name, _ in ERRORS]
+    for state in (State.JOINING, State.CLAIMING, State.WAITING, State.RUNNING, State.RESTARTING):
+        assert coord.injected.get(state) == every_kind, (state, coord.injected)
+    # STOPPING and DRAINING last a tick or two: they meet at least the first error.
+    for state in (State.STOPPING, State.DRAINING):
+        assert coord.injected.get(state), (state, coord.injected)
+
+
+@pytest.fixture
+def one(tmp_path: Path, etcd_endpoint: str) -> Iterator[Callable[..., Daemon]]:
+    started: list[Daemon] = []
+
+    def start(*overrides: str, env: dict[str, str] | None = None, node: str = "n1") -> Daemon:
+        d = start_daemon(tmp_path, node, [etcd_endpoint], overrides=list(overrides), env=env)
+        started.append(d)
+        return d
+
+    yield start
+    for d in started:
+        d.stop()
+
+
+def job_state(endpoint: str) -> str | None:
+    observer = Coordinator(EtcdSettings([endpoint], timeout_s=2.0), "itest", "observer", 4)
+    try:
+        state = observer.snapshot().state
+        return None if state is None else str(state.get("state"))
+    finally:
+        observer.close(revoke=False)
+
+
+def test_a_group_ignoring_sigterm_is_stopped_without_stalling_the_loop(
+    one: Callable[..., Daemon],
+) -> None:
+    d = one("node.nproc=2", "parallel.dp_shard=2", "train.steps=100000")
+    pids = wait_for(
+        lambda: d.step() > 3 and len(d.rank_pids()) == 2 and d.rank_pids(), 120, "steps"
+    )
+    os.kill(pids[1], signal.SIGSTOP)  # this rank cannot act on SIGTERM
+    os.kill(pids[0], signal.SIGKILL)
+    seen: list[tuple[str, int]] = []
+    health: list[int] = []
+    deadline = time.monotonic() + 8
+    while time.monotonic() < deadline and not d.events("group_restarted"):
+        doc = d.require_status()
+        seen.append((doc["state"], doc["ticks"]))
+        health.append(d.get("/healthz")[0])
+        time.sleep(0.3)
+    stopping = [ticks for state, ticks in seen if state == "stopping"]
+    assert len(stopping) >= 3, seen  # SIGKILL comes only after the 5 s grace
+    assert stopping == sorted(stopping) and stopping[-1] > stopping[0], "the loop stood still"
+    assert set(health) == {200}
+    wait_for(lambda: d.events("group_restarted"), 30, "the restart after SIGKILL")
+    assert not alive(pids[1])
+
+
+def test_waiting_for_peers_does_not_burn_the_restart_budget(
+    tmp_path: Path, etcd_endpoint: str
+) -> None:
+    common = [
+        "job.min_replicas=2",
+        "node.max_restarts=0",  # any crash counted would end the node
+        "ft.quorum_timeout_s=10",  # longer than the 4 s lease: the peer's slot is gone by then
+        "ft.quorum_retries=0",
+        "train.steps=200",
+    ]
+    a = start_daemon(tmp_path, "node-a", [etcd_endpoint], overrides=common)
+    b = start_daemon(tmp_path, "node-b", [etcd_endpoint], overrides=common)
+    try:
+        wait_for(lambda: a.step() > 3 and b.step() > 3, 120, "both groups to train")
+        b.stop()  # SIGKILL the daemon and its ranks: the peer is gone for a while
+        wait_for(lambda: a.events("group_waiting_for_peers"), 90, "node-a to wait for peers")
+        wait_for(lambda: a.require_status()["state"] == "waiting", 10, "node-a in WAITING")
+        assert a.proc.popen.poll() is None and not a.events("node_failed")
+        b = start_daemon(tmp_path, "node-b", [etcd_endpoint], overrides=common, name="node-b-2")
+        assert a.wait(240) == 0, a.proc.tail()
+        assert b.wait(60) == 0, b.proc.tail()
+    finally:
+        a.stop()
+        b.stop()
+    assert a.require_status is not None and not a.events("node_failed")
+
+
+def _shift_heartbeats_back(run_dir: Path, seconds: float, until: float) -> None:
+    """What a wall clock stepped forward by `seconds` looks like to an mtime reader."""
+    while time.monotonic() < until:
+        for beat in (run_dir / "heartbeat").glob("rank-*"):
+            try:
+                st = beat.stat()
+                if st.st_mtime > time.time() - seconds / 2:
+                    os.utime(beat, (st.st_atime - seconds, st.st_mtime - seconds))
+            except OSError:
+                pass
+        time.sleep(0.02)
+
+
+def test_a_wall_clock_step_is_not_a_hang(tmp_path: Path, one: Callable[..., Daemon]) -> None:
+    d = one("node.hang_timeout_s=6", "train.steps=100000")
+    wait_for(lambda: d.step() > 3, 120, "training")
+    step = d.step()
+    _shift_heartbeats_back(tmp_path / "n1", 3600, time.monotonic() + 8)
+    assert not d.events("group_failed"), d.events("group_failed")
+    assert d.step() > step
+
+
+def test_a_malformed_rank_line_does_not_stop_its_reader(
+    tmp_path: Path, one: Callable[..., Daemon]
+) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os, sys\n"
+        "if os.environ.get('PHALANX_NODE'):\n"
+        '    sys.stdout.write(\'{"event": "train_step", "step": "not-a-number"}\\n\')\n'
+        "    sys.stdout.write(('x' * 999 + '\\n') * 200)  # more than a pipe holds\n"
+        "    sys.stdout.flush()\n"
+    )
+    d = one("train.steps=20", env={"PYTHONPATH": str(site)})
+    assert d.wait(120) == 0, d.proc.tail()
+    assert not d.events("group_failed")
+    unreadable = [e for e in d.events("rank_output") if "not-a-number" in str(e.get("line"))]
+    assert unreadable and unreadable[0].get("unreadable")
+
+
+def test_a_malformed_lighthouse_value_is_reported_and_ignored(
+    one: Callable[..., Daemon], etcd_endpoint: str
+) -> None:
+    d = one("train.steps=80")
+    wait_for(lambda: d.step() > 3, 120, "training")
+    assert job_state(etcd_endpoint) == "running"
+    writer = Coordinator(EtcdSettings([etcd_endpoint], timeout_s=2.0), "itest", "editor", 4)
+    try:
+        writer._call(lambda c: c.put("/phalanx/itest/lighthouse", '"no port here"'))
+    finally:
+        writer.close(revoke=False)
+    assert d.wait(120) == 0, d.proc.tail()
+    assert d.events("lighthouse_address_invalid")
+    assert job_state(etcd_endpoint) == "completed"
+
+
+def test_waiting_reports_what_it_waits_for_and_gives_up_with_exit_1(
+    one: Callable[..., Daemon], etcd_endpoint: str
+) -> None:
+    d = one("job.min_replicas=2", "node.wait_timeout_s=4")
+    assert d.wait(60) == 1, d.proc.tail()
+    waiting = d.events("waiting")
+    assert waiting and "1 of job.min_replicas=2" in waiting[-1]["waiting_for"]
+    failed = d.events("node_failed")
+    assert failed and "waited 4s for replica groups" in failed[0]["error"]
+    assert job_state(etcd_endpoint) == "failed"

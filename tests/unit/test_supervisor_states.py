@@ -1,0 +1,81 @@
+"""The supervisor's transition table: the code moves only along it, and its docstring shows it."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+
+import pytest
+
+from daemon import supervisor
+from daemon.states import TERMINAL, TRANSITIONS, IllegalTransition, State, allowed, diagram
+from daemon.view import NodeView
+
+# Helpers a handler may return through, and the state each one returns.
+HELPERS = {
+    "_done": State.DONE,
+    "_fail": State.FAILED,
+    "_stop": State.STOPPING,
+    "_drain": State.DRAINING,
+}
+
+
+def _returned_states(fn: ast.FunctionDef) -> set[State]:
+    """Every state a handler can return: `State.X` literals and the helpers above."""
+    out: set[State] = set()
+    for node in ast.walk(fn):
+        if not isinstance(node, ast.Return) or node.value is None:
+            continue
+        for sub in ast.walk(node.value):
+            named = isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name)
+            if named and sub.value.id == "State":  # type: ignore[attr-defined]
+                out.add(State[sub.attr])  # type: ignore[attr-defined]
+            helper = isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute)
+            if helper and sub.func.attr in HELPERS:  # type: ignore[attr-defined]
+                out.add(HELPERS[sub.func.attr])  # type: ignore[attr-defined]
+    return out
+
+
+def _moves_in_code() -> set[tuple[State, State]]:
+    tree = ast.parse(textwrap.dedent(inspect.getsource(supervisor.Supervisor)))
+    methods = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    moves = set()
+    for state in State:
+        handler = methods.get(f"_{state.value}")
+        if handler is None:
+            assert state in TERMINAL, f"no handler _{state.value} for {state.name}"
+            continue
+        moves |= {(state, to) for to in _returned_states(handler) if to != state}
+        if state not in TERMINAL and state != State.DRAINING:
+            moves.add((state, State.DRAINING))  # tick() drains every live state on SIGTERM
+    # tick() stops a RUNNING group whose slot was lost.
+    moves.add((State.RUNNING, State.STOPPING))
+    return moves
+
+
+def test_every_move_in_the_code_is_in_the_table_and_every_entry_is_used() -> None:
+    table = {(frm, to) for frm, targets in TRANSITIONS.items() for to in targets}
+    in_code = _moves_in_code()
+    assert in_code - table == set(), "handlers return states the table does not allow"
+    assert table - in_code == set(), "the table lists moves no handler makes"
+
+
+def test_the_docstring_diagram_is_the_table() -> None:
+    doc = supervisor.__doc__ or ""
+    assert textwrap.indent(diagram(), "    ") in doc
+
+
+def test_terminal_states_go_nowhere_and_draining_only_ends() -> None:
+    assert all(not TRANSITIONS[s] for s in TERMINAL)
+    assert TRANSITIONS[State.DRAINING] == {State.DONE}
+    assert allowed(State.RUNNING, State.RUNNING)
+    assert not allowed(State.DONE, State.RUNNING)
+
+
+def test_a_move_outside_the_table_raises(tmp_path: object) -> None:
+    sup = object.__new__(supervisor.Supervisor)  # only move() is exercised
+    sup.view = NodeView(state=State.DONE)
+    sup.note = {}
+    with pytest.raises(IllegalTransition, match="DONE -> RUNNING"):
+        sup.move(State.RUNNING)
