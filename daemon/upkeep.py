@@ -241,6 +241,12 @@ class EtcdUpkeep:
         if not ok:
             self.log.warning("state_not_written", state=state)
 
+    def fail_job(self, message: str) -> None:
+        """Mark the job failed, but only when no other node's group carries it on."""
+        job = self.view.job
+        if job is not None and set(job.groups.values()) <= {self.cfg.node_id}:
+            self.set_state("failed", error=message)
+
     def release(self) -> None:
         """Give back the slot and leadership now, rather than after the lease TTL."""
         self._retry_at = 0.0

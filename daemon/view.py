@@ -65,6 +65,15 @@ class NodeView:
             elif name in ("rank_failed", "bad_input"):
                 self.last_error = str(event.get("error"))
 
+    @property
+    def job_completed(self) -> bool:
+        return bool(self.job and self.job.state and self.job.state.get("state") == "completed")
+
+    def missing_groups(self, need: int) -> str | None:
+        """Whether fewer than `need` replica groups hold a slot (what is missing), or None."""
+        have = len(self.job.groups) if self.job is not None else 0
+        return None if have >= need else f"replica groups: {have} of job.min_replicas={need}"
+
     def take_checkpoint(self) -> dict[str, Any] | None:
         with self.lock:
             record, self.checkpoint_to_publish = self.checkpoint_to_publish, None

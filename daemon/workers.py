@@ -34,6 +34,7 @@ from typing import IO, Any
 from prometheus_client.multiprocess import mark_process_dead
 
 from daemon.children import die_with_parent, free_port, kill_tree
+from daemon.config import DaemonConfig
 from daemon.exits import RANK_BAD_INPUT, RANK_DRAINED
 
 RankEvent = Callable[[int, dict[str, Any]], None]
@@ -100,6 +101,28 @@ class GroupSpec:
     extra_env: dict[str, str]
     hang_timeout_s: float
     metrics_dir: Path | None  # PROMETHEUS_MULTIPROC_DIR, or None when metrics are off
+
+    @classmethod
+    def for_node(
+        cls, cfg: DaemonConfig, slot: int, lighthouse: str, config_path: Path
+    ) -> GroupSpec:
+        """The spec of this node's group in `slot`, from the daemon's config."""
+        node = cfg.node
+        return cls(
+            nproc=node.nproc,
+            slot=slot,
+            num_slots=cfg.job.max_replicas,
+            lighthouse=lighthouse,
+            config_path=config_path,
+            run_dir=cfg.run_dir,
+            min_replicas=cfg.job.min_replicas,
+            job=cfg.job.name,
+            node=cfg.node_id,
+            advertise_host=cfg.advertise_host,
+            extra_env=node.env,
+            hang_timeout_s=node.hang_timeout_s,
+            metrics_dir=cfg.metrics_dir if cfg.metrics.enabled else None,
+        )
 
 
 class WorkerGroup:

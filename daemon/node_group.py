@@ -1,0 +1,98 @@
+"""The supervisor's handle on this node's ranks: at most one :class:`WorkerGroup` at a time.
+
+It numbers the attempts, remembers why the current group is being stopped, keeps
+``view.pids`` in step with the live ranks, and logs each start. Each method does
+one thing and returns at once; the waiting (STOPPING, DRAINING) is the
+supervisor's, one :meth:`stopped` call per tick.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from daemon.config import DaemonConfig
+from daemon.view import NodeView
+from daemon.workers import ExitKind, GroupExit, GroupSpec, WorkerGroup
+from trainer import logs
+
+
+class NodeGroup:
+    def __init__(self, cfg: DaemonConfig, view: NodeView, rank_config: Path) -> None:
+        self.cfg = cfg
+        self.view = view
+        self.rank_config = rank_config
+        self.log = logs.get()
+        self.current: WorkerGroup | None = None
+        self.attempt = 0
+        self.cause: GroupExit | str | None = None  # why it is being stopped
+        self.restart_reason: str | None = None  # why the next start is a restart
+        self.last_codes: list[int | None] | None = None  # the exit codes of the last group
+
+    @property
+    def running(self) -> bool:
+        return self.current is not None
+
+    def start(self, slot: int, lighthouse: str) -> None:
+        self.attempt += 1
+        spec = GroupSpec.for_node(self.cfg, slot, lighthouse, self.rank_config)
+        self.current = WorkerGroup(spec, self.attempt, self._on_rank_event)
+        self.current.start()
+        self.view.pids = self.current.pids
+        fields = {"slot": slot, "attempt": self.attempt, "pids": self.current.pids}
+        if self.restart_reason is None:
+            self.log.info("group_started", master_port=self.current.master_port, **fields)
+        else:
+            self.log.info("group_restarted", reason=self.restart_reason, **fields)
+        self.restart_reason = None
+
+    def poll(self) -> GroupExit | None:
+        """The group's outcome, None while it runs; a completed group is reaped at once."""
+        assert self.current is not None
+        self.view.pids = self.current.pids
+        outcome = self.current.poll()
+        if outcome is not None and outcome.kind == ExitKind.COMPLETED:
+            self.kill()  # every rank has exited 0: this only reaps
+        return outcome
+
+    def stop(self, cause: GroupExit | str) -> None:
+        """Begin stopping for `cause`: SIGTERM, or SIGKILL at once for a hang."""
+        assert self.current is not None
+        self.cause = cause
+        if isinstance(cause, GroupExit) and cause.kind == ExitKind.HUNG:
+            self.current.kill()  # a hung rank may ignore SIGTERM
+            return
+        if isinstance(cause, str):
+            self.log.info("group_stopping", reason=cause)
+        self.current.request_stop()
+
+    def drain(self) -> None:
+        if self.current is not None:
+            self.current.request_stop()
+
+    def stopped(self, grace_s: float) -> bool:
+        """After stop or drain: True once no rank is left (SIGKILL after `grace_s`)."""
+        if self.current is not None and not self.current.stopped(grace_s):
+            return False
+        if self.current is not None:
+            outcome = self.current.poll()
+            self.last_codes = outcome.codes if outcome else None
+        self.current, self.view.pids = None, []
+        return True
+
+    def kill(self) -> None:
+        if self.current is not None:
+            self.current.kill()
+            outcome = self.current.poll()
+            self.last_codes = outcome.codes if outcome else None
+        self.current, self.view.pids = None, []
+
+    def take_cause(self) -> GroupExit | str:
+        cause, self.cause = self.cause, None
+        assert cause is not None, "stopped without a cause"
+        return cause
+
+    def _on_rank_event(self, rank: int, event: dict[str, Any]) -> None:
+        """Called from the rank output threads: track progress, then relay the event."""
+        self.view.track(event, self.cfg.node_id)
+        logs.relay(event)

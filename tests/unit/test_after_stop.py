@@ -1,0 +1,66 @@
+"""What a node does once its group has stopped: every branch of daemon.after_stop."""
+
+from __future__ import annotations
+
+from daemon.after_stop import SLOT_LOST, Verdict, after_stop
+from daemon.exits import EXIT_BAD_INPUT, EXIT_FAILED
+from daemon.restarts import RestartBudget
+from daemon.states import State
+from daemon.workers import ExitKind, GroupExit
+
+
+def _exit(kind: ExitKind, reason: str = "rank 1 exited with code 1") -> GroupExit:
+    return GroupExit(kind, [1, None], reason)
+
+
+def _decide(cause: GroupExit | str, **kw: object) -> Verdict:
+    args: dict[str, object] = {
+        "slot_held": True,
+        "missing_groups": None,
+        "budget": RestartBudget(max_restarts=3, window_s=60.0, backoff_s=1.0),
+        "now": 100.0,
+        "last_error": None,
+    }
+    args.update(kw)
+    return after_stop(cause, **args)  # type: ignore[arg-type]
+
+
+def test_a_lost_slot_waits_with_its_new_slot_or_claims_again() -> None:
+    assert _decide(SLOT_LOST).state == State.WAITING
+    assert _decide(SLOT_LOST, slot_held=False).state == State.CLAIMING
+
+
+def test_a_reason_given_by_the_node_ends_it() -> None:
+    v = _decide("the job completed elsewhere")
+    assert (v.state, v.reason) == (State.DONE, "the job completed elsewhere")
+
+
+def test_ranks_stopped_from_outside_fail_the_node_with_exit_1() -> None:
+    v = _decide(_exit(ExitKind.DRAINED))
+    assert (v.state, v.code) == (State.FAILED, EXIT_FAILED)
+    assert "outside the daemon" in v.error
+
+
+def test_bad_input_from_a_rank_fails_with_exit_2_and_the_ranks_message() -> None:
+    v = _decide(_exit(ExitKind.BAD_INPUT), last_error="model.dim must be even")
+    assert (v.state, v.code, v.error) == (State.FAILED, EXIT_BAD_INPUT, "model.dim must be even")
+
+
+def test_missing_peers_wait_without_spending_the_restart_budget() -> None:
+    budget = RestartBudget(max_restarts=1, window_s=60.0, backoff_s=1.0)
+    v = _decide(_exit(ExitKind.FAILED), missing_groups="replica groups: 1 of 2", budget=budget)
+    assert (v.state, v.reason) == (State.WAITING, "peers")
+    assert budget.total == 0
+
+
+def test_a_crash_or_a_hang_restarts_with_backoff_until_the_budget_is_spent() -> None:
+    budget = RestartBudget(max_restarts=2, window_s=60.0, backoff_s=1.0)
+    first = _decide(_exit(ExitKind.FAILED), budget=budget, now=10.0)
+    assert (first.state, first.reason, first.delay_s) == (State.RESTARTING, "rank_exit", 1.0)
+    second = _decide(_exit(ExitKind.HUNG, "rank 0 made no progress"), budget=budget, now=11.0)
+    assert (second.state, second.reason, second.delay_s) == (State.RESTARTING, "hang", 2.0)
+    third = _decide(_exit(ExitKind.FAILED), budget=budget, now=12.0, last_error="boom")
+    assert (third.state, third.code) == (State.FAILED, EXIT_FAILED)
+    assert third.error == "gave up after 2 restarts in 60s; last error: boom"
+    # The window slides: once the old restarts are out of it, restarting is allowed again.
+    assert _decide(_exit(ExitKind.FAILED), budget=budget, now=100.0).state == State.RESTARTING
