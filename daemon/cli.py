@@ -178,12 +178,12 @@ def status(cfg: DaemonConfig, as_json: bool) -> int:
             return EXIT_BAD_INPUT
         endpoints = [path.read_text().strip()]
     try:
-        coord = Coordinator(
-            etcd_settings(cfg, endpoints),
-            cfg.job.name,
-            f"status-{os.getpid()}",
-            cfg.etcd.lease_ttl_s,
-        )
+        settings = etcd_settings(cfg, endpoints)
+    except ConfigError as e:  # the password file
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        coord = Coordinator(settings, cfg.job.name, f"status-{os.getpid()}", cfg.etcd.lease_ttl_s)
         view = coord.snapshot()
         coord.close(revoke=False)
     except CoordinationError as e:

@@ -263,14 +263,62 @@ def _check_node(cfg: DaemonConfig, path: str | Path) -> None:
         taken[port] = field
 
 
-def _check_etcd(cfg: DaemonConfig, path: str | Path) -> None:
-    """The etcd settings of a job file; the etcd client parses endpoints with split_endpoint."""
-    etcd = cfg.etcd
-    if etcd.timeout_s >= etcd.lease_ttl_s:
-        raise ConfigError(
-            f"{path}: etcd.timeout_s ({etcd.timeout_s:g}) must be below etcd.lease_ttl_s "
-            f"({etcd.lease_ttl_s}), or one slow request outlives the lease; lower etcd.timeout_s."
+def check_etcd_settings(
+    endpoints: Sequence[str],
+    timeout_s: float,
+    lease_ttl_s: float,
+    job: str,
+    node_id: str,
+    user: str | None = None,
+    secret: str | None = None,
+    cert_file: str | None = None,
+    key_file: str | None = None,
+) -> None:
+    """The one check of etcd settings, for a job file and for a Coordinator built in code.
+
+    Raises ValueError naming the job-file field and the fix. ``secret`` is the
+    password (a Coordinator) or the password file (a job file): set with ``user``.
+    """
+    if not 2 <= lease_ttl_s <= 300:
+        raise ValueError(f"etcd.lease_ttl_s ({lease_ttl_s:g}) must be from 2 to 300 s")
+    if not 0 < timeout_s < lease_ttl_s:
+        raise ValueError(
+            f"etcd.timeout_s ({timeout_s:g}) must be above 0 and below etcd.lease_ttl_s "
+            f"({lease_ttl_s:g}), or one slow request outlives the lease; lower etcd.timeout_s"
         )
+    if bool(cert_file) != bool(key_file):
+        raise ValueError("etcd.cert_file and etcd.key_file go together; set both or neither")
+    if bool(user) != bool(secret):
+        raise ValueError("etcd.user and etcd.password_file go together; set both or neither")
+    for endpoint in endpoints:
+        try:
+            split_endpoint(endpoint)
+        except ValueError:
+            raise ValueError(
+                f"etcd.endpoints entry {endpoint!r} must be host:port with a port from 1 to 65535"
+            ) from None
+    for name, value in (("job.name", job), ("node id", node_id)):
+        if not NODE_ID.fullmatch(value):  # both are etcd key segments
+            raise ValueError(f"{name} {value!r} {NODE_ID_RULE}")
+
+
+def _check_etcd(cfg: DaemonConfig, path: str | Path) -> None:
+    """The etcd settings of a job file: the shared check, then the files it names."""
+    etcd = cfg.etcd
+    try:
+        check_etcd_settings(
+            etcd.endpoints,
+            etcd.timeout_s,
+            etcd.lease_ttl_s,
+            cfg.job.name,
+            cfg.node_id,
+            etcd.user,
+            etcd.password_file,
+            etcd.cert_file,
+            etcd.key_file,
+        )
+    except ValueError as e:
+        raise ConfigError(f"{path}: {e}.") from None
     for field in ("ca_file", "cert_file", "key_file", "password_file"):
         value = getattr(etcd, field)
         if value and not Path(value).is_file():
@@ -278,22 +326,6 @@ def _check_etcd(cfg: DaemonConfig, path: str | Path) -> None:
             raise ConfigError(
                 f"{path}: etcd.{field} {value} {what}; point it at the file or remove it."
             )
-    if bool(etcd.cert_file) != bool(etcd.key_file):
-        raise ConfigError(
-            f"{path}: etcd.cert_file and etcd.key_file go together; set both or neither."
-        )
-    if bool(etcd.user) != bool(etcd.password_file):
-        raise ConfigError(
-            f"{path}: etcd.user and etcd.password_file go together; set both or neither."
-        )
-    for endpoint in etcd.endpoints:
-        try:
-            split_endpoint(endpoint)
-        except ValueError:
-            raise ConfigError(
-                f"{path}: etcd.endpoints entry {endpoint!r} must be host:port "
-                "with a port from 1 to 65535."
-            ) from None
 
 
 def load_daemon_config(

@@ -28,6 +28,7 @@ from typing import Any
 import pyetcd
 from pyetcd import transactions as txn
 
+from daemon.config import check_etcd_settings
 from daemon.etcd_client import (
     CoordinationError,
     EtcdAccessDenied,
@@ -114,11 +115,16 @@ class Coordinator:
     """
 
     def __init__(self, settings: EtcdSettings, job: str, node_id: str, lease_ttl_s: int) -> None:
-        for name, value in (("job.name", job), ("node id", node_id)):
-            if not value or "/" in value:
-                raise CoordinationError(f"{name} '{value}' must be non-empty and contain no '/'.")
-        if lease_ttl_s < 2:
-            raise CoordinationError(f"the etcd lease TTL must be at least 2 s, got {lease_ttl_s}.")
+        if not settings.endpoints:
+            raise CoordinationError("no etcd endpoints configured; set etcd.endpoints.")
+        s = settings
+        try:  # the same check as a job file's (daemon.config)
+            check_etcd_settings(
+                s.endpoints, s.timeout_s, lease_ttl_s, job, node_id,
+                s.user, s.password, s.cert_file, s.key_file,
+            )  # fmt: skip
+        except ValueError as e:
+            raise CoordinationError(f"{e}.") from None
         self.settings = settings
         self.job = job
         self.node_id = node_id

@@ -80,7 +80,7 @@ class EtcdSettings:
     key_file: str | None = None
     user: str | None = None
     password: str | None = None
-    timeout_s: float = 5.0
+    timeout_s: float = 2.0  # below the lease TTL (daemon.config.check_etcd_settings)
 
 
 def _rpc_error(exc: BaseException) -> Any:
@@ -209,14 +209,7 @@ class _Connection:
     """
 
     def __init__(self, settings: EtcdSettings, timeout_s: float) -> None:
-        if not settings.endpoints:
-            raise CoordinationError("no etcd endpoints configured; set etcd.endpoints.")
-        if (settings.user is None) != (settings.password is None):
-            raise CoordinationError("etcd.user and etcd.password must be set together.")
-        if (settings.cert_file is None) != (settings.key_file is None):
-            raise CoordinationError("etcd.cert_file and etcd.key_file must be set together.")
-        for endpoint in settings.endpoints:
-            _split_endpoint(endpoint)
+        """`settings` were checked by the Coordinator (daemon.config.check_etcd_settings)."""
         self.settings = settings
         self.timeout_s = timeout_s
         self.endpoint = settings.endpoints[0]

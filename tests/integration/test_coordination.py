@@ -185,7 +185,7 @@ def test_close_frees_slot_and_leadership_at_once(make: MakeCoordinator) -> None:
 
 
 def test_lease_expiry_frees_slot_leader_and_lighthouse(make: MakeCoordinator) -> None:
-    a, b = make("a", ttl=2), make("b")
+    a, b = make("a", ttl=3), make("b")  # the TTL must exceed etcd.timeout_s (2 s)
     a.register({"host": "h"})
     assert a.claim_slot(2) == 0 and a.campaign()
     a.publish_lighthouse("127.0.0.1:29510")

@@ -151,6 +151,21 @@ def test_status_before_any_daemon_is_a_clear_error(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "etcd.endpoints" in proc.stderr
 
 
+def test_status_with_an_unusable_password_file_is_one_line(tmp_path: Path) -> None:
+    password = tmp_path / "password"
+    password.write_bytes(b"\xff\xfe")  # not UTF-8
+    proc = _phalanx(
+        "status",
+        "--config",
+        str(DAEMON_JOB),
+        *("--set", 'etcd.endpoints=["127.0.0.1:2379"]', "--set", "etcd.user=u"),
+        *("--set", f'etcd.password_file="{password}"'),
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert f"etcd.password_file {password}" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_trainer_module_is_not_imported_by_the_daemon() -> None:
     """The daemon stays light: importing its modules never loads torch."""
     code = "import sys, daemon.cli, daemon.supervisor, daemon.server, daemon.demo; print(json.dumps('torch' in sys.modules))"

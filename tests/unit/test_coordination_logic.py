@@ -22,7 +22,9 @@ from daemon.coordination import (
     translate_error,
 )
 
-SETTINGS = EtcdSettings(endpoints=["127.0.0.1:2379"], ca_file="/etc/ca.pem", user="u", password="p")
+SETTINGS = EtcdSettings(
+    endpoints=["127.0.0.1:2379"], ca_file="/etc/ca.pem", user="u", password="p", timeout_s=5.0
+)
 
 
 class FakeRpcError(grpc.RpcError):  # type: ignore[misc]
@@ -101,9 +103,10 @@ def test_pyetcd_wrapped_error_uses_the_grpc_context() -> None:
     ("settings", "phrase"),
     [
         (EtcdSettings(endpoints=[]), "set etcd.endpoints"),
-        (EtcdSettings(endpoints=["no-port"]), "is not host:port"),
-        (EtcdSettings(endpoints=["h:1"], user="u"), "set together"),
-        (EtcdSettings(endpoints=["h:1"], cert_file="c.pem"), "set together"),
+        (EtcdSettings(endpoints=["no-port"]), "must be host:port"),
+        (EtcdSettings(endpoints=["h:1"], user="u"), "go together"),
+        (EtcdSettings(endpoints=["h:1"], cert_file="c.pem"), "go together"),
+        (EtcdSettings(endpoints=["h:1"], timeout_s=5.0), r"below etcd.lease_ttl_s \(5\)"),
     ],
 )
 def test_bad_settings_are_reported_before_connecting(settings: EtcdSettings, phrase: str) -> None:
@@ -111,10 +114,16 @@ def test_bad_settings_are_reported_before_connecting(settings: EtcdSettings, phr
         Coordinator(settings, "demo", "a", 5)
 
 
-@pytest.mark.parametrize(("job", "node"), [("", "a"), ("a/b", "a"), ("demo", "x/y")])
+@pytest.mark.parametrize(("job", "node"), [("", "a"), ("a/b", "a"), ("demo", "x/y"), ("d", "..")])
 def test_bad_names_are_rejected(job: str, node: str) -> None:
-    with pytest.raises(CoordinationError, match="contain no '/'"):
+    with pytest.raises(CoordinationError, match="must start with a letter or digit"):
         Coordinator(EtcdSettings(endpoints=["h:1"]), job, node, 5)
+
+
+def test_lease_ttl_bounds_are_the_job_files() -> None:
+    for ttl in (1, 301):
+        with pytest.raises(CoordinationError, match=r"etcd.lease_ttl_s .* must be from 2 to 300"):
+            Coordinator(EtcdSettings(endpoints=["h:1"], timeout_s=0.5), "demo", "a", ttl)
 
 
 def test_unreadable_ca_file_is_a_clear_error() -> None:
