@@ -124,15 +124,27 @@ def test_unsharded_groups_survive_kills_at_every_moment(tmp_path: Path) -> None:
     )
 
 
-def test_killing_one_rank_fails_its_group_fast(tmp_path: Path) -> None:
-    """SIGKILL one rank of a 2-rank group: its peer exits non-zero before its timeout; the other group goes on."""
+def test_killing_one_rank_fails_its_group_and_the_other_goes_on(tmp_path: Path) -> None:
+    """SIGKILL one rank of a 2-rank group: its peer exits non-zero (it never hangs or exits 0),
+    and the other group goes on alone.
+
+    How soon the peer exits depends on where the kill lands: inside a gloo collective
+    it fails at once; waiting in torchft's should_commit or quorum it fails when that
+    call's configured timeout expires. So the bound is those timeouts (plus time to
+    exit on a loaded machine), not a race. With a daemon, the group is stopped within a
+    tick of the rank's exit anyway."""
     timeout_s = 20
     lighthouse = start_lighthouse(tmp_path)
     common = dict(
         num_groups=2,
         nproc=2,
         lighthouse=lighthouse.address,
-        overrides=["parallel.dp_shard=2", "train.steps=100000", f"ft.timeout_s={timeout_s}"],
+        overrides=[
+            "parallel.dp_shard=2",
+            "train.steps=100000",
+            f"ft.timeout_s={timeout_s}",
+            f"ft.quorum_timeout_s={timeout_s}",
+        ],
         env={"PHALANX_CHAOS_DELAY": "0.02"},
     )
     survivor = launch_group(CONFIG, tmp_path, group=0, **common)  # type: ignore[arg-type]
@@ -144,7 +156,7 @@ def test_killing_one_rank_fails_its_group_fast(tmp_path: Path) -> None:
             "both groups to step together",
         )
         victim.ranks[1].popen.send_signal(signal.SIGKILL)
-        code = victim.ranks[0].wait(timeout_s)
+        code = victim.ranks[0].wait(timeout_s + 30)
         assert code not in (0, None)
         assert victim.ranks[0].events("rank_failed"), victim.ranks[0].tail()
         killed_at = _last_step(survivor)
