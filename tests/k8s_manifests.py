@@ -1,0 +1,261 @@
+"""The Kubernetes manifests in ops/k8s, loaded, and every disagreement between them and
+the job file they carry, as sentences (:func:`consistency_problems`)."""
+
+from __future__ import annotations
+
+import itertools
+import tomllib
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import yaml
+
+from daemon.config import DaemonConfig
+from trainer.config import validate
+
+ROOT = Path(__file__).resolve().parents[1]
+K8S = ROOT / "ops" / "k8s"
+
+Doc = dict[str, Any]
+Manifests = dict[str, list[Doc]]
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_manifests() -> Manifests:
+    return {
+        path.name: [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+        for path in sorted(K8S.glob("*.yaml"))
+        if path.name != "kustomization.yaml"
+    }
+
+
+def find(m: Manifests, kind: str, name: str) -> Doc:
+    hits = [d for docs in m.values() for d in docs if d["kind"] == kind]
+    named = [d for d in hits if d["metadata"]["name"] == name]
+    assert len(named) == 1, (
+        f"expected one {kind} {name}, found {[d['metadata']['name'] for d in hits]}"
+    )
+    return named[0]
+
+
+def job_file(m: Manifests) -> DaemonConfig:
+    """The ConfigMap's job file as the daemon reads it (defaults filled in).
+
+    Schema only: the TLS files it names exist inside the pods, not here.
+    """
+    text = find(m, "ConfigMap", "phalanx-job")["data"]["job.toml"]
+    return validate(DaemonConfig, tomllib.loads(text), "configmap.yaml job.toml")
+
+
+def lighthouse_port(cfg: DaemonConfig) -> int:
+    """Where the leader's lighthouse listens: node.lighthouse_port (or a lighthouse.port)."""
+    port = getattr(cfg.node, "lighthouse_port", None) or getattr(cfg.lighthouse, "port", None)
+    assert isinstance(port, int)
+    return port
+
+
+def container(sts: Doc) -> Doc:
+    containers: list[Doc] = sts["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return containers[0]
+
+
+def container_port(c: Doc, port: int | str) -> int | None:
+    """A probe's or Service's target port as a number (resolving port names)."""
+    if isinstance(port, int):
+        return port
+    for p in c.get("ports", []):
+        if p.get("name") == port:
+            return int(p["containerPort"])
+    return None
+
+
+def service_target(svc: Doc, c: Doc, name: str) -> tuple[int | None, int | None]:
+    """(Service port, container port it targets) of the Service port called ``name``."""
+    for p in svc["spec"]["ports"]:
+        if p["name"] == name:
+            return p["port"], container_port(c, p.get("targetPort", p["port"]))
+    return None, None
+
+
+def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def flag_values(args: list[str]) -> dict[str, str]:
+    return dict(a.removeprefix("--").split("=", 1) for a in args if a.startswith("--") and "=" in a)
+
+
+def under(path: str, parent: str) -> bool:
+    return PurePosixPath(path).is_relative_to(PurePosixPath(parent))
+
+
+def url_port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+# --------------------------------------------------------------------------- consistency
+
+
+def consistency_problems(m: Manifests) -> list[str]:
+    """Every disagreement between the manifests and the job file, as sentences."""
+    problems: list[str] = []
+
+    def check(ok: bool, problem: str) -> None:
+        if not ok:
+            problems.append(problem)
+
+    cfg = job_file(m)
+    node = cfg.node
+    sts = find(m, "StatefulSet", "phalanx")
+    pod = sts["spec"]["template"]
+    spec, labels = pod["spec"], pod["metadata"]["labels"]
+    c = container(sts)
+    svc = find(m, "Service", sts["spec"]["serviceName"])
+    http_port = node.http_port
+
+    # Pods, Service and StatefulSet select each other.
+    check(selects(sts["spec"]["selector"]["matchLabels"], labels), "StatefulSet selector")
+    check(svc["spec"].get("clusterIP") == "None", "the pods' Service is not headless")
+    check(svc["spec"].get("publishNotReadyAddresses") is True, "not-ready pods are not published")
+    check(selects(svc["spec"]["selector"], labels), "the Service does not select the pods")
+
+    # HTTP port: job file, container, probes, Service, annotations, ServiceMonitor.
+    check(
+        container_port(c, "http") == http_port, f"container port http != node.http_port {http_port}"
+    )
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        get = c.get(probe, {}).get("httpGet", {})
+        check(get.get("path") == path, f"{probe} path is {get.get('path')}, not {path}")
+        check(container_port(c, get.get("port", -1)) == http_port, f"{probe} port != {http_port}")
+    check(service_target(svc, c, "http") == (http_port, http_port), "Service port http")
+    notes = pod["metadata"].get("annotations", {})
+    check(notes.get("prometheus.io/scrape") == "true", "prometheus.io/scrape is not 'true'")
+    check(notes.get("prometheus.io/port") == str(http_port), "prometheus.io/port != http port")
+    check(notes.get("prometheus.io/path") == "/metrics", "prometheus.io/path != /metrics")
+    mon = find(m, "ServiceMonitor", "phalanx")
+    check(selects(mon["spec"]["selector"]["matchLabels"], svc["metadata"]["labels"]), "monitor")
+    for ep in mon["spec"]["endpoints"]:
+        target = service_target(svc, c, ep.get("port", ""))[1]
+        check(target == http_port, f"ServiceMonitor port {ep.get('port')} is not the http port")
+        check(ep.get("path") == "/metrics", "ServiceMonitor path != /metrics")
+
+    # Lighthouse port.
+    lh_port = lighthouse_port(cfg)
+    check(
+        container_port(c, "lighthouse") == lh_port,
+        "container port lighthouse != the lighthouse port",
+    )
+    check(service_target(svc, c, "lighthouse") == (lh_port, lh_port), "Service port lighthouse")
+
+    # Drain, GPUs, replicas, disruption budget, anti-affinity.
+    grace = node.drain_grace_s
+    check(spec.get("terminationGracePeriodSeconds", 30) > grace, "grace period <= drain_grace_s")
+    gpus = c["resources"]["limits"].get("nvidia.com/gpu")
+    check(gpus == node.nproc, f"nvidia.com/gpu limit {gpus} != node.nproc")
+    check(node.device == "cuda", "node.device is not cuda on GPU pods")
+    replicas = sts["spec"]["replicas"]
+    check(replicas == cfg.job.max_replicas, "replicas != job.max_replicas")
+    pdb = find(m, "PodDisruptionBudget", "phalanx")
+    check(selects(pdb["spec"]["selector"]["matchLabels"], labels), "the PDB does not select pods")
+    lowest = replicas - pdb["spec"].get(
+        "maxUnavailable", replicas - pdb["spec"].get("minAvailable", 0)
+    )
+    check(lowest >= cfg.job.min_replicas, "the PDB lets the job drop below min_replicas")
+    terms = spec["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    check(
+        any(
+            t["topologyKey"] == "kubernetes.io/hostname"
+            and selects(t["labelSelector"]["matchLabels"], labels)
+            for t in terms
+        ),
+        "no required anti-affinity of the pods on kubernetes.io/hostname",
+    )
+
+    # Identity: node id and advertised name from the downward API.
+    env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in c["env"]}
+    check(env.get("POD_NAME") == "metadata.name", "POD_NAME is not the pod name")
+    check(env.get("POD_NAMESPACE") == "metadata.namespace", "POD_NAMESPACE is not the namespace")
+    args: list[str] = c["args"]
+    check(args[:1] == ["run"] and "--node-id" in args, "args do not run with --node-id")
+    if "--node-id" in args:
+        check(args[args.index("--node-id") + 1] == "$(POD_NAME)", "--node-id is not $(POD_NAME)")
+    host = f"node.advertise_host=$(POD_NAME).{svc['metadata']['name']}.$(POD_NAMESPACE).svc"
+    check(any(a == "--set" and b == host for a, b in itertools.pairwise(args)), host)
+
+    # Volumes: job file, checkpoints, run dir, etcd client TLS.
+    mounts = {v["name"]: v for v in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+
+    def mount_of(kind: str, ref: str, name: str) -> Doc:
+        hits = [mounts[v] for v, d in volumes.items() if d.get(kind, {}).get(ref) == name]
+        check(len(hits) == 1, f"{kind} {name} is not mounted once")
+        return hits[0] if hits else {"mountPath": "/nonexistent"}
+
+    config = args[args.index("--config") + 1] if "--config" in args else ""
+    cm_mount = mount_of("configMap", "name", "phalanx-job")["mountPath"]
+    check(config == f"{cm_mount}/job.toml", f"--config {config} is not the ConfigMap's job.toml")
+    pvc_name = find(m, "PersistentVolumeClaim", "phalanx-checkpoints")["metadata"]["name"]
+    pvc = find(m, "PersistentVolumeClaim", pvc_name)
+    check("ReadWriteMany" in pvc["spec"]["accessModes"], "the checkpoint claim is not RWX")
+    ckpt = mount_of("persistentVolumeClaim", "claimName", pvc_name)["mountPath"]
+    check(under(cfg.checkpoint.dir or "", ckpt), "checkpoint.dir is not on the shared claim")
+    writable = [mt["mountPath"] for mt in mounts.values() if not mt.get("readOnly")]
+    check(any(under(str(cfg.run_dir), w) for w in writable), "node.run_dir is not writable")
+    tls = mount_of("secret", "secretName", "phalanx-etcd-client-tls")["mountPath"]
+    for key in ("ca_file", "cert_file", "key_file"):
+        path = getattr(cfg.etcd, key) or ""
+        check(under(path, tls), f"etcd.{key} is not in the client TLS Secret")
+
+    # Non-root.
+    pod_sc, c_sc = spec.get("securityContext", {}), c.get("securityContext", {})
+    check(pod_sc.get("runAsNonRoot") is True and pod_sc.get("runAsUser", 0) > 0, "runs as root")
+    check(c_sc.get("allowPrivilegeEscalation") is False, "privilege escalation allowed")
+
+    problems.extend(etcd_problems(m, cfg))
+    return problems
+
+
+def etcd_problems(m: Manifests, cfg: DaemonConfig) -> list[str]:
+    problems: list[str] = []
+    sts = find(m, "StatefulSet", "phalanx-etcd")
+    name, service = sts["metadata"]["name"], sts["spec"]["serviceName"]
+    svc = find(m, "Service", service)
+    c = container(sts)
+    flags = flag_values(c["args"])
+    bare = {a.removeprefix("--") for a in c["args"] if a.startswith("--") and "=" not in a}
+    members = [f"{name}-{i}" for i in range(sts["spec"]["replicas"])]
+    client = container_port(c, "client")
+    peer = container_port(c, "peer")
+
+    if svc["spec"].get("clusterIP") != "None" or not svc["spec"].get("publishNotReadyAddresses"):
+        problems.append("the etcd Service must be headless and publish not-ready members")
+    if sts["spec"].get("podManagementPolicy") != "Parallel":
+        problems.append("etcd members must start in parallel to bootstrap")
+    endpoints = cfg.etcd.endpoints
+    expected = [f"{member}.{service}:{client}" for member in members]
+    if endpoints != expected:
+        problems.append(f"etcd.endpoints {endpoints} are not the members {expected}")
+    if url_port(flags.get("listen-client-urls", ":0")) != client:
+        problems.append("etcd listens for clients on another port than its client port")
+    cluster = dict(e.split("=", 1) for e in flags.get("initial-cluster", "").split(",") if e)
+    peer_urls = [f"https://{mb}.{service}.$(POD_NAMESPACE).svc:{peer}" for mb in members]
+    if cluster != dict(zip(members, peer_urls, strict=True)):
+        problems.append(f"--initial-cluster {cluster} does not list the members {members}")
+    for key in ("client-cert-auth", "peer-client-cert-auth"):
+        if flags.get(key) != "true" and key not in bare:
+            problems.append(f"etcd runs without --{key}")
+    mounts = [mt["mountPath"] for mt in c["volumeMounts"]]
+    for key in ("trusted-ca-file", "cert-file", "key-file"):
+        for prefix in ("", "peer-"):
+            path = flags.get(prefix + key, "")
+            if not any(under(path, mp) for mp in mounts):
+                problems.append(f"--{prefix}{key}={path} is not in a mounted Secret")
+    metrics = url_port(flags.get("listen-metrics-urls", ":0"))
+    for probe in ("livenessProbe", "readinessProbe"):
+        port = container_port(c, c[probe]["httpGet"]["port"])
+        if port != metrics:
+            problems.append(f"etcd {probe} port {port} != metrics port {metrics}")
+    return problems
