@@ -36,6 +36,7 @@ from prometheus_client.multiprocess import mark_process_dead
 from daemon.children import die_with_parent, free_port, kill_tree
 from daemon.config import DaemonConfig
 from daemon.exits import RANK_BAD_INPUT, RANK_DRAINED
+from daemon.netif import interface_for
 
 RankEvent = Callable[[int, dict[str, Any]], None]
 # torchft's Rust side logs `2026-01-01T00:00:00.000 [INFO] [torchft::manager] - text`.
@@ -151,7 +152,7 @@ class WorkerGroup:
             "WORLD_SIZE": str(s.nproc),
             "LOCAL_WORLD_SIZE": str(s.nproc),
             "GROUP_RANK": "0",
-            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_ADDR": s.advertise_host,  # rank 0 hosts the store; torchft publishes it to peers
             "MASTER_PORT": str(self.master_port),
             "REPLICA_GROUP_ID": str(s.slot),
             "NUM_REPLICA_GROUPS": str(s.num_slots),
@@ -167,6 +168,10 @@ class WorkerGroup:
         }
         if s.metrics_dir is not None:
             env["PROMETHEUS_MULTIPROC_DIR"] = str(s.metrics_dir)
+        interface = interface_for(s.advertise_host)
+        if interface is not None:  # peers on other hosts must reach gloo/NCCL at this address
+            env.setdefault("GLOO_SOCKET_IFNAME", interface)
+            env.setdefault("NCCL_SOCKET_IFNAME", interface)
         # torchrun's marker and systemd's notify socket belong to the daemon, not its ranks.
         for inherited in ("TORCHELASTIC_RUN_ID", "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
             env.pop(inherited, None)

@@ -22,6 +22,7 @@ from typing import Any
 
 from daemon.children import descendants
 from daemon.children import free_port as free_port  # re-exported for the tests
+from tests.netns import Host
 
 # The daemon's own helpers: /proc walking (not process groups) and free ports.
 children = descendants
@@ -229,6 +230,7 @@ class Daemon:
     proc: Proc
     node_id: str
     http_port: int
+    host: str = "127.0.0.1"  # where its HTTP server answers (a test host's address)
 
     @property
     def pid(self) -> int:
@@ -243,7 +245,7 @@ class Daemon:
 
         try:
             with urllib.request.urlopen(
-                f"http://127.0.0.1:{self.http_port}/status", timeout=2
+                f"http://{self.host}:{self.http_port}/status", timeout=2
             ) as r:
                 doc: dict[str, Any] = json.loads(r.read())
                 return doc
@@ -255,7 +257,8 @@ class Daemon:
         import urllib.request
 
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}{path}", timeout=2) as r:
+            url = f"http://{self.host}:{self.http_port}{path}"
+            with urllib.request.urlopen(url, timeout=2) as r:
                 return int(r.status), r.read().decode()
         except urllib.error.HTTPError as e:
             return int(e.code), e.read().decode()
@@ -288,21 +291,28 @@ def start_daemon(
     overrides: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
     name: str | None = None,
+    host: Host | None = None,
 ) -> Daemon:
-    """`phalanx run` for one node with its own ports and run directory."""
+    """`phalanx run` for one node with its own ports and run directory; on `host` (a
+    network namespace of tests.netns) it advertises and serves HTTP on the host's address."""
     http_port = free_port()
     settings = [
         f"node.http_port={http_port}",
         f"node.lighthouse_port={free_port()}",
         f'node.run_dir="{log_dir / node_id}"',
     ]
+    if host is not None:
+        settings += [f'node.advertise_host="{host.address}"', f'node.http_host="{host.address}"']
     if endpoints is not None:
         settings.append(f"etcd.endpoints={json.dumps(list(endpoints))}")
     argv = [str(BIN / "phalanx"), "run", "--config", str(config), "--node-id", node_id]
     for o in [*settings, *overrides]:
         argv += ["--set", o]
+    if host is not None:
+        argv = host.argv(argv)
     full_env = {"OMP_NUM_THREADS": "1", "PHALANX_CHAOS_DELAY": "0.05", **(env or {})}
-    return Daemon(start(argv, log_dir, name or node_id, full_env), node_id, http_port)
+    proc = start(argv, log_dir, name or node_id, full_env)
+    return Daemon(proc, node_id, http_port, host.address if host else "127.0.0.1")
 
 
 def event_time(event: Event) -> float:

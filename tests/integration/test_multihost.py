@@ -1,0 +1,136 @@
+"""Phalanx across hosts: each host a network namespace with its own address and loopback.
+
+etcd runs on a host of its own; every daemon advertises its host's address. Nothing
+here may work by accident of a shared 127.0.0.1: a rank that dials its own loopback
+for a peer's store finds nothing there.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from daemon.etcd_server import find_etcd_binary
+from tests import netns
+from tests.harness import Daemon, Proc, start, start_daemon, wait_for
+from tests.netns import Host, Network
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(netns.unavailable() is not None, reason=str(netns.unavailable())),
+]
+
+
+@pytest.fixture
+def network() -> Iterator[Network]:
+    net = Network()
+    try:
+        yield net
+    finally:
+        net.close()
+
+
+def etcd_on(host: Host, data: Path) -> Proc:
+    """One etcd member on `host`, clients served on the host's address (port 2379)."""
+    url = f"http://{host.address}:2379"
+    argv = host.argv(
+        [
+            find_etcd_binary(),
+            f"--data-dir={data / 'etcd'}",
+            f"--listen-client-urls={url}",
+            f"--advertise-client-urls={url}",
+            "--listen-peer-urls=http://127.0.0.1:2380",
+            "--initial-advertise-peer-urls=http://127.0.0.1:2380",
+            "--initial-cluster=default=http://127.0.0.1:2380",
+        ]
+    )
+    return start(argv, data, "etcd")
+
+
+def digest(d: Daemon) -> str:
+    done = d.events("train_done")
+    assert done, d.proc.tail()
+    return str(done[0]["params_sha256"])
+
+
+def test_two_hosts_train_heal_a_killed_group_and_agree(tmp_path: Path, network: Network) -> None:
+    """One group per host: both train together across the bridge; host b's ranks are
+    SIGKILLed; its daemon restarts them and they heal from host a; both end equal."""
+    etcd_host, a_host, b_host = (network.add_host(n) for n in ("etcd", "a", "b"))
+    etcd = etcd_on(etcd_host, tmp_path)
+    endpoint = f"{etcd_host.address}:2379"
+    overrides = ["train.steps=160", "ft.timeout_s=20", "ft.quorum_timeout_s=30"]
+    a = b = None
+    try:
+        a = start_daemon(tmp_path, "node-a", [endpoint], overrides=overrides, host=a_host)
+        b = start_daemon(tmp_path, "node-b", [endpoint], overrides=overrides, host=b_host)
+        together = wait_for(
+            lambda: [e for e in b.events("train_step") if e.get("participants") == 2],
+            180,
+            "both hosts' groups to commit a step together",
+        )
+        assert together
+        os.kill(b.rank_pids()[0], signal.SIGKILL)
+        wait_for(lambda: b.events("group_restarted"), 60, "host b's group to restart")
+        wait_for(lambda: b.events("heal_done"), 120, "host b's group to heal from host a")
+        assert a.wait(240) == 0, a.proc.tail()
+        assert b.wait(120) == 0, b.proc.tail()
+        assert not a.events("group_restarted"), "host a's group was restarted"
+        assert digest(a) == digest(b)
+    finally:
+        for d in (a, b):
+            if d is not None:
+                d.stop()
+        etcd.stop()
+
+
+def test_three_hosts_lose_the_leaders_host_and_the_others_never_restart(
+    tmp_path: Path, network: Network
+) -> None:
+    """SIGKILL the leader host's daemon (its ranks die with it): another host starts a
+    lighthouse and leads; the two other hosts' ranks train on, never restarted."""
+    etcd_host = network.add_host("etcd")
+    hosts = [network.add_host(n) for n in ("a", "b", "c")]
+    etcd = etcd_on(etcd_host, tmp_path)
+    endpoint = f"{etcd_host.address}:2379"
+    overrides = [
+        "job.max_replicas=3",
+        "train.steps=220",
+        "ft.timeout_s=20",
+        "ft.quorum_timeout_s=30",
+    ]
+    daemons: list[Daemon] = []
+    try:
+        for h in hosts:
+            node = f"node-{h.name}"
+            daemons.append(start_daemon(tmp_path, node, [endpoint], overrides=overrides, host=h))
+        wait_for(
+            lambda: all(
+                any(e.get("participants") == 3 for e in d.events("train_step")) for d in daemons
+            ),
+            180,
+            "three hosts' groups to commit a step together",
+        )
+        leader = next(d for d in daemons if d.require_status()["leader"])
+        others = [d for d in daemons if d is not leader]
+        pids = {d.node_id: d.rank_pids() for d in others}
+        os.kill(leader.pid, signal.SIGKILL)
+        wait_for(
+            lambda: any(d.events("lighthouse_started") for d in others),
+            60,
+            "another host to start a lighthouse",
+        )
+        for d in others:
+            assert d.wait(240) == 0, d.proc.tail()
+    finally:
+        for d in daemons:
+            d.stop()
+        etcd.stop()
+    for d in others:
+        assert not d.events("group_restarted") and not d.events("group_failed"), d.node_id
+        assert d.events("group_started")[0]["pids"] == pids[d.node_id]
+    assert digest(others[0]) == digest(others[1])
