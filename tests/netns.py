@@ -17,6 +17,7 @@ for a skip.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import subprocess
@@ -24,6 +25,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
+
+_NETWORKS = itertools.count()  # each Network of this process gets its own names and /24
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -73,13 +76,15 @@ class Host:
 class Network:
     """A bridge and its hosts; close() removes every namespace and link it made."""
 
-    tag: str = field(default_factory=lambda: f"{os.getpid() % 10000:04d}")
     hosts: dict[str, Host] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        # A /24 per test process (10.X.Y.0/24 from the pid) so parallel suites never collide.
-        pid = os.getpid()
-        self.prefix = f"10.{200 + pid % 50}.{(pid // 50) % 250}"
+        # Names and a /24 (10.X.Y.0/24) from the pid and a per-process count, so neither a
+        # second network of this run (the last one's links may still be going away) nor a
+        # parallel suite meets them. Interface names stay within Linux's 15 characters.
+        pid, n = os.getpid(), next(_NETWORKS)
+        self.tag = f"{pid % 10000:04d}{n % 100:02d}"
+        self.prefix = f"10.{200 + pid % 50}.{(pid // 50 + n) % 250}"
         self.bridge = f"phxbr{self.tag}"
         self.gateway = f"{self.prefix}.1"
         _ip("link", "add", self.bridge, "type", "bridge")
@@ -91,13 +96,13 @@ class Network:
         netns, veth = f"phx{self.tag}-{name}", f"phx{self.tag}v{index}"
         address = f"{self.prefix}.{index}"
         _ip("netns", "add", netns)
+        host = Host(name, netns, address, veth)
+        self.hosts[name] = host  # close() removes it even if a step below fails
         _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", netns)
         _ip("link", "set", veth, "master", self.bridge, "up")
         _ip("-n", netns, "addr", "add", f"{address}/24", "dev", "eth0")
         _ip("-n", netns, "link", "set", "eth0", "up")
         _ip("-n", netns, "link", "set", "lo", "up")
-        host = Host(name, netns, address, veth)
-        self.hosts[name] = host
         return host
 
     # ------------------------------------------------------------ partitions
@@ -120,6 +125,7 @@ class Network:
 
     def close(self) -> None:
         for host in self.hosts.values():
+            _ip("link", "del", host.veth, check=False)  # both ends go at once
             _ip("netns", "del", host.netns, check=False)
         _ip("link", "del", self.bridge, check=False)
         self.hosts.clear()

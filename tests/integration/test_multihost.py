@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -49,6 +50,36 @@ def etcd_on(host: Host, data: Path) -> Proc:
         ]
     )
     return start(argv, data, "etcd")
+
+
+def reaches(src: Host, dst: Host, port: int) -> bool:
+    """Whether a TCP connect from `src` to `dst`'s address succeeds within 1 s."""
+    code = f"import socket; socket.create_connection(('{dst.address}', {port}), timeout=1)"
+    return src.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_the_harness_cuts_and_heals_links(network: Network) -> None:
+    """Partition primitives: a cut drops one pair only, isolate drops a host from all."""
+    a, b, c = (network.add_host(n) for n in ("a", "b", "c"))
+    server = c.popen(
+        [sys.executable, "-c", f"import socket, time; s = socket.create_server(('{c.address}', 7000)); time.sleep(60)"]
+    )  # fmt: skip
+    try:
+        wait_for(lambda: reaches(a, c, 7000), 10, "host c's listener")
+        assert reaches(b, c, 7000)
+        network.cut(a, c)
+        assert not reaches(a, c, 7000) and reaches(b, c, 7000)
+        network.heal(a, c)
+        assert reaches(a, c, 7000)
+        network.isolate(c)
+        assert not reaches(a, c, 7000) and not reaches(b, c, 7000)
+        network.rejoin(c)
+        wait_for(lambda: reaches(a, c, 7000), 10, "host c back on the bridge")
+        # Each host's loopback is its own: c's listener is not on a's 127.0.0.1.
+        assert a.run([sys.executable, "-c", "import socket; socket.create_connection(('127.0.0.1', 7000), timeout=1)"]).returncode != 0  # fmt: skip
+    finally:
+        server.kill()
+        server.wait()
 
 
 def digest(d: Daemon) -> str:
