@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -33,8 +34,10 @@ from trainer.mesh import Layout
 from trainer.model import Transformer
 from trainer.optim import clip_grad_norm
 from trainer.parallelize import autocast_dtype
-from trainer.pipeline import Schedule
 from trainer.state import TrainState, local
+
+if TYPE_CHECKING:  # torch.distributed.pipelining is imported only by pipelined runs
+    from trainer.pipeline import Schedule
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

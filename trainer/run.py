@@ -25,7 +25,6 @@ from trainer.metrics import TrainMetrics
 from trainer.model import Transformer, build_model
 from trainer.optim import build_optimizer, build_scheduler, init_optimizer_state
 from trainer.parallelize import parallelize
-from trainer.pipeline import build_schedule, build_stage_models
 from trainer.state import TrainState
 
 EXIT_DRAINED = 128 + signal.SIGTERM
@@ -43,6 +42,9 @@ def run(cfg: TrainerConfig, env: RankEnv) -> int:
     touch(env.heartbeat)
 
     if cfg.parallel.pp > 1:
+        # Imported here: torch.distributed.pipelining adds about 0.5 s to every rank's start.
+        from trainer.pipeline import build_schedule, build_stage_models
+
         stages = build_stage_models(cfg, layout)
     else:
         stages = [(0, build_model(cfg.model, cfg.train.seed))]

@@ -200,7 +200,7 @@ def test_waiting_for_peers_does_not_burn_the_restart_budget(
         "node.max_restarts=0",  # any crash counted would end the node
         "ft.quorum_timeout_s=10",  # longer than the 4 s lease: the peer's slot is gone by then
         "ft.quorum_retries=0",
-        "train.steps=200",
+        "train.steps=80",  # enough to train before the kill and to finish together after it
     ]
     a = start_daemon(tmp_path, "node-a", [etcd_endpoint], overrides=common)
     b = start_daemon(tmp_path, "node-b", [etcd_endpoint], overrides=common)
@@ -263,7 +263,7 @@ def test_a_malformed_rank_line_does_not_stop_its_reader(
 def test_a_malformed_lighthouse_value_is_reported_and_ignored(
     one: Callable[..., Daemon], etcd_endpoint: str
 ) -> None:
-    d = one("train.steps=80")
+    d = one("train.steps=50")
     wait_for(lambda: d.step() > 3, 120, "training")
     assert job_state(etcd_endpoint) == "running"
     writer = Coordinator(EtcdSettings([etcd_endpoint], timeout_s=2.0), "itest", "editor", 4)
