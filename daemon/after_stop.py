@@ -17,6 +17,7 @@ from daemon.states import State
 from daemon.workers import ExitKind, GroupExit
 
 SLOT_LOST = "slot lost while etcd was away"
+FENCED_OUT = "fenced: the ranks' state may lie on a partition's losing side"
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,8 @@ def after_stop(
     """Where a node goes once its group has stopped for `cause` (an exit or a reason)."""
     if cause == SLOT_LOST:
         return Verdict(State.WAITING if slot_held else State.CLAIMING)
+    if cause == FENCED_OUT:  # a restart the node did not cause: outside the budget
+        return Verdict(State.WAITING if slot_held else State.CLAIMING, reason="fenced")
     if isinstance(cause, str):  # the job completed elsewhere, or another ending
         return Verdict(State.DONE, reason=cause)
     if cause.kind == ExitKind.DRAINED:  # a rank was told to stop by someone else

@@ -13,6 +13,7 @@ import sys
 from daemon.config import DaemonConfig, load_daemon_config, read_password
 from daemon.coordination import CoordinationError, Coordinator, EtcdSettings
 from daemon.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
+from daemon.identity import take_identity
 from trainer import logs
 from trainer.config import ConfigError, add_override_option
 
@@ -125,7 +126,11 @@ def run(cfg: DaemonConfig) -> int:
     try:
         try:
             coord = Coordinator(
-                etcd_settings(cfg, endpoints), cfg.job.name, cfg.node_id, cfg.etcd.lease_ttl_s
+                etcd_settings(cfg, endpoints),
+                cfg.job.name,
+                cfg.node_id,
+                cfg.etcd.lease_ttl_s,
+                take_identity(cfg.node_id, run_dir),
             )
         except CoordinationError as e:  # the settings themselves: bad input
             print(f"error: {e}", file=sys.stderr)

@@ -5,6 +5,11 @@ the job-file ``spec``, ``nodes/<node_id>`` records, replica-group slots
 ``groups/<gid>``, the ``leader`` and its ``lighthouse`` address, the newest
 ``checkpoints/latest`` and the job ``state``.
 
+Identity. Slot and leader values are ``{"node", "instance"}`` and the record
+carries the instance (``daemon.identity``): :meth:`Coordinator.register`
+refuses a node id that another daemon process holds (:class:`NodeIdHeld`), and
+claims keys of this node id from the process's predecessor.
+
 Sessions. A node's claims (record, slot, leadership, lighthouse) are bound to
 one etcd lease kept alive by ``etcd_client._Session``.
 :meth:`Coordinator.ensure_session` replaces a lost lease and returns True: the
@@ -17,12 +22,9 @@ configuration problem, :class:`SpecMismatch` refuses a node with another job fil
 
 from __future__ import annotations
 
-import hashlib
-import json
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import pyetcd
@@ -34,6 +36,7 @@ from daemon.etcd_client import (
     EtcdAccessDenied,
     EtcdSettings,
     EtcdUnavailable,
+    NodeIdHeld,
     NotLeader,
     SessionExpired,
     SpecMismatch,
@@ -41,6 +44,17 @@ from daemon.etcd_client import (
     _Connection,
     _Session,
     translate_error,
+)
+from daemon.identity import Identity, holder_of, new_instance
+from daemon.job_view import (
+    STATES,
+    JobView,
+    differing_sections,
+    dump,
+    json_dict,
+    mismatch_message,
+    parse_job,
+    spec_hash,
 )
 from trainer import logs
 
@@ -54,55 +68,12 @@ __all__ = [
     "EtcdSettings",
     "EtcdUnavailable",
     "JobView",
+    "NodeIdHeld",
     "NotLeader",
     "SessionExpired",
     "SpecMismatch",
     "translate_error",
 ]
-
-STATES = ("running", "completed", "failed")
-
-
-@dataclass(frozen=True)
-class JobView:
-    """A snapshot of ``/phalanx/<job>/``; JSON-able via ``dataclasses.asdict``."""
-
-    nodes: dict[str, dict[str, Any]]
-    groups: dict[int, str]
-    leader: str | None
-    lighthouse: str | None
-    checkpoint: dict[str, Any] | None
-    state: dict[str, Any] | None
-    spec: dict[str, Any] | None
-
-
-# --------------------------------------------------------------------------- errors
-
-
-def _dump(value: object) -> str:
-    """Canonical JSON: equal values give equal bytes, so transactions can compare values."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
-
-
-def spec_hash(sections: dict[str, str]) -> str:
-    """The overall hash of a job file's shared sections."""
-    return hashlib.sha256(_dump(sections).encode()).hexdigest()
-
-
-def differing_sections(old: dict[str, str], new: dict[str, str]) -> list[str]:
-    return sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
-
-
-def mismatch_message(job: str, sections: list[str]) -> str:
-    what = (
-        f"section {sections[0]} differs"
-        if len(sections) == 1
-        else f"sections {', '.join(sections)} differ"
-    )
-    return (
-        f"job '{job}' is running with a different job file: {what}; "
-        "use the same file on every node or another job.name."
-    )
 
 
 class Coordinator:
@@ -114,7 +85,14 @@ class Coordinator:
     retry later.
     """
 
-    def __init__(self, settings: EtcdSettings, job: str, node_id: str, lease_ttl_s: int) -> None:
+    def __init__(
+        self,
+        settings: EtcdSettings,
+        job: str,
+        node_id: str,
+        lease_ttl_s: int,
+        identity: Identity | None = None,
+    ) -> None:
         if not settings.endpoints:
             raise CoordinationError("no etcd endpoints configured; set etcd.endpoints.")
         s = settings
@@ -130,7 +108,8 @@ class Coordinator:
         self.node_id = node_id
         self.lease_ttl_s = lease_ttl_s
         self.prefix = f"/phalanx/{job}/"
-        self._me = _dump(node_id)
+        self.identity = identity or Identity(node_id, new_instance())
+        self._me = self.identity.holder()  # the value of the slot and leader keys we hold
         self._conn = _Connection(settings, settings.timeout_s)
         keepalive_timeout = max(0.5, min(settings.timeout_s, lease_ttl_s / 3.0))
         self._keepalive_conn = _Connection(settings, keepalive_timeout)
@@ -183,6 +162,11 @@ class Coordinator:
         while self._retired:
             self._revoke_quietly(self._retired.pop())
 
+    def session_unconfirmed(self, margin_s: float) -> bool:
+        """Whether the lease may expire within `margin_s` (or has), as far as we know."""
+        session = self._session
+        return session is not None and time.monotonic() >= session.deadline - margin_s
+
     @property
     def session_alive(self) -> bool:
         session = self._session
@@ -195,7 +179,7 @@ class Coordinator:
         `checkpoints/latest` go too) only when no node is registered."""
         key, nodes = self._key("spec"), self._key("nodes/")
         overall = spec_hash(sections)
-        value = _dump({"hash": overall, "sections": sections})
+        value = dump({"hash": overall, "sections": sections})
         for _ in range(5):
             ok, responses = self._txn([txn.Create(key) == 0], [txn.Put(key, value)], [txn.Get(key)])
             if ok:
@@ -204,7 +188,7 @@ class Coordinator:
             if not responses[0]:
                 continue  # deleted in between: try to create it again
             existing, meta = responses[0][0]
-            current = _json_dict(existing)
+            current = json_dict(existing)
             if current.get("hash") == overall:
                 return
             differ = differing_sections(current.get("sections") or {}, sections) or sorted(sections)
@@ -228,9 +212,26 @@ class Coordinator:
     # ------------------------------------------------------------ node and slot
 
     def register(self, record: dict[str, Any]) -> None:
-        """Put ``nodes/<node_id>`` bound to the lease."""
-        lease = self._lease()
-        self._call(lambda c: c.put(self._key(f"nodes/{self.node_id}"), _dump(record), lease=lease))
+        """Put ``nodes/<node_id>`` bound to the lease, with this process's instance.
+
+        Raises :class:`NodeIdHeld` when the record belongs to another daemon process
+        (not this one, nor its predecessor on the same run directory)."""
+        lease, key = self._lease(), self._key(f"nodes/{self.node_id}")
+        value = dump({**record, "instance": self.identity.instance})
+        ok, responses = self._txn(
+            [txn.Create(key) == 0], [txn.Put(key, value, lease)], [txn.Get(key)]
+        )
+        if ok:
+            return
+        if responses[0]:
+            current, meta = responses[0][0]
+            held = json_dict(current)
+            if not self.identity.succeeds(held.get("instance")):
+                raise NodeIdHeld(self.node_id, held)
+            ok, _ = self._txn([txn.Mod(key) == meta.mod_revision], [txn.Put(key, value, lease)], [])
+            if ok:
+                return
+        raise CoordinationError(f"the record of node '{self.node_id}' keeps changing; try again.")
 
     def claim_slot(self, max_replicas: int, preferred: int | None = None) -> int | None:
         """Claim a replica-group slot (``preferred`` first, then the lowest free); None if all taken."""
@@ -240,12 +241,15 @@ class Coordinator:
             gid = kv.key.decode()[len(self._key("groups/")) :]
             if gid.isdigit():
                 held[int(gid)] = kv
+        # Held by this node id: this process or its predecessor (register refused others).
         mine = sorted(
-            g for g, kv in held.items() if kv.value == self._me.encode() and g < max_replicas
+            g
+            for g, kv in held.items()
+            if holder_of(kv.value)[0] == self.node_id and g < max_replicas
         )
         if mine:
             kv = held[mine[0]]
-            if self._rebind(self._key(f"groups/{mine[0]}"), kv.lease, kv.mod_revision, lease):
+            if self._rebind(self._key(f"groups/{mine[0]}"), kv.value, kv.mod_revision, kv.lease):
                 return mine[0]
         order = list(range(max_replicas))
         if preferred is not None and 0 <= preferred < max_replicas:
@@ -279,8 +283,8 @@ class Coordinator:
         if not responses[0]:
             return False  # the leader key vanished in between: campaign again next round
         value, meta = responses[0][0]
-        return value == self._me.encode() and self._rebind(
-            key, meta.lease_id, meta.mod_revision, lease
+        return holder_of(value)[0] == self.node_id and self._rebind(
+            key, value, meta.mod_revision, meta.lease_id
         )
 
     def resign(self) -> None:
@@ -295,7 +299,7 @@ class Coordinator:
         lease = self._lease()
         key = self._key("lighthouse")
         ok, _ = self._txn(
-            [txn.Value(self._key("leader")) == self._me], [txn.Put(key, _dump(address), lease)], []
+            [txn.Value(self._key("leader")) == self._me], [txn.Put(key, dump(address), lease)], []
         )
         if not ok:
             raise NotLeader(f"node '{self.node_id}' is not the leader of job '{self.job}'.")
@@ -304,37 +308,13 @@ class Coordinator:
 
     def snapshot(self) -> JobView:
         """Everything under the job prefix, from one range read."""
-        nodes: dict[str, dict[str, Any]] = {}
-        groups: dict[int, str] = {}
-        single: dict[str, Any] = {}
-        for kv in self._range(""):
-            name = kv.key.decode()[len(self.prefix) :]
-            try:
-                value = json.loads(kv.value)
-            except ValueError:
-                log.warning("etcd_value_not_json", key=kv.key.decode())
-                continue
-            if name.startswith("nodes/") and isinstance(value, dict):
-                nodes[name[len("nodes/") :]] = value
-            elif name.startswith("groups/") and name[len("groups/") :].isdigit():
-                groups[int(name[len("groups/") :])] = str(value)
-            else:
-                single[name] = value
-        return JobView(
-            nodes=nodes,
-            groups=dict(sorted(groups.items())),
-            leader=_str_or_none(single.get("leader")),
-            lighthouse=_str_or_none(single.get("lighthouse")),
-            checkpoint=_dict_or_none(single.get("checkpoints/latest")),
-            state=_dict_or_none(single.get("state")),
-            spec=_dict_or_none(single.get("spec")),
-        )
+        return parse_job(self.prefix, self._range(""))
 
     def set_state(self, state: str, step: int, **extra: object) -> None:
         """Put the persistent job ``state`` (running, completed or failed) and its step."""
         if state not in STATES:
             raise ValueError(f"state must be one of {', '.join(STATES)}, got {state!r}")
-        value = _dump({**extra, "state": state, "step": step})
+        value = dump({**extra, "state": state, "step": step})
         self._call(lambda c: c.put(self._key("state"), value))
 
     def publish_checkpoint(self, record: dict[str, Any]) -> None:
@@ -342,13 +322,13 @@ class Coordinator:
         step = record["step"]
         if not isinstance(step, int):
             raise ValueError(f"checkpoint record needs an int 'step', got {step!r}")
-        key, value = self._key("checkpoints/latest"), _dump(record)
+        key, value = self._key("checkpoints/latest"), dump(record)
         for _ in range(10):
             ok, responses = self._txn([txn.Create(key) == 0], [txn.Put(key, value)], [txn.Get(key)])
             if ok or not responses[0]:
                 return
             current, meta = responses[0][0]
-            if _json_dict(current).get("step", -1) >= step:
+            if json_dict(current).get("step", -1) >= step:
                 return
             ok, _ = self._txn([txn.Mod(key) == meta.mod_revision], [txn.Put(key, value)], [])
             if ok:
@@ -406,13 +386,15 @@ class Coordinator:
             )
         return session.lease_id
 
-    def _rebind(self, key: str, key_lease: int, mod_revision: int, lease: int) -> bool:
-        """Keep a key this node already holds, moving it to the current lease if needed.
+    def _rebind(self, key: str, value: bytes, mod_revision: int, key_lease: int) -> bool:
+        """Keep a key this node already holds, moving it to this process and lease if needed.
 
         A key can outlive the session that wrote it (etcd restored an old lease
-        that we had given up); left there it would vanish later without notice.
+        that we had given up) or the process (a restarted daemon's predecessor);
+        left there it would vanish later without notice.
         """
-        if key_lease == lease:
+        lease = self._lease()
+        if key_lease == lease and value == self._me.encode():
             return True
         ok, _ = self._txn([txn.Mod(key) == mod_revision], [txn.Put(key, self._me, lease)], [])
         return ok
@@ -423,20 +405,3 @@ class Coordinator:
         except CoordinationError as exc:
             if not isinstance(exc, SessionExpired):
                 log.warning("etcd_lease_revoke_failed", lease=f"{lease_id:x}", error=str(exc))
-
-
-def _json_dict(raw: bytes) -> dict[str, Any]:
-    """A JSON object stored in etcd; anything else (hand-edited, corrupt) reads as empty."""
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-def _str_or_none(value: object) -> str | None:
-    return None if value is None else str(value)
-
-
-def _dict_or_none(value: object) -> dict[str, Any] | None:
-    return value if isinstance(value, dict) else None

@@ -68,6 +68,18 @@ class NotLeader(CoordinationError):
     """A leader-only write was attempted by a node that does not hold the leader key."""
 
 
+class NodeIdHeld(CoordinationError):
+    """Another daemon process holds this node id: its record is in etcd under its own lease."""
+
+    def __init__(self, node_id: str, record: dict[str, Any]) -> None:
+        self.instance = str(record.get("instance"))
+        host, pid = record.get("host", "an unknown host"), record.get("pid", "?")
+        super().__init__(
+            f"node id '{node_id}' is held by a live daemon on {host} (pid {pid}); give every "
+            "node its own id (--node-id or node.id; the default is the hostname)."
+        )
+
+
 class _TokenExpired(EtcdUnavailable):
     """The auth token was rejected (expired, or etcd restarted): authenticate again."""
 
@@ -305,6 +317,12 @@ class _Session:
     def alive(self) -> bool:
         with self._lock:
             return not self._gone and time.monotonic() < self._deadline
+
+    @property
+    def deadline(self) -> float:
+        """When etcd may expire the lease, by our clock: the last confirmed refresh + TTL."""
+        with self._lock:
+            return -1.0 if self._gone else self._deadline
 
     @property
     def confirmed_gone(self) -> bool:

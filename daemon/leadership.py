@@ -8,7 +8,8 @@ longer leader stops its lighthouse; the ranks follow the new address through
 their daemon's forwarder.
 
 Nothing here blocks: a lighthouse that is starting is probed once per round
-until ``START_TIMEOUT_S``. A leader whose lighthouse cannot start (its port is
+until ``START_TIMEOUT_S``. A leader whose lease may expire unrenewed stops its lighthouse first
+(:meth:`Leadership.fence`, ``daemon.fencing``). A leader whose lighthouse cannot start (its port is
 taken, the binary is missing, it dies or never listens) says why, resigns so
 that another node can lead, and does not campaign again for ``COOLDOWN_S``.
 """
@@ -127,6 +128,15 @@ class Leadership:
             self.lighthouse.stop()
             self.lighthouse = None
         self.phase = Lighthouse.NONE
+
+    def fence(self, view: NodeView) -> None:
+        """Our lease may expire before etcd hears from us again: stop serving now, so
+        that this lighthouse is gone before another node can be elected and start one.
+        The leader key is left to its lease (etcd cannot be told)."""
+        if self.lighthouse is not None:
+            self.log.warning("lighthouse_stopped", reason="fenced: lease unconfirmed")
+        self.stop()
+        view.leader = False
 
     def resign(self, view: NodeView) -> None:
         """Stop the lighthouse and give up the leader key now (not after the lease TTL)."""

@@ -56,10 +56,14 @@ class NodeGroup:
         return outcome
 
     def stop(self, cause: GroupExit | str) -> None:
-        """Begin stopping for `cause`: SIGTERM, or SIGKILL at once for a hang."""
+        """Begin stopping for `cause`: SIGTERM, or SIGKILL at once for a hang or a
+        paused group (its state is being thrown away; it must not run another step)."""
         assert self.current is not None
         self.cause = cause
-        if isinstance(cause, GroupExit) and cause.kind == ExitKind.HUNG:
+        hung = isinstance(cause, GroupExit) and cause.kind == ExitKind.HUNG
+        if hung or self.current.paused:
+            if isinstance(cause, str):
+                self.log.info("group_stopping", reason=cause)
             self.current.kill()  # a hung rank may ignore SIGTERM
             return
         if isinstance(cause, str):
@@ -67,8 +71,20 @@ class NodeGroup:
         self.current.request_stop()
 
     def drain(self) -> None:
-        if self.current is not None:
+        if self.current is not None and self.current.paused:
+            self.current.kill()  # fenced: leaving the quorum cleanly is not ours to do
+        elif self.current is not None:
             self.current.request_stop()
+
+    def pause(self) -> None:
+        assert self.current is not None
+        self.current.pause()
+        self.log.warning("group_paused", reason="fenced", pids=self.current.pids)
+
+    def resume(self, why: str) -> None:
+        assert self.current is not None
+        self.current.resume()
+        self.log.info("group_resumed", reason=why, pids=self.current.pids)
 
     def stopped(self, grace_s: float) -> bool:
         """After stop or drain: True once no rank is left (SIGKILL after `grace_s`)."""

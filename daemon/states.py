@@ -15,6 +15,7 @@ class State(StrEnum):
     CLAIMING = "claiming"  # claim a replica-group slot (the previous one first)
     WAITING = "waiting"  # a lighthouse address and job.min_replicas groups before starting
     RUNNING = "running"  # the ranks run; watch for exit, hang, lost slot, job completion
+    FENCED = "fenced"  # lease unconfirmed: ranks paused until etcd says what they may keep
     STOPPING = "stopping"  # the ranks are being stopped (SIGTERM, SIGKILL at a deadline)
     RESTARTING = "restarting"  # backoff within the restart budget
     DRAINING = "draining"  # SIGTERM: the ranks leave the quorum, the slot is released
@@ -29,7 +30,8 @@ TRANSITIONS: dict[State, frozenset[State]] = {
     State.JOINING: frozenset({State.CLAIMING, State.FAILED}),
     State.CLAIMING: frozenset({State.WAITING, State.DONE}),
     State.WAITING: frozenset({State.RUNNING, State.CLAIMING, State.DONE, State.FAILED}),
-    State.RUNNING: frozenset({State.STOPPING, State.DONE}),
+    State.RUNNING: frozenset({State.STOPPING, State.FENCED, State.DONE}),
+    State.FENCED: frozenset({State.RUNNING, State.STOPPING}),
     State.STOPPING: frozenset(
         {State.RESTARTING, State.WAITING, State.CLAIMING, State.DONE, State.FAILED}
     ),

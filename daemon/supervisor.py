@@ -8,7 +8,8 @@ raises. The table (a test keeps this copy equal to it)::
     JOINING    -> CLAIMING | DRAINING | FAILED
     CLAIMING   -> WAITING | DRAINING | DONE
     WAITING    -> CLAIMING | RUNNING | DRAINING | DONE | FAILED
-    RUNNING    -> STOPPING | DRAINING | DONE
+    RUNNING    -> FENCED | STOPPING | DRAINING | DONE
+    FENCED     -> RUNNING | STOPPING | DRAINING
     STOPPING   -> CLAIMING | WAITING | RESTARTING | DRAINING | DONE | FAILED
     RESTARTING -> CLAIMING | WAITING | DRAINING | DONE
     DRAINING   -> DONE
@@ -16,7 +17,9 @@ raises. The table (a test keeps this copy equal to it)::
     FAILED     -> (exit)
 
 No handler blocks: stopping ranks (STOPPING, DRAINING) and starting the leader's
-lighthouse (``daemon.leadership``) have deadlines checked once per tick. etcd
+lighthouse (``daemon.leadership``) have deadlines checked once per tick. A node
+whose etcd lease may expire unrenewed pauses its ranks (FENCED) until etcd says
+whether their state may be kept (``daemon.fencing``). etcd
 errors reach no handler as exceptions (``daemon.upkeep``), and etcd being away
 never touches the ranks. What follows a stopped group is ``daemon.after_stop``.
 Exit codes are ``daemon.exits``: 2 only for bad input, found while joining or by
@@ -32,10 +35,11 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from daemon import __version__
-from daemon.after_stop import SLOT_LOST, after_stop
+from daemon.after_stop import FENCED_OUT, SLOT_LOST, after_stop
 from daemon.config import DaemonConfig, write_rank_config
 from daemon.coordination import Coordinator
 from daemon.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
+from daemon.fencing import Fence
 from daemon.node_group import NodeGroup
 from daemon.restarts import RestartBudget
 from daemon.states import TERMINAL, IllegalTransition, State, allowed
@@ -102,7 +106,8 @@ class Supervisor:
         if self.drain_requested.is_set() and state not in (*TERMINAL, State.DRAINING):
             self.move(self._drain())
         self.upkeep.tick()
-        if Event.SLOT_LOST in self.upkeep.take_events() and self.view.state == State.RUNNING:
+        lost = Event.SLOT_LOST in self.upkeep.take_events()
+        if lost and self.view.state in (State.RUNNING, State.FENCED):
             self.move(self._stop(SLOT_LOST))
         if self.view.state not in TERMINAL:  # each live state X has its handler _x
             handler = cast(Callable[[], State], getattr(self, f"_{self.view.state.value}"))
@@ -163,6 +168,7 @@ class Supervisor:
             return State.CLAIMING
         missing = self._missing()
         if missing is None:
+            self.upkeep.lease_lost = False  # fresh ranks: nothing of theirs to judge
             self.group.start(self.view.slot, self.upkeep.forwarder.url)
             job_state = self.view.job.state if self.view.job else None
             if not job_state or job_state.get("state") not in ("running", "completed"):
@@ -178,6 +184,9 @@ class Supervisor:
         return State.WAITING
 
     def _running(self) -> State:
+        if self.upkeep.fenced or self.upkeep.lease_lost:  # nothing may commit here now
+            self.group.pause()
+            return State.FENCED
         outcome = self.group.poll()
         if outcome is None:
             if self.view.job_completed and self._completion_grace_over():
@@ -189,6 +198,27 @@ class Supervisor:
         fields = {"kind": outcome.kind.value, "reason": outcome.reason, "codes": outcome.codes}
         self.log.warning("group_failed", **fields)
         return self._stop(outcome)
+
+    def _fenced(self) -> State:
+        """Ranks paused until etcd answers; then resume them or discard their state."""
+        outcome = self.group.poll()
+        if outcome is not None:  # a paused rank was killed from outside
+            self.log.warning("group_failed", kind=outcome.kind.value, reason=outcome.reason)
+            return self._stop(outcome)
+        if self.upkeep.fenced:
+            return State.FENCED
+        verdict, why = self.upkeep.fence_verdict()
+        if verdict == Fence.HOLD:
+            if why != self.view.waiting_for:
+                self.log.info("fence_holding", reason=why, step=self.view.step)
+                self.view.waiting_for = why
+            return State.FENCED
+        self.upkeep.lease_lost = False
+        if verdict == Fence.KEEP:
+            self.group.resume(why)
+            return State.RUNNING
+        self.log.warning("fence_discarding", reason=why, step=self.view.step)
+        return self._stop(FENCED_OUT)
 
     def _stopping(self) -> State:
         if not self.group.stopped(STOP_GRACE_S):
@@ -208,6 +238,8 @@ class Supervisor:
             return self._done(v.reason)
         if v.reason == "peers":
             self.log.info("group_waiting_for_peers", detail=v.detail)
+        elif v.reason == "fenced":
+            self.view.restarts["fenced"] = self.view.restarts.get("fenced", 0) + 1
         elif v.state == State.RESTARTING:
             self.view.restarts[v.reason] = self.view.restarts.get(v.reason, 0) + 1
             self.restart_at = now + v.delay_s

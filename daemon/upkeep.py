@@ -8,9 +8,14 @@ becomes what the state machine needs to know:
   retried with backoff; the ranks are never touched for it;
 * a conflict (a compare-and-swap that lost a race, ``NotLeader``, a key that
   "keeps changing"): logged as ``etcd_retry`` and tried again next round;
-* a refusal that is the user's to fix (another job file, wrong credentials):
-  only while joining, returned as :data:`Join.REFUSED` with its message;
+* a refusal that is the user's to fix (another job file, wrong credentials, a
+  node id that another live daemon holds): only while joining, returned as
+  :data:`Join.REFUSED` with its message;
 * a lost slot after a new session: an :data:`Event.SLOT_LOST` for the supervisor.
+
+A node id held by another daemon process is waited on for one lease TTL (plus
+the request deadline): a dead process's record expires by then, so one still
+there belongs to a live duplicate and the join is refused.
 
 A new session (the old lease was lost by our clock) re-registers and re-claims
 first, and only then revokes the old lease, so the node's keys never vanish
@@ -33,10 +38,13 @@ from daemon.coordination import (
     Coordinator,
     EtcdAccessDenied,
     EtcdUnavailable,
+    NodeIdHeld,
     SpecMismatch,
 )
+from daemon.fencing import Fence, after_fence, fence_margin_s
 from daemon.leadership import Leadership
 from daemon.lighthouse import Forwarder, parse_address
+from daemon.states import State
 from daemon.view import NodeView
 from trainer import logs
 
@@ -73,6 +81,14 @@ class EtcdUpkeep:
         self._record_at = 0.0
         self._last_record: dict[str, Any] = {}
         self._bad_lighthouse: object = None
+        self._held_by: tuple[str, float] | None = None  # (other instance, first seen)
+        # Partition safety (daemon.fencing): fenced while the lease is unconfirmed;
+        # lease_lost once a new session replaced the one we were fenced with.
+        self.fenced = False
+        self.lease_lost = False
+        self.answered_at = 0.0  # when etcd answered again after the fence
+        self.trained_epoch: int | None = None  # the leader epoch our ranks train under
+        self.epoch_step = 0  # our step when they began to
 
     # ------------------------------------------------------------ error handling
 
@@ -120,13 +136,30 @@ class EtcdUpkeep:
             self._register()
 
         try:
-            ok, _ = self._attempt("join", steps, refusals=(SpecMismatch, EtcdAccessDenied))
+            ok, _ = self._attempt(
+                "join", steps, refusals=(SpecMismatch, EtcdAccessDenied, NodeIdHeld)
+            )
+        except NodeIdHeld as e:
+            return self._held(e)
         except (SpecMismatch, EtcdAccessDenied) as e:
             self.refusal = str(e)
             return Join.REFUSED
         if ok:
             self.coord.retire_leases()
         return Join.JOINED if ok else Join.NOT_YET
+
+    def _held(self, e: NodeIdHeld) -> Join:
+        """Our node id is in another instance's record: refused once it outlives a lease TTL."""
+        now = time.monotonic()
+        limit = self.cfg.etcd.lease_ttl_s + self.cfg.etcd.timeout_s + 1.0
+        if self._held_by is None or self._held_by[0] != e.instance:
+            self._held_by = (e.instance, now)
+            self.log.warning("node_id_held", error=str(e), waiting_s=limit)
+        if now - self._held_by[1] > limit:
+            self.refusal = str(e)
+            return Join.REFUSED
+        self._retry_at = now + 1.0
+        return Join.NOT_YET
 
     def claim(self, preferred: int | None) -> int | None:
         if not self._due():
@@ -139,19 +172,33 @@ class EtcdUpkeep:
     # -------------------------------------------------------------------- rounds
 
     def tick(self) -> None:
-        """One round of upkeep: session, leadership, the job view, forwarder, record, checkpoint."""
-        if not self.view.registered or not self._due():
+        """One round of upkeep: fence, session, leadership, the job view, forwarder, record,
+        checkpoint."""
+        if not self.view.registered:
+            return
+        margin = fence_margin_s(self.cfg.etcd.lease_ttl_s)
+        if not self.fenced and self.coord.session_unconfirmed(margin):
+            self.fenced = True
+            self.log.warning("fenced", reason="etcd lease unconfirmed", step=self.view.step)
+            self.leadership.fence(self.view)
+        if not self._due():
             return
         ok, renewed = self._attempt("session", self.coord.ensure_session)
         if not ok:
             return
+        if renewed:
+            self.lease_lost = True  # our ranks are judged once etcd has our new keys
         if renewed and not self._rejoin():
             return
+        if self.fenced:
+            self.fenced, self.answered_at = False, time.monotonic()
+            self.log.info("unfenced", lease="new" if self.lease_lost else "kept")
         self._attempt("leadership", lambda: self.leadership.update(self.view))
         ok, job = self._attempt("snapshot", self.coord.snapshot)
         if not ok or job is None:
             return
         self.view.job = job
+        self._follow_epoch(job.leader_epoch)
         self._follow_lighthouse(job.lighthouse)
         self._publish_checkpoint()
         self._attempt("record", self._update_record)
@@ -177,6 +224,29 @@ class EtcdUpkeep:
                 self.events.append(Event.SLOT_LOST)
         self._attempt("retire", self.coord.retire_leases)
         return True
+
+    def fence_verdict(self) -> tuple[Fence, str]:
+        """Once etcd answered after a fence: what the paused ranks may do (daemon.fencing).
+        The verdict is final unless it is HOLD; the caller clears ``lease_lost``."""
+        if not self.lease_lost:
+            return Fence.KEEP, "the lease was kept: nothing changed hands"
+        job = self.view.job
+        return after_fence(
+            node_id=self.cfg.node_id,
+            step=self.view.step,
+            trained_epoch=self.trained_epoch,
+            epoch=job.leader_epoch if job else None,
+            nodes=job.nodes if job else {},
+            held_s=time.monotonic() - self.answered_at,
+        )
+
+    def _follow_epoch(self, epoch: int | None) -> None:
+        """While our ranks train (not fenced, no lost lease to judge), note the leader
+        epoch they train under and our step when it began."""
+        if epoch is None or self.lease_lost or epoch == self.trained_epoch:
+            return
+        if self.view.state == State.RUNNING:
+            self.trained_epoch, self.epoch_step = epoch, self.view.step
 
     def _follow_lighthouse(self, address: str | None) -> None:
         """Point the forwarder at the published address; a key briefly absent during a
@@ -206,6 +276,8 @@ class EtcdUpkeep:
             "state": v.state.value,
             "step": v.step,
             "pids": v.pids,
+            "epoch": self.trained_epoch,
+            "epoch_step": self.epoch_step,
         }
         now = time.monotonic()
         changed = {k: x for k, x in record.items() if k != "step"} != {

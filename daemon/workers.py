@@ -137,6 +137,7 @@ class WorkerGroup:
         self.started_at = 0.0
         self.master_port = 0
         self.stop_requested_at: float | None = None
+        self.paused = False  # SIGSTOPped while the node is fenced
 
     @property
     def pids(self) -> list[int]:
@@ -263,7 +264,7 @@ class WorkerGroup:
         if all(c is not None for c in codes):
             kind = ExitKind.DRAINED if RANK_DRAINED in codes else ExitKind.COMPLETED
             return GroupExit(kind, codes, kind.value)
-        if self.stop_requested_at is None:
+        if self.stop_requested_at is None and not self.paused:
             for r, c in zip(self.ranks, codes, strict=True):
                 if c is None and r.idle_for(now) > self.spec.hang_timeout_s:
                     return GroupExit(
@@ -272,6 +273,19 @@ class WorkerGroup:
                         f"rank {r.rank} made no progress for {self.spec.hang_timeout_s:.0f}s",
                     )
         return None
+
+    def pause(self) -> None:
+        """SIGSTOP every rank and its descendants (a fenced node, see daemon.fencing)."""
+        self.paused = True
+        kill_tree(self.pids, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT them; the pause does not count towards a hang."""
+        kill_tree(self.pids, signal.SIGCONT)
+        self.paused = False
+        now = time.monotonic()
+        for r in self.ranks:
+            r.progressed_at = now
 
     def request_stop(self, sig: signal.Signals = signal.SIGTERM) -> None:
         """Ask every rank to stop (SIGTERM: finish the step and leave the quorum)."""

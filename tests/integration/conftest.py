@@ -9,6 +9,7 @@ import pytest
 
 from daemon.coordination import EtcdSettings
 from tests.etcd_control import ControlledEtcd
+from tests.netns import Network
 
 
 @pytest.fixture
@@ -32,3 +33,13 @@ def etcd_settings(etcd: ControlledEtcd) -> EtcdSettings:
 def etcd_endpoint(etcd: ControlledEtcd) -> str:
     """host:port of :func:`etcd`, for daemons started with etcd.endpoints."""
     return etcd.endpoint
+
+
+@pytest.fixture
+def network() -> Iterator[Network]:
+    """A bridge of network-namespace hosts (tests.netns), torn down after the test."""
+    net = Network()
+    try:
+        yield net
+    finally:
+        net.close()

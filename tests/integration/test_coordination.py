@@ -17,10 +17,12 @@ from daemon.coordination import (
     Coordinator,
     EtcdSettings,
     EtcdUnavailable,
+    NodeIdHeld,
     NotLeader,
     SpecMismatch,
 )
 from daemon.etcd_server import EmbeddedEtcd, EtcdStartError, find_etcd_binary
+from daemon.identity import Identity, new_instance
 from tests.etcd_control import ControlledEtcd
 
 pytestmark = pytest.mark.integration
@@ -142,8 +144,52 @@ def test_register_and_snapshot(make: MakeCoordinator) -> None:
     a.register(record)
     a.register({**record, "state": "running"})
     view = a.snapshot()
-    assert view.nodes == {"a": {**record, "state": "running"}}
+    assert view.nodes == {"a": {**record, "state": "running", "instance": a.identity.instance}}
     json.dumps(dataclasses.asdict(view))  # JSON-able as documented
+
+
+def raw_value(c: Coordinator, name: str) -> bytes:
+    value, _ = c._call(lambda client: client.get(c._key(name)))
+    return bytes(value)
+
+
+def test_a_node_id_is_one_process_and_its_successor_takes_over(
+    etcd_settings: EtcdSettings, make: MakeCoordinator
+) -> None:
+    """A second process with the same node id is refused; the next process on the same
+    run directory (the predecessor's successor) takes the record, slot and leader key."""
+    first = make("a")
+    first.register({"host": "10.0.0.1", "pid": 1})
+    assert first.claim_slot(2, preferred=1) == 1 and first.campaign()
+    assert json.loads(raw_value(first, "groups/1")) == {
+        "node": "a",
+        "instance": first.identity.instance,
+    }
+    twin = Coordinator(etcd_settings, "demo", "a", 10)
+    successor = Coordinator(
+        etcd_settings, "demo", "a", 10, Identity("a", new_instance(), first.identity.instance)
+    )
+    try:
+        for c in (twin, successor):
+            c.connect()
+            c.ensure_session()
+        with pytest.raises(
+            NodeIdHeld, match=r"node id 'a' is held by a live daemon on 10\.0\.0\.1"
+        ):
+            twin.register({"host": "10.0.0.2", "pid": 2})
+        successor.register({"host": "10.0.0.1", "pid": 3})
+        assert successor.claim_slot(2) == 1 and successor.campaign()
+        view = successor.snapshot()
+        assert view.groups == {1: "a"} and view.leader == "a"
+        assert view.nodes["a"]["instance"] == successor.identity.instance
+        for key in ("groups/1", "leader"):
+            held = json.loads(raw_value(successor, key))
+            assert held["instance"] == successor.identity.instance, key
+        first.close()  # the predecessor's lease goes: nothing of the successor's goes with it
+        assert successor.snapshot().groups == {1: "a"}
+    finally:
+        twin.close()
+        successor.close()
 
 
 def test_two_nodes_claim_slots_zero_and_one(make: MakeCoordinator) -> None:

@@ -10,52 +10,15 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from daemon.etcd_server import find_etcd_binary
-from tests import netns
-from tests.harness import Daemon, Proc, start, start_daemon, wait_for
-from tests.netns import Host, Network
+from tests.harness import Daemon, start_daemon, wait_for
+from tests.multihost import NEEDS_NAMESPACES, digest, etcd_on, reaches
+from tests.netns import Network
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(netns.unavailable() is not None, reason=str(netns.unavailable())),
-]
-
-
-@pytest.fixture
-def network() -> Iterator[Network]:
-    net = Network()
-    try:
-        yield net
-    finally:
-        net.close()
-
-
-def etcd_on(host: Host, data: Path) -> Proc:
-    """One etcd member on `host`, clients served on the host's address (port 2379)."""
-    url = f"http://{host.address}:2379"
-    argv = host.argv(
-        [
-            find_etcd_binary(),
-            f"--data-dir={data / 'etcd'}",
-            f"--listen-client-urls={url}",
-            f"--advertise-client-urls={url}",
-            "--listen-peer-urls=http://127.0.0.1:2380",
-            "--initial-advertise-peer-urls=http://127.0.0.1:2380",
-            "--initial-cluster=default=http://127.0.0.1:2380",
-        ]
-    )
-    return start(argv, data, "etcd")
-
-
-def reaches(src: Host, dst: Host, port: int) -> bool:
-    """Whether a TCP connect from `src` to `dst`'s address succeeds within 1 s."""
-    code = f"import socket; socket.create_connection(('{dst.address}', {port}), timeout=1)"
-    return src.run([sys.executable, "-c", code]).returncode == 0
+pytestmark = [pytest.mark.integration, NEEDS_NAMESPACES]
 
 
 def test_the_harness_cuts_and_heals_links(network: Network) -> None:
@@ -80,12 +43,6 @@ def test_the_harness_cuts_and_heals_links(network: Network) -> None:
     finally:
         server.kill()
         server.wait()
-
-
-def digest(d: Daemon) -> str:
-    done = d.events("train_done")
-    assert done, d.proc.tail()
-    return str(done[0]["params_sha256"])
 
 
 def test_two_hosts_train_heal_a_killed_group_and_agree(tmp_path: Path, network: Network) -> None:

@@ -288,7 +288,12 @@ def test_env_file_is_key_value_and_feeds_exec_start() -> None:
         key, sep, value = line.partition("=")
         assert sep and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key), f"bad line {line!r}"
         values[key] = value
-    args = values["PHALANX_ARGS"].split()
+    # Every node gets its own id by default (the hostname): a shared hard-coded id
+    # would have a second node refused as a duplicate.
+    assert values["PHALANX_ARGS"].split() == []
+    example = [line for line in ENV.read_text().splitlines() if line.startswith("#PHALANX_ARGS=")]
+    assert len(example) == 1
+    args = example[0].partition("=")[2].split()
     assert args[:2] == ["--node-id", "gpu-node-1"]
     sets = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
     assert [parse_override(s)[0] for s in sets] == [["node", "advertise_host"]]

@@ -16,11 +16,9 @@ from daemon.coordination import (
     EtcdSettings,
     EtcdUnavailable,
     SessionExpired,
-    differing_sections,
-    mismatch_message,
-    spec_hash,
     translate_error,
 )
+from daemon.job_view import differing_sections, mismatch_message, spec_hash
 
 SETTINGS = EtcdSettings(
     endpoints=["127.0.0.1:2379"], ca_file="/etc/ca.pem", user="u", password="p", timeout_s=5.0
