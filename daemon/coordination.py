@@ -162,6 +162,13 @@ class Coordinator:
         while self._retired:
             self._revoke_quietly(self._retired.pop())
 
+    def lease_confirmation(self) -> tuple[str, float] | None:
+        """(lease id in hex, send time of its last confirmed refresh), None without a session."""
+        session = self._session
+        if session is None or session.deadline < 0:
+            return None
+        return f"{session.lease_id:x}", session.deadline - session.ttl
+
     def session_unconfirmed(self, margin_s: float) -> bool:
         """Whether the lease may expire within `margin_s` (or has), as far as we know."""
         session = self._session
@@ -400,8 +407,8 @@ class Coordinator:
         return ok
 
     def _revoke_quietly(self, lease_id: int) -> None:
-        try:
-            self._call(lambda c: c.revoke_lease(lease_id))
+        try:  # not self._call: "lease not found" here is about lease_id, not our session
+            self._conn.call(lambda c: c.revoke_lease(lease_id))
         except CoordinationError as exc:
             if not isinstance(exc, SessionExpired):
                 log.warning("etcd_lease_revoke_failed", lease=f"{lease_id:x}", error=str(exc))

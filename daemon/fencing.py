@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
 
+LEASE_FILE = "lease.json"  # in run_dir: our lease and its last confirmation (trainer.lease_fence)
 AHEAD_BY = 2  # a paused rank may still commit the step whose vote it had finished
 HOLD_S = 30.0
 
@@ -70,12 +71,13 @@ def after_fence(
         and _int(r.get("epoch")) == epoch
         and _int(r.get("step")) > _int(r.get("epoch_step"))
     ]
+    change = f"leader epoch {trained_epoch} -> {epoch}"
     if not progressed:
-        return Fence.KEEP, "nothing committed under the new leader yet"
+        return Fence.KEEP, f"{change}, nothing committed under it yet"
     ahead = max(progressed)
     if ahead >= step + AHEAD_BY:
-        return Fence.KEEP, f"the new leader's groups are ahead (step {ahead} > {step})"
-    why = f"the new leader's groups committed steps but are not ahead (step {ahead}, ours {step})"
+        return Fence.KEEP, f"{change}, its groups are ahead (step {ahead} > {step})"
+    why = f"{change}, its groups committed steps but are not ahead (step {ahead}, ours {step})"
     return (Fence.DISCARD, why) if held_s > HOLD_S else (Fence.HOLD, why)
 
 

@@ -24,6 +24,7 @@ all at once for a standby to grab.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable
@@ -41,7 +42,7 @@ from daemon.coordination import (
     NodeIdHeld,
     SpecMismatch,
 )
-from daemon.fencing import Fence, after_fence, fence_margin_s
+from daemon.fencing import LEASE_FILE, Fence, after_fence, fence_margin_s
 from daemon.leadership import Leadership
 from daemon.lighthouse import Forwarder, parse_address
 from daemon.states import State
@@ -89,6 +90,8 @@ class EtcdUpkeep:
         self.answered_at = 0.0  # when etcd answered again after the fence
         self.trained_epoch: int | None = None  # the leader epoch our ranks train under
         self.epoch_step = 0  # our step when they began to
+        self.lease_file = run_dir / LEASE_FILE
+        self._lease_written: tuple[str, float] | None = None
 
     # ------------------------------------------------------------ error handling
 
@@ -190,6 +193,7 @@ class EtcdUpkeep:
             self.lease_lost = True  # our ranks are judged once etcd has our new keys
         if renewed and not self._rejoin():
             return
+        self._write_lease()
         if self.fenced:
             self.fenced, self.answered_at = False, time.monotonic()
             self.log.info("unfenced", lease="new" if self.lease_lost else "kept")
@@ -224,6 +228,17 @@ class EtcdUpkeep:
                 self.events.append(Event.SLOT_LOST)
         self._attempt("retire", self.coord.retire_leases)
         return True
+
+    def _write_lease(self) -> None:
+        """Our lease and its last confirmation, for the ranks' checkpoint fence."""
+        now = self.coord.lease_confirmation()
+        if now is None or now == self._lease_written:
+            return
+        lease, confirmed = now
+        tmp = self.lease_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"lease": lease, "confirmed_ns": int(confirmed * 1e9)}))
+        os.replace(tmp, self.lease_file)
+        self._lease_written = now
 
     def fence_verdict(self) -> tuple[Fence, str]:
         """Once etcd answered after a fence: what the paused ranks may do (daemon.fencing).

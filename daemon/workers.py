@@ -36,6 +36,7 @@ from prometheus_client.multiprocess import mark_process_dead
 from daemon.children import die_with_parent, free_port, kill_tree
 from daemon.config import DaemonConfig
 from daemon.exits import RANK_BAD_INPUT, RANK_DRAINED
+from daemon.fencing import LEASE_FILE
 from daemon.netif import interface_for
 
 RankEvent = Callable[[int, dict[str, Any]], None]
@@ -161,6 +162,7 @@ class WorkerGroup:
             "PHALANX_CONFIG": str(s.config_path),
             "PHALANX_MIN_REPLICAS": str(s.min_replicas),
             "PHALANX_HEARTBEAT": str(heartbeat),
+            "PHALANX_LEASE_FILE": str(s.run_dir / LEASE_FILE),
             "PHALANX_JOB": s.job,
             "PHALANX_NODE": s.node,
             "PHALANX_ADVERTISE_HOST": s.advertise_host,

@@ -22,25 +22,18 @@ non-tensor item in a checkpoint is an error: nothing is ever unpickled in full.
 
 from __future__ import annotations
 
-import dataclasses
-import enum
-import io
 import json
 import os
-import pickle
 import shutil
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
-from torch.distributed.checkpoint.metadata import Metadata
-from torch.distributed.checkpoint.planner import ReadItem
+from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import async_save
@@ -50,7 +43,9 @@ from trainer import logs
 from trainer.chaos import Chaos
 from trainer.config import CheckpointConfig
 from trainer.fault_tolerance import Replication
+from trainer.lease_fence import Fence, LeaseFence
 from trainer.metrics import TrainMetrics
+from trainer.safe_load import SafeReader, TensorOnlyPlanner
 from trainer.state import TrainState
 
 MARKER = "COMPLETE.json"
@@ -132,57 +127,6 @@ def retain(root: Path, keep: int) -> list[Path]:
     return doomed
 
 
-class _AllowListUnpickler(pickle.Unpickler):
-    """Unpickles DCP metadata: DCP's own classes (dataclasses, enums) and torch value types only."""
-
-    CLASS_MODULES = ("torch.distributed.checkpoint.", "torch.distributed._shard.")
-    NAMED: ClassVar[frozenset[tuple[str, str]]] = frozenset(
-        {
-            ("torch", "Size"),
-            ("torch.serialization", "_get_layout"),  # how torch pickles a torch.layout
-            ("pathlib", "PosixPath"),
-            ("pathlib", "PurePosixPath"),
-            ("collections", "OrderedDict"),
-        }
-    )
-
-    def find_class(self, module: str, name: str) -> Any:
-        plain = module in ("torch", "torch.serialization", "pathlib", "collections")
-        found = (
-            super().find_class(module, name)
-            if plain or module.startswith(self.CLASS_MODULES)
-            else None
-        )
-        record = isinstance(found, type) and (
-            dataclasses.is_dataclass(found) or issubclass(found, enum.Enum)
-        )
-        if module.startswith(self.CLASS_MODULES) and record:
-            return found
-        if (module, name) in self.NAMED or (module == "torch" and isinstance(found, torch.dtype)):
-            return found
-        raise pickle.UnpicklingError(
-            f"checkpoint metadata refers to {module}.{name}, which is not allowed"
-        )
-
-
-class SafeReader(FileSystemReader):
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        with (Path(self.path) / ".metadata").open("rb") as f:
-            metadata = _AllowListUnpickler(f).load()
-        if getattr(metadata, "storage_meta", None) is not None:
-            metadata.storage_meta.load_id = self.load_id
-        return metadata  # type: ignore[no-any-return]
-
-
-class TensorOnlyPlanner(DefaultLoadPlanner):
-    """Phalanx checkpoints hold only tensors; a pickled item is refused, never unpickled."""
-
-    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
-        raise RuntimeError(
-            f"checkpoint item {read_item.dest_index.fqn} is pickled data; refusing to load it"
-        )
-
-
 # ------------------------------------------------------------------ the saver
 
 
@@ -197,6 +141,7 @@ class Checkpointer:
         layout: dict[str, int],
         rank: int,
         chaos: Chaos | None = None,
+        fence: LeaseFence | None = None,
     ) -> None:
         assert cfg.dir is not None
         self.cfg = cfg
@@ -208,6 +153,7 @@ class Checkpointer:
         self.layout = layout
         self.rank = rank
         self.chaos = chaos
+        self.fence = fence
         self.log = logs.get()
         self.distributed = dist.is_initialized()
         # Background saves run collectives from another thread: give them their own group.
@@ -293,6 +239,8 @@ class Checkpointer:
             self.upload, self.staging = None, None
         blocked = time.monotonic() - started
         self.pending = {"step": step, "path": path, "started": started, "blocked": blocked}
+        if self.fence is not None and self.rank == 0:
+            self.pending["stamp"] = self.fence.stamp()
         if not self.cfg.async_save:
             self.finish(block=True)
 
@@ -327,6 +275,8 @@ class Checkpointer:
             return
         finally:
             self.upload = None
+        if not self._fence_allows(pending, block):
+            return
         total = time.monotonic() - pending["started"]
         path: Path = pending["path"]
         if self.rank == 0:
@@ -356,6 +306,21 @@ class Checkpointer:
                 removed=[p.name for p in removed],
             )
         self.metrics.observe_checkpoint(pending["step"], pending["blocked"], total)
+
+    def _fence_allows(self, pending: dict[str, Any], block: bool) -> bool:
+        """The marker waits for the lease to be confirmed after the step (trainer.lease_fence)."""
+        stamp = pending.get("stamp")
+        if self.fence is None or stamp is None:
+            return True
+        verdict = self.fence.wait(stamp) if block else self.fence.verdict(stamp)
+        if verdict == Fence.WAIT and not block:
+            self.pending = pending  # the files are written; only the marker waits
+            return False
+        if verdict != Fence.OK:
+            self.metrics.observe_checkpoint_failure()
+            why = "the lease changed" if verdict == Fence.LOST else "the lease was not confirmed"
+            self.log.error("checkpoint_fenced", step=pending["step"], reason=why)
+        return verdict == Fence.OK
 
     def close(self) -> None:
         self.finish(block=True)

@@ -28,6 +28,7 @@ class RankEnv:
     lighthouse: str | None = None  # TORCHFT_LIGHTHOUSE; unset = fault tolerance off
     min_replicas: int = 1
     heartbeat: Path | None = None  # a file this rank touches on progress
+    lease_file: Path | None = None  # the daemon's lease confirmations (trainer.lease_fence)
     job: str | None = None
     node: str | None = None
     torchelastic: bool = False  # launched by torchrun (its agent hosts the store)
@@ -72,7 +73,7 @@ class RankEnv:
             raise ConfigError(
                 "TORCHFT_LIGHTHOUSE is set but MASTER_ADDR/MASTER_PORT are not; torchft needs the group's store."
             )
-        heartbeat = env.get("PHALANX_HEARTBEAT")
+        heartbeat, lease_file = env.get("PHALANX_HEARTBEAT"), env.get("PHALANX_LEASE_FILE")
         return cls(
             rank=rank,
             local_rank=integer("LOCAL_RANK", rank),
@@ -85,6 +86,7 @@ class RankEnv:
             lighthouse=lighthouse,
             min_replicas=integer("PHALANX_MIN_REPLICAS", 1, 1),
             heartbeat=Path(heartbeat) if heartbeat else None,
+            lease_file=Path(lease_file) if lease_file else None,
             job=env.get("PHALANX_JOB") or None,
             node=env.get("PHALANX_NODE") or None,
             torchelastic=bool(env.get("TORCHELASTIC_RUN_ID")),

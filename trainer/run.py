@@ -19,6 +19,7 @@ from trainer.data import Sampler
 from trainer.digest import params_sha256
 from trainer.env import RankEnv
 from trainer.fault_tolerance import Replication, SingleGroup, TorchFTGroup
+from trainer.lease_fence import LeaseFence
 from trainer.loop import Loop, StepReport, cross_entropy, touch
 from trainer.mesh import Layout, init_distributed
 from trainer.metrics import TrainMetrics
@@ -146,6 +147,7 @@ def _checkpoints(
         layout={"pp": layout.pp, "dp_shard": layout.dp_shard, "tp": layout.tp},
         rank=env.rank,
         chaos=chaos,
+        fence=LeaseFence(env.lease_file) if env.lease_file else None,
     )
 
     def resume() -> None:

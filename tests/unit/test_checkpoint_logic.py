@@ -15,13 +15,12 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from trainer.checkpoint import (
     MARKER,
     Candidate,
-    SafeReader,
-    _AllowListUnpickler,
     candidates,
     problem,
     retain,
     write_json_atomic,
 )
+from trainer.safe_load import SafeReader, _AllowListUnpickler
 
 
 def make(root: Path, step: int, complete: bool, model_hash: str = "h") -> Path:

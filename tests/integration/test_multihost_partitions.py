@@ -1,0 +1,194 @@
+"""Network partitions across hosts (each a network namespace): one history survives.
+
+The rule (DESIGN.md, "Partitions"): at most one set of groups commits steps that
+survive. A host cut off long enough for its lease to be in doubt is fenced (its
+lighthouse stopped, its ranks paused); the majority elects a leader and goes on;
+after the partition heals every group converges to the majority's history.
+
+A group's committed steps are its ``train_step`` events (one per commit, with the
+quorum's participants); a heal is a ``heal_done`` event.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.harness import Daemon, Proc, event_time, largest_step_gap, start_daemon, wait_for
+from tests.multihost import NEEDS_NAMESPACES, digest, etcd_on
+from tests.netns import Host, Network
+
+pytestmark = [pytest.mark.integration, NEEDS_NAMESPACES]
+
+# Enough steps (about 0.1 s each here; both partitions are over by step 100 or so) to
+# outlast both partitions; the test fails, saying
+# so, if training ends before they are over.
+STEPS = 350
+OVERRIDES = [
+    "job.max_replicas=3",
+    "ft.timeout_s=8",  # a silent peer (a cut, not a kill) fails a collective only by timeout
+    "ft.quorum_timeout_s=30",
+]
+
+
+def three_hosts(
+    tmp_path: Path, network: Network, steps: int, started: list[tuple[Host, Daemon]]
+) -> Proc:
+    """etcd on a host of its own and a daemon on each of hosts a, b, c (appended to
+    `started` as they start, for the caller to stop); returns etcd once all three
+    groups have committed a step together."""
+    etcd_host = network.add_host("etcd")
+    etcd = etcd_on(etcd_host, tmp_path)
+    endpoint = f"{etcd_host.address}:2379"
+    for name in ("a", "b", "c"):
+        h = network.add_host(name)
+        overrides = [*OVERRIDES, f"train.steps={steps}"]
+        d = start_daemon(tmp_path, f"node-{name}", [endpoint], overrides=overrides, host=h)
+        started.append((h, d))
+    wait_for(
+        lambda: all(
+            any(e.get("participants") == 3 for e in d.events("train_step")) for _, d in started
+        ),
+        180,
+        "three hosts' groups to commit a step together",
+    )
+    return etcd
+
+
+def steps_after(d: Daemon, t: float) -> list[int]:
+    return [int(e["step"]) for e in d.events("train_step") if event_time(e) > t]
+
+
+def events_after(d: Daemon, name: str, t: float) -> list[dict[str, object]]:
+    return [e for e in d.events(name) if event_time(e) > t]
+
+
+def heals_after(d: Daemon, t: float) -> list[dict[str, object]]:
+    return events_after(d, "heal_done", t)
+
+
+def leader_of(daemons: list[tuple[Host, Daemon]]) -> tuple[Host, Daemon]:
+    return next((h, d) for h, d in daemons if d.require_status()["leader"])
+
+
+def partition(
+    sever: tuple[Callable[[], None], Callable[[], None]],
+    cut: tuple[Host, Daemon],
+    rest: list[tuple[Host, Daemon]],
+    hold_s: float,
+    recovery: Callable[[str, float], None],
+    label: str,
+) -> None:
+    """Cut `cut` off with `sever` (cut, heal) for `hold_s`, check both sides meanwhile,
+    heal, check convergence."""
+    _, d = cut
+    cut_at = time.time()
+    sever[0]()
+    try:
+        fenced = wait_for(
+            lambda: events_after(d, "fenced", cut_at), 30, f"{label}: the cut-off host to fence"
+        )
+        fenced_at = event_time(fenced[0])
+        recovery(f"{label}: cut-off host fenced after the cut", fenced_at - cut_at)
+        paused = wait_for(lambda: events_after(d, "group_paused", cut_at), 10, "its ranks to pause")
+        wait_for(
+            lambda: all(len(steps_after(rd, fenced_at)) > 10 for _, rd in rest),
+            90,
+            f"{label}: the majority to keep committing",
+        )
+        gap = max(largest_step_gap(rd.events(), cut_at) for _, rd in rest)
+        recovery(f"{label}: the majority's longest pause between commits", gap)
+        time.sleep(max(0.0, hold_s - (time.time() - cut_at)))
+        assert not steps_after(d, event_time(paused[-1]) + 1.0), "the fenced side committed"
+    finally:
+        sever[1]()
+    back_at = time.time()
+    wait_for(lambda: heals_after(d, back_at), 120, f"{label}: the cut-off group to heal")
+    healed = heals_after(d, back_at)[0]
+    after = [
+        e
+        for e in [*d.events("group_resumed"), *d.events("group_restarted")]
+        if event_time(e) > back_at
+    ]
+    assert after, "the cut-off group was neither resumed nor restarted"
+    recovery(
+        f"{label}: cut-off group healed from the majority after the partition",
+        event_time(healed) - back_at,
+    )
+    for _, rd in rest:  # the majority never took the cut-off side's state
+        assert not heals_after(rd, cut_at), f"{rd.node_id} healed from the cut-off side"
+        assert not events_after(rd, "group_restarted", cut_at), rd.node_id
+
+
+def test_a_partitioned_leader_and_then_a_partitioned_follower_lose_no_majority_step(
+    tmp_path: Path, network: Network, recovery: Callable[[str, float], None]
+) -> None:
+    """Isolate the leader's host: the other two elect a leader and keep committing; the
+    leader's host fences itself and, after the partition heals, heals from them. Then the
+    same for a host that does not lead. All three end with equal parameters."""
+    daemons: list[tuple[Host, Daemon]] = []
+    etcd: Proc | None = None
+    try:
+        etcd = three_hosts(tmp_path, network, STEPS, daemons)
+        leader = leader_of(daemons)
+        rest = [hd for hd in daemons if hd[1] is not leader[1]]
+        isolate = (lambda: network.isolate(leader[0]), lambda: network.rejoin(leader[0]))
+        partition(isolate, leader, rest, 10.0, recovery, "leader host partitioned")
+        assert any(d.events("lighthouse_started") for _, d in rest), "no new leader"
+        follower = next(hd for hd in rest if not hd[1].require_status()["leader"])
+        others = [hd for hd in daemons if hd[1] is not follower[1]]
+        isolate = (lambda: network.isolate(follower[0]), lambda: network.rejoin(follower[0]))
+        partition(isolate, follower, others, 10.0, recovery, "follower host partitioned")
+        assert not any(d.events("train_done") for _, d in daemons), "raise STEPS: training ended"
+        for _, d in daemons:
+            assert d.wait(300) == 0, d.proc.tail()
+    finally:
+        for _, d in daemons:
+            d.stop()
+        if etcd is not None:
+            etcd.stop()
+    digests = {d.node_id: digest(d) for _, d in daemons}
+    assert len(set(digests.values())) == 1, digests
+
+
+def test_a_host_cut_from_etcd_only_pauses_and_rejoins_without_split_brain(
+    tmp_path: Path, network: Network, recovery: Callable[[str, float], None]
+) -> None:
+    """Cut the leader's host from etcd only (its peers still reach it) for longer than the
+    lease TTL: it stops its lighthouse and pauses its ranks before its lease can expire,
+    another host leads, the other two train on; once etcd is back it heals from them.
+    Then the same for a host that does not lead. All three end with equal parameters."""
+    daemons: list[tuple[Host, Daemon]] = []
+    etcd: Proc | None = None
+    try:
+        etcd = three_hosts(tmp_path, network, STEPS, daemons)
+        etcd_host = network.hosts["etcd"]
+        leader = leader_of(daemons)
+        rest = [hd for hd in daemons if hd[1] is not leader[1]]
+        sever = (
+            lambda: network.cut(leader[0], etcd_host),
+            lambda: network.heal(leader[0], etcd_host),
+        )
+        partition(sever, leader, rest, 10.0, recovery, "leader host cut from etcd")
+        assert leader[1].events("lighthouse_stopped"), "the cut-off leader kept its lighthouse"
+        assert any(d.events("lighthouse_started") for _, d in rest), "no new leader"
+        follower = next(hd for hd in rest if not hd[1].require_status()["leader"])
+        others = [hd for hd in daemons if hd[1] is not follower[1]]
+        sever = (
+            lambda: network.cut(follower[0], etcd_host),
+            lambda: network.heal(follower[0], etcd_host),
+        )
+        partition(sever, follower, others, 10.0, recovery, "follower host cut from etcd")
+        assert not any(d.events("train_done") for _, d in daemons), "raise STEPS: training ended"
+        for _, d in daemons:
+            assert d.wait(300) == 0, d.proc.tail()
+    finally:
+        for _, d in daemons:
+            d.stop()
+        if etcd is not None:
+            etcd.stop()
+    digests = {d.node_id: digest(d) for _, d in daemons}
+    assert len(set(digests.values())) == 1, digests
