@@ -11,15 +11,16 @@ state that survives (a healing source or a checkpoint).
   leader is elected only after etcd expired the old lease, so two lighthouses never
   serve at once. An etcd outage shorter than ``TTL - margin`` fences nobody.
 * **Unfence.** When etcd answers again: if the old lease is still alive nothing
-  changed hands, and the ranks resume. If it was lost, :func:`after_fence` decides
-  from the leader *epoch* (the leader key's create revision): under the same epoch
-  there was only ever one lighthouse, so every group's state lies on one history
-  and torchft's max-step healing is right. Under a new epoch, groups that committed
-  steps under it may be behind a group that committed alone under the old one
-  while cut off; this node resumes only once they are at least
-  :data:`AHEAD_BY` steps ahead of it (its ranks then heal from them), and discards
-  its ranks' state (a restart, not counted in the budget) if that does not happen
-  within :data:`HOLD_S`.
+  changed hands, and the ranks resume. If it was lost, :func:`after_fence`
+  decides. The ranks resume only if nobody went on without them: no other group
+  is :data:`AHEAD_BY` steps ahead (all were paused together, as in an etcd
+  outage), and no group committed under a new leader *epoch* (the leader key's
+  create revision; such groups may be behind steps this group committed alone
+  before its fence, and its state must not be the one they heal from).
+  Otherwise the ranks are restarted (outside the restart budget) and heal from
+  the survivors: resumed, they would rejoin a quorum that moved on while they
+  were stopped mid-collective. With no leader at all it waits up to
+  :data:`HOLD_S`, then restarts them.
 """
 
 from __future__ import annotations
@@ -57,28 +58,28 @@ def after_fence(
 
     `step`: its group's step when paused; `trained_epoch`: the leader epoch it last
     trained under; `epoch`: the current one (None: no leader right now); `nodes`:
-    the other nodes' records (``epoch``, ``epoch_step``, ``step``); `held_s`: how
-    long it has waited since etcd answered again.
+    the nodes' records (``epoch``, ``epoch_step``, ``step``; its own is skipped);
+    `held_s`: how long it has waited since etcd answered again.
     """
     if epoch is None:
         return (Fence.DISCARD, "no leader") if held_s > HOLD_S else (Fence.HOLD, "no leader")
-    if epoch == trained_epoch:
-        return Fence.KEEP, "the leader did not change: one history"
-    progressed = [
-        _int(r.get("step"))
-        for name, r in nodes.items()
-        if name != node_id
-        and _int(r.get("epoch")) == epoch
-        and _int(r.get("step")) > _int(r.get("epoch_step"))
-    ]
-    change = f"leader epoch {trained_epoch} -> {epoch}"
-    if not progressed:
-        return Fence.KEEP, f"{change}, nothing committed under it yet"
-    ahead = max(progressed)
+    others = [r for name, r in nodes.items() if name != node_id]
+    ahead = max((_int(r.get("step")) for r in others), default=-1)
     if ahead >= step + AHEAD_BY:
-        return Fence.KEEP, f"{change}, its groups are ahead (step {ahead} > {step})"
-    why = f"{change}, its groups committed steps but are not ahead (step {ahead}, ours {step})"
-    return (Fence.DISCARD, why) if held_s > HOLD_S else (Fence.HOLD, why)
+        # Resumed, the ranks would rejoin a quorum that moved on mid-collective; fresh
+        # ranks heal from it cleanly.
+        return Fence.DISCARD, f"the other groups went on without us (step {ahead} > {step})"
+    if epoch != trained_epoch and any(
+        _int(r.get("epoch")) == epoch and _int(r.get("step")) > _int(r.get("epoch_step"))
+        for r in others
+    ):
+        # They may be behind steps this group committed alone before its fence: its
+        # state must not become the one they heal from.
+        return (
+            Fence.DISCARD,
+            f"groups committed under a new leader (epoch {trained_epoch} -> {epoch})",
+        )
+    return Fence.KEEP, "nobody went on without us"
 
 
 def _int(value: object) -> int:

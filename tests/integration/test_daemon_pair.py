@@ -6,6 +6,7 @@ import functools
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -240,8 +241,8 @@ def test_etcd_outage_does_not_restart_ranks(
     a, b = pair(tmp_path, etcd.endpoint, steps=400)
     try:
         pids = {d.node_id: d.rank_pids() for d in (a, b)}
-        # An outage well inside the lease (1 s of a 4 s TTL; keepalive every 1.3 s,
-        # fence 1 s before the TTL by our clock) does not even pause training.
+        # An outage well inside the lease (1 s of a 4 s TTL, refreshed every tick while
+        # etcd answers; the fence comes 1 s before the TTL) does not even pause training.
         etcd.pause()
         time.sleep(1.0)
         etcd.resume()
@@ -288,11 +289,17 @@ def test_etcd_outage_does_not_restart_ranks(
     )
 
 
-def test_sigterm_drains_one_node_and_the_other_continues(
+def test_sigterm_drains_the_leader_and_the_other_continues(
     tmp_path: Path, etcd_endpoint: str, recovery: Callable[[str, float], None]
 ) -> None:
+    """SIGTERM the leader's daemon: its ranks leave after a step, it exits 0 and takes its
+    lighthouse with it (process gone, port free), and the other node leads and goes on."""
     a, b = pair(tmp_path, etcd_endpoint, steps=260)
     try:
+        if not b.require_status()["leader"]:
+            a, b = b, a  # b: the leader, drained
+        started = b.events("lighthouse_started")[-1]
+        lighthouse, port = int(started["pid"]), int(started["port"])
         b_slot = str(b.require_status()["replica_group"])
         b.proc.popen.send_signal(signal.SIGTERM)
         sent, sent_at = time.monotonic(), time.time()
@@ -300,10 +307,15 @@ def test_sigterm_drains_one_node_and_the_other_continues(
         drained_in = time.monotonic() - sent
         assert drained_in < 15  # node.drain_grace_s
         assert b.events("train_stopped"), "the ranks should leave after a step, not be killed"
+        assert not alive(lighthouse), "the drained leader's lighthouse outlived it"
+        with socket.socket() as s:  # its port is free again (a listener would refuse this)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("0.0.0.0", port))
         # The slot is released at once (the lease would keep it for its 4 s TTL).
         assert b_slot not in status_json(etcd_endpoint)["groups"]
+        wait_for(lambda: a.events("lighthouse_started"), 30, "the other node to lead")
         step = a.step()
-        wait_for(lambda: solo_steps_since(a, step), 60, "node-a to continue alone")
+        wait_for(lambda: solo_steps_since(a, step), 60, "the other node to continue alone")
         assert a.wait(180) == 0, a.proc.tail()
     finally:
         a.stop()

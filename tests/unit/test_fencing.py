@@ -33,9 +33,16 @@ def test_the_fence_comes_before_the_lease_can_expire() -> None:
     assert fence_margin_s(4) == 1.0 and fence_margin_s(10) == 2.0 and fence_margin_s(60) == 12.0
 
 
-def test_the_same_leader_means_one_history() -> None:
-    others = {"b": {"epoch": 7, "epoch_step": 0, "step": 10}}
-    assert decide(epoch=7, trained=7, nodes=others) == Fence.KEEP
+def test_nobody_went_on_without_us_so_the_ranks_resume() -> None:
+    """An etcd outage: every group was paused together, at most one step apart."""
+    together = {
+        "b": {"epoch": 7, "epoch_step": 0, "step": 51},
+        "c": {"epoch": 7, "epoch_step": 0, "step": 49},
+    }
+    assert decide(step=50, epoch=7, trained=7, nodes=together) == Fence.KEEP
+    # A new leader (the old key expired with etcd) under which nothing was committed yet.
+    fresh = {"b": {"epoch": 9, "epoch_step": 51, "step": 51}}
+    assert decide(step=50, epoch=9, trained=7, nodes=fresh) == Fence.KEEP
 
 
 def test_no_leader_yet_holds_then_discards() -> None:
@@ -43,25 +50,18 @@ def test_no_leader_yet_holds_then_discards() -> None:
     assert decide(epoch=None, held_s=HOLD_S + 1) == Fence.DISCARD
 
 
-def test_a_new_leader_without_commits_keeps_the_ranks() -> None:
-    others = {
-        "b": {"epoch": 9, "epoch_step": 40, "step": 40},  # under the new leader, no commit
-        "c": {"epoch": 7, "epoch_step": 0, "step": 45},  # still under the old one
-    }
-    assert decide(epoch=9, nodes=others) == Fence.KEEP
+def test_groups_that_went_on_without_us_are_healed_from_not_rejoined() -> None:
+    ahead = {"b": {"epoch": 7, "epoch_step": 0, "step": 50 + AHEAD_BY}}
+    assert decide(step=50, epoch=7, trained=7, nodes=ahead) == Fence.DISCARD
+    assert decide(step=50, epoch=9, trained=7, nodes=ahead) == Fence.DISCARD
 
 
-def test_a_new_leader_ahead_heals_us_so_we_keep() -> None:
-    ahead = {"b": {"epoch": 9, "epoch_step": 40, "step": 50 + AHEAD_BY}}
-    assert decide(step=50, epoch=9, nodes=ahead) == Fence.KEEP
-
-
-def test_a_new_leader_that_committed_but_is_behind_must_not_be_overridden() -> None:
+def test_commits_under_a_new_leader_must_not_be_overridden_even_from_behind() -> None:
+    """A cut-off leader that committed alone before its fence may be ahead of the groups
+    that went on under the new leader: its state must not be what they heal from."""
     behind = {"b": {"epoch": 9, "epoch_step": 40, "step": 45}}
-    assert decide(step=50, epoch=9, nodes=behind) == Fence.HOLD
-    assert decide(step=50, epoch=9, nodes=behind, held_s=HOLD_S + 1) == Fence.DISCARD
-    one_ahead = {"b": {"epoch": 9, "epoch_step": 40, "step": 51}}
-    assert decide(step=50, epoch=9, nodes=one_ahead) == Fence.HOLD
+    assert decide(step=50, epoch=9, trained=7, nodes=behind) == Fence.DISCARD
+    assert decide(step=50, epoch=7, trained=7, nodes=behind) == Fence.KEEP  # same leader
 
 
 def test_our_own_record_and_malformed_records_do_not_count() -> None:
