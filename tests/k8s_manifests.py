@@ -215,6 +215,46 @@ def consistency_problems(m: Manifests) -> list[str]:
     check(c_sc.get("allowPrivilegeEscalation") is False, "privilege escalation allowed")
 
     problems.extend(etcd_problems(m, cfg))
+    problems.extend(policy_problems(m, labels, http_port))
+    return problems
+
+
+def policy_problems(m: Manifests, pod_labels: dict[str, str], http_port: int) -> list[str]:
+    """The NetworkPolicies: only the job's pods reach the trainer pods (Prometheus only on
+    the HTTP port), and only the trainer pods and the members reach etcd."""
+    problems: list[str] = []
+    pol = find(m, "NetworkPolicy", "phalanx")["spec"]
+    if not selects(pol["podSelector"]["matchLabels"], pod_labels) or pol["policyTypes"] != [
+        "Ingress"
+    ]:
+        problems.append("the trainer NetworkPolicy does not govern the trainer pods' ingress")
+    for rule in pol["ingress"]:
+        peers = rule.get("from", [])
+        if not peers:
+            problems.append("a trainer NetworkPolicy rule admits everyone")
+        for peer in peers:
+            own = "namespaceSelector" not in peer and selects(
+                peer.get("podSelector", {}).get("matchLabels", {}), pod_labels
+            )
+            ports = [p.get("port") for p in rule.get("ports", [])]
+            if not own and ports != [http_port]:
+                problems.append(
+                    f"a trainer NetworkPolicy rule admits others on {ports or 'all ports'}"
+                )
+    etcd = find(m, "NetworkPolicy", "phalanx-etcd")["spec"]
+    members = find(m, "StatefulSet", "phalanx-etcd")["spec"]["template"]["metadata"]["labels"]
+    if not selects(etcd["podSelector"]["matchLabels"], members):
+        problems.append("the etcd NetworkPolicy does not govern the etcd pods")
+    clients = [
+        r
+        for r in etcd["ingress"]
+        for peer in r.get("from", [])
+        if selects(peer.get("podSelector", {}).get("matchLabels", {}), pod_labels)
+    ]
+    if [p.get("port") for r in clients for p in r.get("ports", [])] != [2379]:
+        problems.append("the trainer pods may not reach etcd's client port (only)")
+    if any(not r.get("from") for r in etcd["ingress"]):
+        problems.append("an etcd NetworkPolicy rule admits everyone")
     return problems
 
 

@@ -213,6 +213,20 @@ MUTATIONS: dict[str, tuple[Callable[[Manifests], object], str]] = {
         ),
         "advertise_host",
     ),
+    "policy admits all": (
+        lambda m: find(m, "NetworkPolicy", "phalanx")["spec"]["ingress"].append({}),
+        "admits everyone",
+    ),
+    "policy opens more ports to prometheus": (
+        lambda m: find(m, "NetworkPolicy", "phalanx")["spec"]["ingress"][1].pop("ports"),
+        "admits others on all ports",
+    ),
+    "etcd policy lets trainers reach peers": (
+        lambda m: find(m, "NetworkPolicy", "phalanx-etcd")["spec"]["ingress"][0]["ports"].append(
+            {"protocol": "TCP", "port": 2380}
+        ),
+        "etcd's client port",
+    ),
     "etcd replicas": (
         lambda m: find(m, "StatefulSet", "phalanx-etcd")["spec"].update(replicas=5),
         "etcd.endpoints",
@@ -272,6 +286,8 @@ def test_manifests_validate_against_kubernetes_schemas(manifests: Manifests, ver
                 pytest.fail(f"{name}: {doc['kind']} {where}: {e.message}")
     assert sorted(kinds) == [
         "ConfigMap",
+        "NetworkPolicy",
+        "NetworkPolicy",
         "PersistentVolumeClaim",
         "PodDisruptionBudget",
         "Service",
