@@ -17,13 +17,12 @@ raises. The table (a test keeps this copy equal to it)::
     FAILED     -> (exit)
 
 No handler blocks: stopping ranks (STOPPING, DRAINING) and starting the leader's
-lighthouse (``daemon.leadership``) have deadlines checked once per tick. A node
-whose etcd lease may expire unrenewed pauses its ranks (FENCED) until etcd says
-whether their state may be kept (``daemon.fencing``). etcd
-errors reach no handler as exceptions (``daemon.upkeep``), and etcd being away
-never touches the ranks. What follows a stopped group is ``daemon.after_stop``.
-Exit codes are ``daemon.exits``: 2 only for bad input, found while joining or by
-the ranks.
+lighthouse (``daemon.leadership``) have deadlines checked once per tick. etcd
+errors reach no handler as exceptions (``daemon.upkeep``); a short etcd outage
+never touches the ranks, and one that puts the lease in doubt pauses them
+(FENCED) until etcd says whether their state may be kept (``daemon.fencing``).
+What follows a stopped group is ``daemon.after_stop``. Exit codes are
+``daemon.exits``: 2 only for bad input, found while joining or by the ranks.
 """
 
 from __future__ import annotations
@@ -46,12 +45,12 @@ from daemon.states import TERMINAL, IllegalTransition, State, allowed
 from daemon.systemd import Notifier
 from daemon.upkeep import EtcdUpkeep, Event, Join
 from daemon.view import NodeView
+from daemon.waiting import Waiting
 from daemon.workers import ExitKind, GroupExit
 from trainer import logs
 
 TICK_S = 0.25
 STOP_GRACE_S = 5.0  # ranks of a failed group get this long after SIGTERM before SIGKILL
-WAIT_REPORT_S = 30.0
 
 
 class Supervisor:
@@ -71,6 +70,7 @@ class Supervisor:
         remembered = self.slot_file.read_text().strip() if self.slot_file.exists() else ""
         self.previous_slot = int(remembered) if remembered.isdigit() else None
         self.upkeep = EtcdUpkeep(cfg, coordinator, self.view, self.run_dir)
+        self.waiting = Waiting(cfg, self.view)
         node = cfg.node
         self.budget = RestartBudget(
             node.max_restarts, node.restart_window_s, node.restart_backoff_s
@@ -78,7 +78,6 @@ class Supervisor:
         self.exit_code = EXIT_OK
         self.drain_requested = threading.Event()
         self.entered_at = time.monotonic()  # when the current state began
-        self.reported_at = 0.0  # when WAITING last logged what it waits for
         self.restart_at = 0.0  # when RESTARTING's backoff ends
         self.completed_seen_at: float | None = None  # when RUNNING saw the job completed
         self.note: dict[str, Any] = {}  # fields for the next state_changed event
@@ -166,7 +165,7 @@ class Supervisor:
             return self._done("job completed")
         if self.view.slot is None:
             return State.CLAIMING
-        missing = self._missing()
+        missing = self.waiting.missing(self.upkeep.forwarder.target is not None)
         if missing is None:
             self.upkeep.lease_lost = False  # fresh ranks: nothing of theirs to judge
             self.group.start(self.view.slot, self.upkeep.forwarder.url)
@@ -174,14 +173,8 @@ class Supervisor:
             if not job_state or job_state.get("state") not in ("running", "completed"):
                 self.upkeep.set_state("running")
             return State.RUNNING
-        now, waited = time.monotonic(), time.monotonic() - self.entered_at
-        if missing != self.view.waiting_for or now - self.reported_at > WAIT_REPORT_S:
-            self.log.info("waiting", waiting_for=missing, waited_s=round(waited, 1))
-            self.view.waiting_for, self.reported_at = missing, now
-        timeout = self.cfg.node.wait_timeout_s
-        if timeout and waited > timeout:
-            return self._fail(f"waited {timeout:.0f}s for {missing}", EXIT_FAILED)
-        return State.WAITING
+        error = self.waiting.report(missing, since=self.entered_at)
+        return State.WAITING if error is None else self._fail(error, EXIT_FAILED)
 
     def _running(self) -> State:
         if self.upkeep.fenced or self.upkeep.lease_lost:  # nothing may commit here now
@@ -205,20 +198,11 @@ class Supervisor:
         if outcome is not None:  # a paused rank was killed from outside
             self.log.warning("group_failed", kind=outcome.kind.value, reason=outcome.reason)
             return self._stop(outcome)
-        if self.upkeep.fenced:
-            return State.FENCED
-        verdict, why = self.upkeep.fence_verdict()
-        if verdict == Fence.HOLD:
-            if why != self.view.waiting_for:
-                self.log.info("fence_holding", reason=why, step=self.view.step)
-                self.view.waiting_for = why
-            return State.FENCED
-        self.upkeep.lease_lost = False
+        verdict, why = self.upkeep.fence_verdict()  # HOLD while etcd is away
         if verdict == Fence.KEEP:
             self.group.resume(why)
             return State.RUNNING
-        self.log.warning("fence_discarding", reason=why, step=self.view.step)
-        return self._stop(FENCED_OUT)
+        return State.FENCED if verdict == Fence.HOLD else self._stop(FENCED_OUT)
 
     def _stopping(self) -> State:
         if not self.group.stopped(STOP_GRACE_S):
@@ -238,9 +222,7 @@ class Supervisor:
             return self._done(v.reason)
         if v.reason == "peers":
             self.log.info("group_waiting_for_peers", detail=v.detail)
-        elif v.reason == "fenced":
-            self.view.restarts["fenced"] = self.view.restarts.get("fenced", 0) + 1
-        elif v.state == State.RESTARTING:
+        elif v.reason:  # a restart: after a backoff (RESTARTING), or at once after a fence
             self.view.restarts[v.reason] = self.view.restarts.get(v.reason, 0) + 1
             self.restart_at = now + v.delay_s
             self.note = {"reason": v.reason, "detail": v.detail, "delay_s": round(v.delay_s, 2)}
@@ -263,12 +245,6 @@ class Supervisor:
         return self._done("drained")
 
     # ------------------------------------------------------ what handlers share
-
-    def _missing(self) -> str | None:
-        """What WAITING still needs before starting the group; None when nothing."""
-        if not self.view.lighthouse or self.upkeep.forwarder.target is None:
-            return "a lighthouse address in etcd"
-        return self.view.missing_groups(self.cfg.job.min_replicas)
 
     def _stop(self, cause: GroupExit | str) -> State:
         """Begin stopping the group; STOPPING decides what next once it is gone."""

@@ -5,7 +5,8 @@ in the daemon, and no coordination error leaves it as an exception. Each one
 becomes what the state machine needs to know:
 
 * etcd unreachable (or a lost lease): ``view.etcd_up`` goes false, the round is
-  retried with backoff; the ranks are never touched for it;
+  retried with backoff; only once the lease is in doubt does :attr:`fenced`
+  go true (``daemon.fencing``: the lighthouse stops, the supervisor pauses the ranks);
 * a conflict (a compare-and-swap that lost a race, ``NotLeader``, a key that
   "keeps changing"): logged as ``etcd_retry`` and tried again next round;
 * a refusal that is the user's to fix (another job file, wrong credentials, a
@@ -241,19 +242,30 @@ class EtcdUpkeep:
         self._lease_written = now
 
     def fence_verdict(self) -> tuple[Fence, str]:
-        """Once etcd answered after a fence: what the paused ranks may do (daemon.fencing).
-        The verdict is final unless it is HOLD; the caller clears ``lease_lost``."""
-        if not self.lease_lost:
-            return Fence.KEEP, "the lease was kept: nothing changed hands"
-        job = self.view.job
-        return after_fence(
-            node_id=self.cfg.node_id,
-            step=self.view.step,
-            trained_epoch=self.trained_epoch,
-            epoch=job.leader_epoch if job else None,
-            nodes=job.nodes if job else {},
-            held_s=time.monotonic() - self.answered_at,
-        )
+        """What paused ranks may do (daemon.fencing): HOLD while fenced or undecided;
+        KEEP or DISCARD once, logged, after which the lost lease counts as judged."""
+        if self.fenced:
+            return Fence.HOLD, "etcd has not confirmed our lease"
+        verdict, why = Fence.KEEP, "the lease was kept: nothing changed hands"
+        if self.lease_lost:
+            job = self.view.job
+            verdict, why = after_fence(
+                node_id=self.cfg.node_id,
+                step=self.view.step,
+                trained_epoch=self.trained_epoch,
+                epoch=job.leader_epoch if job else None,
+                nodes=job.nodes if job else {},
+                held_s=time.monotonic() - self.answered_at,
+            )
+        if verdict == Fence.HOLD:
+            if why != self.view.waiting_for:
+                self.log.info("fence_holding", reason=why, step=self.view.step)
+                self.view.waiting_for = why
+        elif verdict == Fence.DISCARD:
+            self.log.warning("fence_discarding", reason=why, step=self.view.step)
+        if verdict != Fence.HOLD:
+            self.lease_lost = False
+        return verdict, why
 
     def _follow_epoch(self, epoch: int | None) -> None:
         """While our ranks train (not fenced, no lost lease to judge), note the leader
