@@ -6,7 +6,9 @@ Layout of ``<checkpoint.dir>/step-<N>/``:
   as DTensors, so a load into another (dp_shard, tp, pp) layout reshards;
 * ``train_state.json``: step, tokens, LR schedule, torchft counters (no pickle);
 * ``COMPLETE.json``: the completion marker (step, layout, model hash, time, every
-  file with its size), written atomically only after the save has finished.
+  file with its size), written atomically only after the save has finished and,
+  under a daemon, once its etcd lease is confirmed after the step
+  (``trainer.lease_fence``: a cut-off node's save never becomes a checkpoint).
 
 Only the lowest-id participating group writes (torchft orders the quorum by
 replica id). Saves are asynchronous: DCP copies the state in a background
