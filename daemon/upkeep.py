@@ -89,6 +89,7 @@ class EtcdUpkeep:
         self.fenced = False
         self.lease_lost = False
         self.answered_at = 0.0  # when etcd answered again after the fence
+        self.snapshot_at = 0.0  # when view.job was last read
         self.trained_epoch: int | None = None  # the leader epoch our ranks train under
         self.epoch_step = 0  # our step when they began to
         self.lease_file = run_dir / LEASE_FILE
@@ -202,7 +203,7 @@ class EtcdUpkeep:
         ok, job = self._attempt("snapshot", self.coord.snapshot)
         if not ok or job is None:
             return
-        self.view.job = job
+        self.view.job, self.snapshot_at = job, time.monotonic()
         self._follow_epoch(job.leader_epoch)
         self._follow_lighthouse(job.lighthouse)
         self._publish_checkpoint()
@@ -246,6 +247,8 @@ class EtcdUpkeep:
         KEEP or DISCARD once, logged, after which the lost lease counts as judged."""
         if self.fenced:
             return Fence.HOLD, "etcd has not confirmed our lease"
+        if self.lease_lost and self.snapshot_at < self.answered_at:
+            return Fence.HOLD, "no view of the job since etcd answered"
         verdict, why = Fence.KEEP, "the lease was kept: nothing changed hands"
         if self.lease_lost:
             job = self.view.job
