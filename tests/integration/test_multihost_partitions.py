@@ -123,11 +123,18 @@ def partition(
     # be its history winning.
     active_at = event_time((resumed or restarted)[0])
     majority = [(event_time(e), int(e["step"])) for _, rd in rest for e in rd.events("train_step")]
+    wedged = 0
     for _, rd in rest:
         for h in heals_after(rd, active_at):
             known = max((st for t, st in majority if t <= event_time(h) + 1.0), default=0)
             assert int(str(h["step"])) <= known + 1, f"{rd.node_id} healed to the cut-off side"
-        assert not events_after(rd, "group_restarted", cut_at), rd.node_id
+        # A known gap (issue 11 note): a cut-off rank paused with SIGSTOP while its peers
+        # still reach it (an etcd-only cut) can hold a majority rank past ft.timeout_s,
+        # until that node's hang detector restarts it. Any other restart is a failure.
+        restarts = events_after(rd, "group_restarted", cut_at)
+        assert all(e.get("reason") == "hang" for e in restarts), (rd.node_id, restarts)
+        wedged += len(restarts)
+    recovery(f"{label}: majority groups restarted by their hang detector", wedged)
 
 
 Sever = Callable[[Network, Host], tuple[Callable[[], None], Callable[[], None]]]
