@@ -23,7 +23,7 @@ PR_SET_PDEATHSIG = 1
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A port that was free on `host` a moment ago (the caller binds it soon after)."""
-    with socket.socket() as s:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
         s.bind((host, 0))
         port: int = s.getsockname()[1]
         return port

@@ -10,8 +10,9 @@ import os
 import signal
 import sys
 
-from daemon.config import DaemonConfig, load_daemon_config, read_password
+from daemon.config import DaemonConfig, load_daemon_config
 from daemon.coordination import CoordinationError, Coordinator, EtcdSettings
+from daemon.etcd_settings import read_password
 from daemon.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from daemon.identity import take_identity
 from trainer import logs
@@ -85,6 +86,7 @@ def etcd_settings(cfg: DaemonConfig, endpoints: list[str]) -> EtcdSettings:
         user=e.user,
         password=read_password(cfg),
         timeout_s=e.timeout_s,
+        allow_insecure_password=e.allow_insecure_password,
     )
 
 
@@ -95,6 +97,15 @@ def run(cfg: DaemonConfig) -> int:
     from daemon.server import StatusServer
     from daemon.supervisor import Supervisor
 
+    try:  # once: a name that resolves differently later must not move the listeners
+        cfg = cfg.pin_bind_host()
+    except OSError as e:  # DNS may not be up yet: not bad input, so systemd retries
+        print(
+            f"error: node.advertise_host {cfg.advertise_host!r} does not resolve ({e}); "
+            "fix its DNS entry or set node.bind_host.",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
     try:  # before anything starts; the lock on run_dir is held until the daemon exits
         lock = preflight(cfg)
     except ConfigError as e:
@@ -138,9 +149,7 @@ def run(cfg: DaemonConfig) -> int:
         sup = Supervisor(cfg, coord)
         metrics = DaemonMetrics(sup)
         try:
-            server = StatusServer(
-                sup, cfg.node.http_host, cfg.node.http_port, metrics.render
-            ).start()
+            server = StatusServer(sup, cfg.http_host, cfg.node.http_port, metrics.render).start()
         except OSError as e:
             print(
                 f"error: node.http_port {cfg.node.http_port} cannot be bound ({e.strerror}); pick a free port.",

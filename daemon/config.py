@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import socket
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, PrivateAttr
 
+from daemon.etcd_settings import NODE_ID, NODE_ID_RULE, check_etcd_job
+from daemon.netif import resolve
 from trainer.config import (
     TRAINER_SECTIONS,
     ConfigError,
@@ -41,9 +42,6 @@ SHARED_SECTIONS: tuple[str, ...] = ("job", "lighthouse", *TRAINER_SECTIONS)
 STOP_MARGIN_S = 15.0
 MAX_DRAIN_GRACE_S = 45.0
 
-# Node ids are etcd key segments and the default run_dir's last component.
-NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-NODE_ID_RULE = "must start with a letter or digit and hold only letters, digits, '.', '_' and '-'"
 PORT_FIELDS: tuple[str, ...] = ("http_port", "lighthouse_port", "lighthouse_proxy_port")
 
 
@@ -70,7 +68,14 @@ class EtcdConfig(Section):
     cert_file: str | None = Field(None, description="Client certificate for etcd TLS client auth.")
     key_file: str | None = Field(None, description="Private key of cert_file.")
     user: str | None = Field(None, description="etcd user for password auth.")
-    password_file: str | None = Field(None, description="File holding the etcd password.")
+    password_file: str | None = Field(
+        None,
+        description="File holding the etcd password; needs TLS (ca_file or https://) unless "
+        "every endpoint is on loopback or allow_insecure_password is set.",
+    )
+    allow_insecure_password: bool = Field(
+        False, description="Send the etcd password over plain HTTP to a remote etcd (not advised)."
+    )
     lease_ttl_s: int = Field(
         10,
         ge=2,
@@ -101,9 +106,17 @@ class NodeConfig(Section):
         description="Port of /metrics /healthz /readyz /status (0 = any free port); "
         "must be free and differ from the node's other ports.",
     )
-    http_host: str = Field("0.0.0.0", description="Address the HTTP server binds.")
     advertise_host: str | None = Field(
         None, description="Name peers use to reach this node (default: the hostname)."
+    )
+    bind_host: str | None = Field(
+        None,
+        description="Address every listener other hosts reach binds: the HTTP server, the "
+        "lighthouse and the ranks' store, torchft manager and healing server (default: the "
+        'address node.advertise_host resolves to; "0.0.0.0" listens on every interface).',
+    )
+    http_host: str | None = Field(
+        None, description="Address the HTTP server binds (default: node.bind_host)."
     )
     lighthouse_port: int = Field(
         29510,
@@ -112,8 +125,8 @@ class NodeConfig(Section):
         description="Port this node's torchft_lighthouse binds when it leads (0 = any free port); "
         "must differ from the node's other ports.",
     )
-    lighthouse_bind: str = Field(
-        "0.0.0.0", description="Address the lighthouse binds when this node leads."
+    lighthouse_bind: str | None = Field(
+        None, description="Address the lighthouse binds when it leads (default: node.bind_host)."
     )
     lighthouse_proxy_port: int = Field(
         0,
@@ -184,6 +197,7 @@ class DaemonConfig(TrainerConfig):
     node: NodeConfig = NodeConfig()
     lighthouse: LighthouseConfig = LighthouseConfig()
     metrics: MetricsConfig = MetricsConfig()
+    _resolved_bind_host: str | None = PrivateAttr(None)
 
     @property
     def node_id(self) -> str:
@@ -202,6 +216,27 @@ class DaemonConfig(TrainerConfig):
     def advertise_host(self) -> str:
         return self.node.advertise_host or socket.gethostname()
 
+    @property
+    def bind_host(self) -> str:
+        """node.bind_host, else the address the advertised name resolves to (OSError if
+        it does not); :meth:`pin_bind_host` resolves it once for a daemon's life."""
+        return self.node.bind_host or self._resolved_bind_host or resolve(self.advertise_host)
+
+    @property
+    def http_host(self) -> str:
+        return self.node.http_host or self.bind_host
+
+    @property
+    def lighthouse_host(self) -> str:
+        return self.node.lighthouse_bind or self.bind_host
+
+    def pin_bind_host(self) -> DaemonConfig:
+        """A copy whose default bind address is resolved now (OSError when the name does not
+        resolve): a name that resolves differently later must not move the listeners."""
+        pinned = self.model_copy()
+        pinned._resolved_bind_host = self.bind_host
+        return pinned
+
     def trainer_sections(self) -> dict[str, Any]:
         """The resolved trainer sections, as the ranks will read them."""
         data = self.model_dump(mode="json", by_alias=True, include=set(TRAINER_SECTIONS))
@@ -213,18 +248,6 @@ class DaemonConfig(TrainerConfig):
         """Per-section hashes of what every node must share."""
         dumped = self.model_dump(mode="json", by_alias=True)
         return {name: spec_hash(dumped, [name]) for name in SHARED_SECTIONS}
-
-
-def split_endpoint(endpoint: str) -> tuple[str, int]:
-    """Host and port of an etcd endpoint ``host:port`` (an ``http(s)://`` scheme is allowed).
-
-    Raises ValueError when it is not host:port with a port from 1 to 65535.
-    """
-    netloc = endpoint.split("://", 1)[-1].rstrip("/")
-    host, _, port = netloc.rpartition(":")
-    if not host or not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
-        raise ValueError(f"{endpoint!r} is not host:port with a port from 1 to 65535")
-    return host, int(port)
 
 
 def check_node_id(node_id: str | None, source: str) -> None:
@@ -263,71 +286,6 @@ def _check_node(cfg: DaemonConfig, path: str | Path) -> None:
         taken[port] = field
 
 
-def check_etcd_settings(
-    endpoints: Sequence[str],
-    timeout_s: float,
-    lease_ttl_s: float,
-    job: str,
-    node_id: str,
-    user: str | None = None,
-    secret: str | None = None,
-    cert_file: str | None = None,
-    key_file: str | None = None,
-) -> None:
-    """The one check of etcd settings, for a job file and for a Coordinator built in code.
-
-    Raises ValueError naming the job-file field and the fix. ``secret`` is the
-    password (a Coordinator) or the password file (a job file): set with ``user``.
-    """
-    if not 2 <= lease_ttl_s <= 300:
-        raise ValueError(f"etcd.lease_ttl_s ({lease_ttl_s:g}) must be from 2 to 300 s")
-    if not 0 < timeout_s < lease_ttl_s:
-        raise ValueError(
-            f"etcd.timeout_s ({timeout_s:g}) must be above 0 and below etcd.lease_ttl_s "
-            f"({lease_ttl_s:g}), or one slow request outlives the lease; lower etcd.timeout_s"
-        )
-    if bool(cert_file) != bool(key_file):
-        raise ValueError("etcd.cert_file and etcd.key_file go together; set both or neither")
-    if bool(user) != bool(secret):
-        raise ValueError("etcd.user and etcd.password_file go together; set both or neither")
-    for endpoint in endpoints:
-        try:
-            split_endpoint(endpoint)
-        except ValueError:
-            raise ValueError(
-                f"etcd.endpoints entry {endpoint!r} must be host:port with a port from 1 to 65535"
-            ) from None
-    for name, value in (("job.name", job), ("node id", node_id)):
-        if not NODE_ID.fullmatch(value):  # both are etcd key segments
-            raise ValueError(f"{name} {value!r} {NODE_ID_RULE}")
-
-
-def _check_etcd(cfg: DaemonConfig, path: str | Path) -> None:
-    """The etcd settings of a job file: the shared check, then the files it names."""
-    etcd = cfg.etcd
-    try:
-        check_etcd_settings(
-            etcd.endpoints,
-            etcd.timeout_s,
-            etcd.lease_ttl_s,
-            cfg.job.name,
-            cfg.node_id,
-            etcd.user,
-            etcd.password_file,
-            etcd.cert_file,
-            etcd.key_file,
-        )
-    except ValueError as e:
-        raise ConfigError(f"{path}: {e}.") from None
-    for field in ("ca_file", "cert_file", "key_file", "password_file"):
-        value = getattr(etcd, field)
-        if value and not Path(value).is_file():
-            what = "is not a file" if Path(value).exists() else "does not exist"
-            raise ConfigError(
-                f"{path}: etcd.{field} {value} {what}; point it at the file or remove it."
-            )
-
-
 def load_daemon_config(
     path: str | Path, overrides: Sequence[str] = (), node_id: str | None = None
 ) -> DaemonConfig:
@@ -347,33 +305,12 @@ def load_daemon_config(
     except ConfigError as e:
         message = str(e).replace("the replica group has", "node.nproc gives the replica group")
         raise ConfigError(f"{path}: {message}") from None
-    _check_etcd(cfg, path)
+    check_etcd_job(cfg, path)
     if cfg.job.min_replicas > cfg.job.max_replicas:
         raise ConfigError(
             f"{path}: job.min_replicas ({cfg.job.min_replicas}) exceeds job.max_replicas ({cfg.job.max_replicas})."
         )
     return cfg
-
-
-def read_password(cfg: DaemonConfig) -> str | None:
-    """The etcd password from etcd.password_file; ConfigError when it cannot be used."""
-    path = cfg.etcd.password_file
-    if not path:
-        return None
-    try:
-        password = Path(path).read_text(encoding="utf-8").strip()
-    except OSError as e:
-        raise ConfigError(
-            f"etcd.password_file {path} cannot be read ({e.strerror}); "
-            "make it readable by the daemon's user."
-        ) from None
-    except UnicodeDecodeError:
-        raise ConfigError(
-            f"etcd.password_file {path} is not UTF-8 text; write the password as UTF-8."
-        ) from None
-    if not password:
-        raise ConfigError(f"etcd.password_file {path} is empty; write the etcd password into it.")
-    return password
 
 
 def write_rank_config(cfg: DaemonConfig, path: Path) -> Path:

@@ -30,7 +30,6 @@ from typing import Any
 import pyetcd
 from pyetcd import transactions as txn
 
-from daemon.config import check_etcd_settings
 from daemon.etcd_client import (
     CoordinationError,
     EtcdAccessDenied,
@@ -45,6 +44,7 @@ from daemon.etcd_client import (
     _Session,
     translate_error,
 )
+from daemon.etcd_settings import check_etcd_settings
 from daemon.identity import Identity, holder_of, new_instance
 from daemon.job_view import (
     STATES,
@@ -99,7 +99,8 @@ class Coordinator:
         try:  # the same check as a job file's (daemon.config)
             check_etcd_settings(
                 s.endpoints, s.timeout_s, lease_ttl_s, job, node_id,
-                s.user, s.password, s.cert_file, s.key_file,
+                s.user, s.password, s.cert_file, s.key_file, s.ca_file,
+                s.allow_insecure_password,
             )  # fmt: skip
         except ValueError as e:
             raise CoordinationError(f"{e}.") from None

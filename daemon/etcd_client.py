@@ -22,13 +22,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc  # type: ignore[import-untyped]  # no stubs; not in the mypy overrides
 import pyetcd
 
-from daemon.config import split_endpoint
+from daemon.etcd_settings import split_endpoint
 from trainer import logs
 
 log = logs.get()
@@ -91,8 +91,9 @@ class EtcdSettings:
     cert_file: str | None = None
     key_file: str | None = None
     user: str | None = None
-    password: str | None = None
+    password: str | None = field(default=None, repr=False)  # never printed
     timeout_s: float = 2.0  # below the lease TTL (daemon.config.check_etcd_settings)
+    allow_insecure_password: bool = False  # the password may cross the network in clear
 
 
 def _rpc_error(exc: BaseException) -> Any:

@@ -92,7 +92,7 @@ class Leadership:
         lh = LighthouseProcess(
             self.cfg.lighthouse,
             self.cfg.job.min_replicas,
-            node.lighthouse_bind,
+            self.cfg.lighthouse_host,
             node.lighthouse_port,
             self.log_path,
         )

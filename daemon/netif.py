@@ -1,5 +1,10 @@
-"""Which network interface carries an address: for gloo's and NCCL's socket choice.
+"""Which address a name binds to, and which network interface carries it.
 
+:func:`resolve` turns the advertised name into the address the node's listeners
+bind (``node.bind_host``'s default): a listener on the advertised address is
+reachable where peers dial it, and nowhere else.
+
+:func:`interface_for` is for gloo's and NCCL's socket choice:
 torch's gloo backend picks its interface from the hostname unless
 ``GLOO_SOCKET_IFNAME`` names one; where the hostname resolves to loopback (the
 usual /etc/hosts) every rank then advertises 127.0.0.1 to peers on other hosts.
@@ -23,6 +28,13 @@ def _ipv4_of(name: str) -> str | None:
         except OSError:
             return None  # no IPv4 address on this interface
     return socket.inet_ntoa(packed[20:24])
+
+
+def resolve(host: str) -> str:
+    """`host` as one address (IPv4 first; a literal address as it is); OSError if it does not resolve."""
+    infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    infos.sort(key=lambda info: info[0] != socket.AF_INET)
+    return str(infos[0][4][0])
 
 
 def interface_for(host: str) -> str | None:

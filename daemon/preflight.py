@@ -2,7 +2,8 @@
 
 ``daemon.config`` validates what the job file says; this module checks that this
 machine can run it: the run directory is writable and no other daemon holds it,
-the HTTP and lighthouse-proxy ports are free, the etcd credential files are
+the addresses to listen on are this machine's, the HTTP and
+lighthouse-proxy ports are free, the etcd credential files are
 readable, CUDA is present when the ranks are told to use it, and the chaos
 variables the ranks inherit are well-formed. Each problem is a ConfigError whose
 message is one sentence naming the field or file and the fix (exit code 2). The
@@ -21,7 +22,8 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 
-from daemon.config import DaemonConfig, read_password
+from daemon.config import DaemonConfig
+from daemon.etcd_settings import read_password
 from trainer import chaos
 from trainer.config import ConfigError
 
@@ -140,11 +142,36 @@ def check_run_dir_writable(run_dir: Path) -> None:
         return
 
 
+def check_bind_hosts(cfg: DaemonConfig) -> None:
+    """Every address a listener binds must belong to this machine."""
+    for field, host in (
+        ("bind_host", cfg.bind_host),
+        ("http_host", cfg.http_host),
+        ("lighthouse_bind", cfg.lighthouse_host),
+    ):
+        with socket.socket(_family(host), socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, 0))
+            except OSError as e:
+                if getattr(cfg.node, field) is not None:
+                    what = f"node.{field} {host}"
+                else:
+                    what = f"node.advertise_host {cfg.advertise_host!r} resolves to {host}, which"
+                raise ConfigError(
+                    f"{what} cannot be bound here ({e.strerror}); set node.bind_host to an "
+                    'address of this machine ("0.0.0.0" for every interface).'
+                ) from None
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
 def check_port_free(field: str, host: str, port: int) -> None:
     """Bind ``host:port`` as the daemon's server will (SO_REUSEADDR), then let it go."""
     if port == 0:
         return
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    with socket.socket(_family(host), socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
@@ -219,7 +246,8 @@ def preflight(cfg: DaemonConfig) -> RunLock:
     check_run_dir_free(run_dir)  # first: a second daemon would also find its ports taken
     check_run_dir_writable(run_dir)
     check_etcd_files(cfg)
-    check_port_free("http_port", cfg.node.http_host, cfg.node.http_port)
+    check_bind_hosts(cfg)
+    check_port_free("http_port", cfg.http_host, cfg.node.http_port)
     check_port_free("lighthouse_proxy_port", PROXY_HOST, cfg.node.lighthouse_proxy_port)
     check_device(cfg)
     check_chaos(os.environ, cfg.node.env)

@@ -100,6 +100,7 @@ class GroupSpec:
     job: str
     node: str
     advertise_host: str
+    bind_host: str  # the address the ranks' listeners bind
     extra_env: dict[str, str]
     hang_timeout_s: float
     metrics_dir: Path | None  # PROMETHEUS_MULTIPROC_DIR, or None when metrics are off
@@ -121,6 +122,7 @@ class GroupSpec:
             job=cfg.job.name,
             node=cfg.node_id,
             advertise_host=cfg.advertise_host,
+            bind_host=cfg.bind_host,
             extra_env=node.env,
             hang_timeout_s=node.hang_timeout_s,
             metrics_dir=cfg.metrics_dir if cfg.metrics.enabled else None,
@@ -166,6 +168,7 @@ class WorkerGroup:
             "PHALANX_JOB": s.job,
             "PHALANX_NODE": s.node,
             "PHALANX_ADVERTISE_HOST": s.advertise_host,
+            "PHALANX_BIND_HOST": s.bind_host,
             "PHALANX_ATTEMPT": str(self.attempt),
             "PYTHONUNBUFFERED": "1",
         }
@@ -184,7 +187,7 @@ class WorkerGroup:
 
     def start(self) -> None:
         s = self.spec
-        self.master_port = free_port()
+        self.master_port = free_port(self.spec.bind_host)
         beats = s.run_dir / "heartbeat"
         beats.mkdir(parents=True, exist_ok=True)
         self.started_at = time.monotonic()

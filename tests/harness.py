@@ -294,15 +294,15 @@ def start_daemon(
     host: Host | None = None,
 ) -> Daemon:
     """`phalanx run` for one node with its own ports and run directory; on `host` (a
-    network namespace of tests.netns) it advertises and serves HTTP on the host's address."""
+    network namespace of tests.netns) it advertises, and so listens on, the host's address."""
     http_port = free_port()
     settings = [
         f"node.http_port={http_port}",
         f"node.lighthouse_port={free_port()}",
         f'node.run_dir="{log_dir / node_id}"',
     ]
-    if host is not None:
-        settings += [f'node.advertise_host="{host.address}"', f'node.http_host="{host.address}"']
+    if host is not None:  # every listener binds the advertised address by default
+        settings.append(f'node.advertise_host="{host.address}"')
     if endpoints is not None:
         settings.append(f"etcd.endpoints={json.dumps(list(endpoints))}")
     argv = [str(BIN / "phalanx"), "run", "--config", str(config), "--node-id", node_id]

@@ -174,7 +174,7 @@ def consistency_problems(m: Manifests) -> list[str]:
         "no required anti-affinity of the pods on kubernetes.io/hostname",
     )
 
-    # Identity: node id and advertised name from the downward API.
+    # Identity: node id, advertised name and bound address from the downward API.
     env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in c["env"]}
     check(env.get("POD_NAME") == "metadata.name", "POD_NAME is not the pod name")
     check(env.get("POD_NAMESPACE") == "metadata.namespace", "POD_NAMESPACE is not the namespace")
@@ -184,6 +184,10 @@ def consistency_problems(m: Manifests) -> list[str]:
         check(args[args.index("--node-id") + 1] == "$(POD_NAME)", "--node-id is not $(POD_NAME)")
     host = f"node.advertise_host=$(POD_NAME).{svc['metadata']['name']}.$(POD_NAMESPACE).svc"
     check(any(a == "--set" and b == host for a, b in itertools.pairwise(args)), host)
+    # Listeners: bound to the pod's address, given by the downward API (not resolved).
+    check(env.get("POD_IP") == "status.podIP", "POD_IP is not the pod's address")
+    bind = "node.bind_host=$(POD_IP)"
+    check(any(a == "--set" and b == bind for a, b in itertools.pairwise(args)), bind)
 
     # Volumes: job file, checkpoints, run dir, etcd client TLS.
     mounts = {v["name"]: v for v in c["volumeMounts"]}

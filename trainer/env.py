@@ -8,6 +8,7 @@ Phalanx ones. Torch-free.
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,3 +92,18 @@ class RankEnv:
             node=env.get("PHALANX_NODE") or None,
             torchelastic=bool(env.get("TORCHELASTIC_RUN_ID")),
         )
+
+
+def advertise_host() -> str:
+    return os.environ.get("PHALANX_ADVERTISE_HOST") or socket.gethostname()
+
+
+def bind_host() -> str:
+    """The address this rank's listeners bind: ``PHALANX_BIND_HOST`` (the daemon's
+    node.bind_host), else the address the advertised name resolves to."""
+    explicit = os.environ.get("PHALANX_BIND_HOST")
+    if explicit:
+        return explicit
+    infos = socket.getaddrinfo(advertise_host(), None, type=socket.SOCK_STREAM)
+    infos.sort(key=lambda info: info[0] != socket.AF_INET)
+    return str(infos[0][4][0])

@@ -41,7 +41,7 @@ from trainer.chaos import Chaos
 from trainer.config import FaultToleranceConfig
 from trainer.env import RankEnv
 from trainer.state import TrainState
-from trainer.transport import advertise_host, checkpoint_transport
+from trainer.transport import advertise_host, bind_host, checkpoint_transport
 
 BUCKET_BYTES = 25 * 1024 * 1024
 
@@ -157,32 +157,34 @@ class TorchFTGroup:
             ProcessGroupNCCL if device.type == "cuda" else ProcessGroupGloo
         )(timeout=timeout)
         state.on_load.append(self._healed)
-        self.manager = Manager(
-            pg=pg,
-            load_state_dict=state.load_healing_state_dict,
-            state_dict=state.healing_state_dict,
-            min_replica_size=env.min_replicas,
-            use_async_quorum=cfg.async_quorum,
-            timeout=timeout,
-            quorum_timeout=timedelta(seconds=cfg.quorum_timeout_s),
-            connect_timeout=timedelta(seconds=cfg.connect_timeout_s),
-            rank=env.rank,
-            world_size=env.world_size,
-            store_addr=env.master_addr,
-            store_port=env.master_port,
-            lighthouse_addr=env.lighthouse,
-            # Zero-padded: torchft orders a quorum's groups by this string, so the
-            # lowest id sorts first (the checkpoint writer, see is_writer).
-            replica_id=f"phalanx_group_{env.replica_group:05d}",
-            hostname=advertise_host(),
-            checkpoint_transport=checkpoint_transport(timeout),
-            # Every group initialises identical weights from train.seed.
-            init_sync=False,
-            # torchft 0.2.0's manager does not tell its ranks when a lighthouse call fails
-            # (they wait out the quorum timeout); retrying, with a fresh lighthouse client
-            # each time, rides out a leader change behind the daemon's forwarder.
-            quorum_retries=cfg.quorum_retries,
-        )
+        # Rank 0's manager server listens on the bind address only (torchft: every interface).
+        with ft.manager_server_bound_to(bind_host()):
+            self.manager = Manager(
+                pg=pg,
+                load_state_dict=state.load_healing_state_dict,
+                state_dict=state.healing_state_dict,
+                min_replica_size=env.min_replicas,
+                use_async_quorum=cfg.async_quorum,
+                timeout=timeout,
+                quorum_timeout=timedelta(seconds=cfg.quorum_timeout_s),
+                connect_timeout=timedelta(seconds=cfg.connect_timeout_s),
+                rank=env.rank,
+                world_size=env.world_size,
+                store_addr=env.master_addr,
+                store_port=env.master_port,
+                lighthouse_addr=env.lighthouse,
+                # Zero-padded: torchft orders a quorum's groups by this string, so the
+                # lowest id sorts first (the checkpoint writer, see is_writer).
+                replica_id=f"phalanx_group_{env.replica_group:05d}",
+                hostname=advertise_host(),
+                checkpoint_transport=checkpoint_transport(timeout),
+                # Every group initialises identical weights from train.seed.
+                init_sync=False,
+                # torchft 0.2.0's manager does not tell its ranks when a lighthouse call fails
+                # (they wait out the quorum timeout); retrying, with a fresh lighthouse client
+                # each time, rides out a leader change behind the daemon's forwarder.
+                quorum_retries=cfg.quorum_retries,
+            )
         recorder = ft.record_quorums(self.manager)
         pg.membership = lambda: (
             membership_token(recorder.replica_ids) if recorder.replica_ids is not None else "0"

@@ -1,8 +1,9 @@
 """Every place Phalanx relies on torchft's (and one of torch's) private internals.
 
 torchft 0.2.0 offers no public way to read the quorum id or the healing flag,
-to see a quorum's members, to choose the process group's rendezvous prefix or
-to harden the checkpoint transport's loader, so Phalanx reaches in. Each
+to see a quorum's members, to choose the process group's rendezvous prefix, to
+harden the checkpoint transport's loader or to choose the address its manager
+and checkpoint servers listen on, so Phalanx reaches in. Each
 reach-in is written once, below, with what it is and why it is needed.
 :func:`check_torchft` verifies that all of them still exist with the expected
 kind, so a torchft upgrade fails loudly here, at startup, naming what changed,
@@ -13,19 +14,23 @@ rather than as an ``AttributeError`` in the middle of a quorum.
 from __future__ import annotations
 
 import ast
+import importlib
 import importlib.metadata
 import inspect
 import pkgutil
+import socket
 import textwrap
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from http.server import ThreadingHTTPServer
 from typing import Any, Literal
 
 from torchft.checkpointing.http_transport import HTTPTransport
 
-Kind = Literal["instance attribute", "method", "classmethod", "function"]
+Kind = Literal["instance attribute", "method", "classmethod", "function", "class"]
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,10 @@ REACH_INS: tuple[ReachIn, ...] = (
         "SafeHTTPTransport",
     ),
     ReachIn("torch.distributed._serialization", "_streaming_load", "function", "SafeHTTPTransport"),
+    ReachIn("torchft.manager", "ManagerServer", "class", "manager_server_bound_to"),
+    ReachIn(
+        "torchft.checkpointing.http_transport", "_IPv6HTTPServer", "class", "SafeHTTPTransport"
+    ),
 )
 
 
@@ -116,6 +125,8 @@ def _problem(reach: ReachIn) -> str | None:
     found = inspect.getattr_static(owner, reach.name, None)
     if found is None:
         return "missing"
+    if reach.kind == "class":
+        return None if isinstance(found, type) else f"not a class but {type(found).__name__}"
     if reach.kind == "classmethod" and not isinstance(found, classmethod):
         return f"not a classmethod but {type(found).__name__}"
     if reach.kind in ("method", "function") and (
@@ -221,15 +232,63 @@ def scoped_process_group(base: type) -> type:
     return Scoped
 
 
+# --- Listening addresses ---------------------------------------------------------------
+
+
+@contextmanager
+def _replaced(module: str, name: str, value: Any) -> Iterator[None]:
+    """`module.name` is `value` inside the block (the rank is single-threaded while it builds)."""
+    owner = importlib.import_module(module)
+    original = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+def _host_port(host: str, port: int | str) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def manager_server_bound_to(host: str) -> AbstractContextManager[None]:
+    """Managers built inside the block serve on `host` rather than on every interface."""
+
+    # torchft.manager.ManagerServer: the Rust server Manager.__init__ builds on group rank 0,
+    # with bind=f"[::]:{port}" hard-coded (every interface). Phalanx keeps the port.
+    def bound(*args: Any, bind: str, **kwargs: Any) -> Any:
+        return server_class(*args, bind=_host_port(host, bind.rpartition(":")[2]), **kwargs)
+
+    server_class = importlib.import_module("torchft.manager").ManagerServer
+    return _replaced("torchft.manager", "ManagerServer", bound)
+
+
+def _http_server_on(host: str) -> type[ThreadingHTTPServer]:
+    class BoundHTTPServer(ThreadingHTTPServer):
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        request_queue_size = 1024  # as torchft's server
+
+        def __init__(self, address: tuple[str, int], handler: Any) -> None:
+            super().__init__((host, address[1]), handler)
+
+    return BoundHTTPServer
+
+
 # --- Checkpoint transport --------------------------------------------------------------
 
 
 class SafeHTTPTransport(HTTPTransport[Any]):  # type: ignore[misc]
-    """torchft's HTTP checkpoint transport, loading with ``weights_only=True`` and advertising ``host``."""
+    """torchft's HTTP checkpoint transport, loading with ``weights_only=True``, advertising
+    ``host`` and listening on ``bind_host`` only."""
 
-    def __init__(self, timeout: timedelta, num_chunks: int, host: str) -> None:
+    def __init__(self, timeout: timedelta, num_chunks: int, host: str, bind_host: str) -> None:
         self.host = host  # before super().__init__, which logs address()
-        super().__init__(timeout=timeout, num_chunks=num_chunks)
+        # http_transport._IPv6HTTPServer: the server class HTTPTransport.__init__ builds on
+        # ("", 0), every interface. Phalanx swaps in one bound to bind_host.
+        with _replaced(
+            "torchft.checkpointing.http_transport", "_IPv6HTTPServer", _http_server_on(bind_host)
+        ):
+            super().__init__(timeout=timeout, num_chunks=num_chunks)
 
     # HTTPTransport._load_from_address: the classmethod recv_checkpoint fetches every
     # URL with. torchft 0.2.0 loads with full pickle there, which would let any peer

@@ -194,6 +194,16 @@ def password_file(content: bytes, mode: int = 0o600) -> Setup:
     return setup
 
 
+def password_in_clear(tmp: Path, _: contextlib.ExitStack) -> Case:
+    """A password for an etcd on another host (TEST-NET-1: never dialled) without TLS."""
+    pw = tmp / "etcd-password"
+    pw.write_text("s3cret\n")
+    return Case(
+        "etcd at 192.0.2.10:2379 is plain HTTP",
+        sets("etcd.user=u", f'etcd.password_file="{pw}"', 'etcd.endpoints=["192.0.2.10:2379"]'),
+    )
+
+
 def override(names: str, *overrides: str) -> Setup:
     return lambda _, __: Case(names, sets(*overrides))
 
@@ -239,6 +249,20 @@ CASES = [
     case("password-not-utf8", password_file(b"\xff\xfe"), True),
     case("password-empty", password_file(b"\n"), False),
     case("password-unreadable", honouring_modes(password_file(b"secret", mode=0)), True),
+    case("password-in-clear", password_in_clear, False),
+    case(
+        "bind-host-not-here",
+        override("node.bind_host 192.0.2.10 cannot be bound", 'node.bind_host="192.0.2.10"'),
+        True,
+    ),
+    case(
+        "advertised-address-not-here",
+        override(
+            "node.advertise_host '192.0.2.10' resolves to 192.0.2.10",
+            'node.advertise_host="192.0.2.10"',
+        ),
+        False,
+    ),
     case("node-id-dotdot", node_id_flag(".."), True),
     case("node-id-dot", node_id_flag("."), False),
     case("node-id-slash", node_id_flag("a/b"), True),

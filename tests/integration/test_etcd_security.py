@@ -294,6 +294,15 @@ def test_daemon_trains_against_etcd_with_tls_and_auth(
     finally:
         daemon.stop()
     assert daemon.events("train_done")[0]["step"] == 20
+    assert_never_printed(PASSWORD, tmp_path, secret)
+
+
+def assert_never_printed(password: str, root: Path, password_file: Path) -> None:
+    """No file the daemon or its ranks wrote (logs, events, status, run files) holds it."""
+    written = [p for p in root.rglob("*") if p.is_file() and p != password_file]
+    assert any(p.suffix in (".out", ".err") for p in written), written  # the logs were read
+    for path in written:
+        assert password.encode() not in path.read_bytes(), f"{path} holds the etcd password"
 
 
 def test_daemon_with_a_wrong_password_fails_clearly(
@@ -314,3 +323,4 @@ def test_daemon_with_a_wrong_password_fails_clearly(
     assert time.monotonic() - started < 20
     failure = daemon.events("node_failed")[0]["error"]
     assert "password" in failure.lower() or "authentication" in failure.lower(), failure
+    assert_never_printed("not-the-password", tmp_path, secret)

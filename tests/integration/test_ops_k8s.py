@@ -213,6 +213,12 @@ MUTATIONS: dict[str, tuple[Callable[[Manifests], object], str]] = {
         ),
         "advertise_host",
     ),
+    "listeners on every interface": (
+        lambda m: _container_of(m)["args"].__setitem__(
+            _container_of(m)["args"].index("node.bind_host=$(POD_IP)"), "node.bind_host=0.0.0.0"
+        ),
+        "node.bind_host=$(POD_IP)",
+    ),
     "policy admits all": (
         lambda m: find(m, "NetworkPolicy", "phalanx")["spec"]["ingress"].append({}),
         "admits everyone",
@@ -328,7 +334,9 @@ def test_job_file_in_configmap_validates(manifests: Manifests, tmp_path: Path) -
     # The daemon's loader, with the pod's arguments as the StatefulSet passes them
     # and the TLS files (which exist only inside the pods) replaced by local ones.
     args = [
-        a.replace("$(POD_NAME)", "phalanx-0").replace("$(POD_NAMESPACE)", "phalanx")
+        a.replace("$(POD_NAME)", "phalanx-0")
+        .replace("$(POD_NAMESPACE)", "phalanx")
+        .replace("$(POD_IP)", "10.244.1.7")
         for a in container(find(manifests, "StatefulSet", "phalanx"))["args"]
     ]
     sets = [b for a, b in itertools.pairwise(args) if a == "--set"]
@@ -338,6 +346,7 @@ def test_job_file_in_configmap_validates(manifests: Manifests, tmp_path: Path) -
     daemon = load_daemon_config(path, sets, node_id=args[args.index("--node-id") + 1])
     assert daemon.node_id == "phalanx-0"
     assert daemon.advertise_host == "phalanx-0.phalanx.phalanx.svc"
+    assert daemon.bind_host == daemon.http_host == daemon.lighthouse_host == "10.244.1.7"
 
 
 # --------------------------------------------------------------------------- kustomization

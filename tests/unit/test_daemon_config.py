@@ -16,9 +16,9 @@ from daemon.config import (
     DaemonConfig,
     check_node_id,
     load_daemon_config,
-    read_password,
-    split_endpoint,
 )
+from daemon.etcd_client import EtcdSettings
+from daemon.etcd_settings import read_password, split_endpoint
 from trainer.chaos import parse, parse_delay
 from trainer.config import ConfigError, read_job_file, validate
 
@@ -166,6 +166,62 @@ def test_etcd_password_file_problems(tmp_path: Path) -> None:
     pw.mkdir()
     with pytest.raises(ConfigError, match=r"etcd\.password_file .* is not a file"):
         load()
+
+
+def test_a_password_never_crosses_a_network_in_clear(tmp_path: Path) -> None:
+    """A password goes to a remote etcd only over TLS, unless the job file accepts the risk."""
+    pw = tmp_path / "pw"
+    pw.write_text("s3cret-value\n")
+    auth = ["etcd.user=u", f'etcd.password_file="{pw}"']
+
+    def load(endpoint: str, *more: str) -> DaemonConfig:
+        return load_daemon_config(JOB, [*auth, f'etcd.endpoints=["{endpoint}"]', *more])
+
+    for endpoint in ("10.0.0.5:2379", "etcd.example:2379", "http://10.0.0.5:2379"):
+        with pytest.raises(ConfigError) as refused:
+            load(endpoint)
+        message = str(refused.value)
+        assert f"etcd at {endpoint} is plain HTTP" in message, message
+        assert "etcd.ca_file" in message and "etcd.allow_insecure_password = true" in message
+        assert "s3cret" not in message
+    # Allowed: TLS (a CA or an https:// endpoint), loopback, or the explicit opt-in.
+    (tmp_path / "ca.pem").write_text("")
+    load("10.0.0.5:2379", f'etcd.ca_file="{tmp_path / "ca.pem"}"')
+    load("https://etcd.example:2379")
+    for loopback in ("127.0.0.1:2379", "localhost:2379", "[::1]:2379"):
+        load(loopback)
+    assert load("10.0.0.5:2379", "etcd.allow_insecure_password=true").etcd.allow_insecure_password
+    load_daemon_config(JOB, ['etcd.endpoints=["10.0.0.5:2379"]'])  # no password: nothing to leak
+
+
+def test_the_etcd_password_is_not_in_any_settings_repr(tmp_path: Path) -> None:
+    pw = tmp_path / "pw"
+    pw.write_text("s3cret-value\n")
+    cfg = load_daemon_config(JOB, ["etcd.user=u", f'etcd.password_file="{pw}"'])
+    settings = EtcdSettings(endpoints=["127.0.0.1:2379"], user="u", password=read_password(cfg))
+    assert settings.password == "s3cret-value"
+    for shown in (repr(settings), str(settings), repr(cfg), str(cfg), cfg.model_dump_json()):
+        assert "s3cret" not in shown, shown
+
+
+def test_listeners_bind_the_advertised_address_by_default() -> None:
+    """node.bind_host defaults to the address node.advertise_host resolves to; the HTTP
+    server and the lighthouse follow it unless set on their own."""
+    cfg = load_daemon_config(JOB, ['node.advertise_host="127.0.0.1"'])
+    assert cfg.node.bind_host is None and cfg.bind_host == "127.0.0.1"
+    assert cfg.http_host == cfg.lighthouse_host == "127.0.0.1"
+    named = load_daemon_config(JOB, ['node.advertise_host="localhost"']).pin_bind_host()
+    assert named.node.bind_host is None and named.bind_host in ("127.0.0.1", "::1")
+    assert named.http_host == named.lighthouse_host == named.bind_host
+    wildcard = load_daemon_config(JOB, ['node.bind_host="0.0.0.0"', 'node.http_host="127.0.0.2"'])
+    assert (wildcard.bind_host, wildcard.http_host, wildcard.lighthouse_host) == (
+        "0.0.0.0",
+        "127.0.0.2",
+        "0.0.0.0",
+    )
+    unresolvable = load_daemon_config(JOB, ['node.advertise_host="no-such-host.invalid"'])
+    with pytest.raises(OSError):
+        unresolvable.pin_bind_host()
 
 
 def test_chaos_specs_and_delays() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import inspect
+import os
 import re
 import socket
 import subprocess
@@ -27,6 +28,7 @@ from torchft.checkpointing.http_transport import HTTPTransport
 from torchft.manager import REPLICA_ID_KEY, Manager
 from torchft.process_group import ProcessGroupGloo, ProcessGroupNCCL
 
+from tests.sockets import listeners
 from trainer import torchft_adapter as ft
 from trainer.fault_tolerance import membership_token
 from trainer.transport import checkpoint_transport
@@ -68,6 +70,8 @@ def test_every_reach_in_is_checked() -> None:
         ("HTTPTransport", "_load_from_address"),
         ("HTTPTransport", "_server"),
         ("torch.distributed._serialization", "_streaming_load"),
+        ("torchft.manager", "ManagerServer"),
+        ("torchft.checkpointing.http_transport", "_IPv6HTTPServer"),
     }
 
 
@@ -120,16 +124,40 @@ def test_http_transport_load_from_address() -> None:
 
 
 def test_http_transport_server() -> None:
-    """SafeHTTPTransport.address reads HTTPTransport._server for the port it listens on."""
+    """SafeHTTPTransport.address reads HTTPTransport._server for the port it listens on, and
+    the server listens on the bind address only (torchft's listens on every interface)."""
     assert "self._server = " in source(HTTPTransport.__init__)
-    transport = ft.SafeHTTPTransport(timeout=TIMEOUT, num_chunks=0, host="127.0.0.1")
+    assert "_IPv6HTTPServer(server_address, RequestHandler)" in source(HTTPTransport.__init__)
+    transport = ft.SafeHTTPTransport(
+        timeout=TIMEOUT, num_chunks=0, host="advertised.example", bind_host="127.0.0.1"
+    )
     try:
-        match = re.fullmatch(r"http://127\.0\.0\.1:(\d+)/checkpoint/", transport.address())
+        match = re.fullmatch(r"http://advertised\.example:(\d+)/checkpoint/", transport.address())
         assert match
+        assert transport._server.socket.getsockname() == ("127.0.0.1", int(match[1]))
         with socket.create_connection(("127.0.0.1", int(match[1])), timeout=5):
             pass
     finally:
         transport.shutdown(wait=True)
+    # The swap lasts only while the transport is built.
+    from torchft.checkpointing import http_transport
+    from torchft.http import _IPv6HTTPServer
+
+    assert http_transport._IPv6HTTPServer is _IPv6HTTPServer
+
+
+def test_manager_server() -> None:
+    """manager_server_bound_to replaces the ManagerServer that Manager.__init__ builds, by
+    name from torchft.manager's globals, with bind= given as a keyword."""
+    import torchft.manager
+
+    init = source(Manager.__init__)
+    assert "self._manager = ManagerServer(" in init and "bind=bind," in init
+    assert 'bind = f"[::]:{port}"' in init
+    original = torchft.manager.ManagerServer
+    with ft.manager_server_bound_to("127.0.0.1"):
+        assert torchft.manager.ManagerServer is not original
+    assert torchft.manager.ManagerServer is original
 
 
 def test_streaming_load() -> None:
@@ -189,26 +217,34 @@ def test_accessors_on_a_live_manager(lighthouse: str) -> None:
     """One quorum on a real Manager: every accessor returns the right kind of value."""
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     pg = ft.scoped_process_group(ProcessGroupGloo)(timeout=TIMEOUT)
-    manager = Manager(
-        pg=pg,
-        load_state_dict=lambda _: None,
-        state_dict=lambda: {},
-        min_replica_size=1,
-        use_async_quorum=False,
-        timeout=TIMEOUT,
-        quorum_timeout=TIMEOUT,
-        connect_timeout=TIMEOUT,
-        rank=0,
-        world_size=1,
-        store_addr="127.0.0.1",
-        store_port=store.port,
-        lighthouse_addr=lighthouse,
-        replica_id="phalanx_group_00000",
-        hostname="127.0.0.1",
-        checkpoint_transport=checkpoint_transport(TIMEOUT),
-        init_sync=False,
-    )
+    with ft.manager_server_bound_to("127.0.0.1"):
+        manager = Manager(
+            pg=pg,
+            load_state_dict=lambda _: None,
+            state_dict=lambda: {},
+            min_replica_size=1,
+            use_async_quorum=False,
+            timeout=TIMEOUT,
+            quorum_timeout=TIMEOUT,
+            connect_timeout=TIMEOUT,
+            rank=0,
+            world_size=1,
+            store_addr="127.0.0.1",
+            store_port=store.port,
+            lighthouse_addr=lighthouse,
+            replica_id="phalanx_group_00000",
+            hostname="127.0.0.1",
+            checkpoint_transport=checkpoint_transport(TIMEOUT),
+            init_sync=False,
+        )
     try:
+        # Nothing of this process but the test's own store listens on every interface;
+        # the manager server listens on the address it was bound to.
+        assert manager._manager is not None
+        manager_port = int(manager._manager.address().rpartition(":")[2])
+        mine = [lst for lst in listeners() if lst.pid == os.getpid()]
+        assert [lst.port for lst in mine if lst.on_every_interface] == [store.port], mine
+        assert [lst.address for lst in mine if lst.port == manager_port] == ["127.0.0.1"], mine
         recorder = ft.record_quorums(manager)
         assert recorder.replica_ids is None and ft.quorum_id(manager) == -1
         tokens: list[str] = []

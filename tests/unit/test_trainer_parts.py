@@ -93,7 +93,9 @@ TIMEOUT = timedelta(seconds=5)
 @contextmanager
 def serving(state_dict: object, step: int) -> Iterator[str]:
     """A peer's real checkpoint transport serving `state_dict` at `step`; yields its metadata."""
-    sender = SafeHTTPTransport(timeout=TIMEOUT, num_chunks=0, host="127.0.0.1")
+    sender = SafeHTTPTransport(
+        timeout=TIMEOUT, num_chunks=0, host="127.0.0.1", bind_host="127.0.0.1"
+    )
     try:
         sender.send_checkpoint(dst_ranks=[1], step=step, state_dict=state_dict, timeout=TIMEOUT)
         yield str(sender.metadata())
@@ -116,7 +118,9 @@ def test_healing_state_round_trips_through_the_weights_only_loader() -> None:
     src.scheduler.step()
     src.step, src.tokens = 7, 123
     with serving(src.healing_state_dict(), step=7) as metadata:
-        receiver = SafeHTTPTransport(timeout=TIMEOUT, num_chunks=0, host="127.0.0.1")
+        receiver = SafeHTTPTransport(
+            timeout=TIMEOUT, num_chunks=0, host="127.0.0.1", bind_host="127.0.0.1"
+        )
         dst.load_healing_state_dict(receive(receiver, metadata, step=7))  # type: ignore[arg-type]
     assert params_sha256(dst.params) == params_sha256(src.params)
     assert (dst.step, dst.tokens) == (7, 123)
@@ -134,7 +138,9 @@ class _Evil:
 def test_transport_refuses_pickled_code() -> None:
     """A peer serving a pickled callable is refused by the weights-only loader; torchft's runs it."""
     with serving({"x": _Evil()}, step=1) as metadata:
-        safe = SafeHTTPTransport(timeout=TIMEOUT, num_chunks=0, host="127.0.0.1")
+        safe = SafeHTTPTransport(
+            timeout=TIMEOUT, num_chunks=0, host="127.0.0.1", bind_host="127.0.0.1"
+        )
         with pytest.raises(Exception, match=r"(?i)weights only|unsupported global"):
             receive(safe, metadata, step=1)
         # torchft's own loader unpickles the callable and calls it (print returns None).
