@@ -29,6 +29,10 @@ class Verdict:
     code: int = EXIT_OK  # FAILED: the daemon's exit code
     delay_s: float = 0.0  # RESTARTING: the backoff before the next start
 
+    def note(self) -> dict[str, object]:
+        """A restart's fields for the state_changed event."""
+        return {"reason": self.reason, "detail": self.detail, "delay_s": round(self.delay_s, 2)}
+
 
 def after_stop(
     cause: GroupExit | str,

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from daemon.config import NodeConfig
 
 BACKOFF_CAP_S = 30.0
 
@@ -15,6 +19,10 @@ class RestartBudget:
     backoff_s: float
     restarts: deque[float] = field(default_factory=deque)
     total: int = 0
+
+    @classmethod
+    def for_node(cls, node: NodeConfig) -> RestartBudget:
+        return cls(node.max_restarts, node.restart_window_s, node.restart_backoff_s)
 
     def _trim(self, now: float) -> None:
         while self.restarts and now - self.restarts[0] > self.window_s:

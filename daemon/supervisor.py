@@ -65,21 +65,13 @@ class Supervisor:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         rank_config = write_rank_config(cfg, self.run_dir / "config.json")
         self.group = NodeGroup(cfg, self.view, rank_config)
-        # The slot held last time, asked for first: the group keeps its data shard.
-        self.slot_file = self.run_dir / "slot"
-        remembered = self.slot_file.read_text().strip() if self.slot_file.exists() else ""
-        self.previous_slot = int(remembered) if remembered.isdigit() else None
         self.upkeep = EtcdUpkeep(cfg, coordinator, self.view, self.run_dir)
         self.waiting = Waiting(cfg, self.view)
-        node = cfg.node
-        self.budget = RestartBudget(
-            node.max_restarts, node.restart_window_s, node.restart_backoff_s
-        )
+        self.budget = RestartBudget.for_node(cfg.node)
         self.exit_code = EXIT_OK
         self.drain_requested = threading.Event()
         self.entered_at = time.monotonic()  # when the current state began
         self.restart_at = 0.0  # when RESTARTING's backoff ends
-        self.completed_seen_at: float | None = None  # when RUNNING saw the job completed
         self.note: dict[str, Any] = {}  # fields for the next state_changed event
 
     # ------------------------------------------------------------------ the loop
@@ -125,14 +117,11 @@ class Supervisor:
         self.log.info("state_changed", **{"from": frm.value, "to": to.value}, **note)
         self.view.state, self.entered_at = to, time.monotonic()
         self.view.waiting_for = None
-        self.notifier.status(f"{to.value} group={self._slot_label()} step={self.view.step}")
+        self.notifier.status(f"{to.value} group={self.view.slot_label} step={self.view.step}")
 
     def request_drain(self) -> None:
         """Called from the SIGTERM handler: only sets a flag, the loop does the work."""
         self.drain_requested.set()
-
-    def _slot_label(self) -> str:
-        return "-" if self.view.slot is None else str(self.view.slot)
 
     # ------------------------------------------------------------------ handlers
 
@@ -150,15 +139,8 @@ class Supervisor:
     def _claiming(self) -> State:
         if self.view.job_completed:
             return self._done("job completed")
-        preferred = self.view.slot if self.view.slot is not None else self.previous_slot
-        slot = self.upkeep.claim(preferred)
-        if slot is None:
-            return State.CLAIMING  # every slot is taken (stand by) or etcd is away
-        self.view.slot = slot
-        self.slot_file.write_text(f"{slot}\n")
-        logs.bind(replica_group=slot)
-        self.log.info("slot_claimed", slot=slot)
-        return State.WAITING
+        # None: every slot is taken (stand by) or etcd is away
+        return State.CLAIMING if self.upkeep.claim() is None else State.WAITING
 
     def _waiting(self) -> State:
         if self.view.job_completed:
@@ -182,7 +164,8 @@ class Supervisor:
             return State.FENCED
         outcome = self.group.poll()
         if outcome is None:
-            if self.view.job_completed and self._completion_grace_over():
+            # Another node completed the job: this group gets drain_grace_s to finish too.
+            if self.view.completed_for(time.monotonic()) >= self.cfg.node.drain_grace_s:
                 return self._stop("the job completed elsewhere")
             return State.RUNNING
         if outcome.kind == ExitKind.COMPLETED:
@@ -224,8 +207,7 @@ class Supervisor:
             self.log.info("group_waiting_for_peers", detail=v.detail)
         elif v.reason:  # a restart: after a backoff (RESTARTING), or at once after a fence
             self.view.restarts[v.reason] = self.view.restarts.get(v.reason, 0) + 1
-            self.restart_at = now + v.delay_s
-            self.note = {"reason": v.reason, "detail": v.detail, "delay_s": round(v.delay_s, 2)}
+            self.restart_at, self.note = now + v.delay_s, v.note()
         self.group.restart_reason = v.reason or self.group.restart_reason
         return v.state
 
@@ -251,17 +233,11 @@ class Supervisor:
         self.group.stop(cause)
         return State.STOPPING
 
-    def _completion_grace_over(self) -> bool:
-        """Another node completed the job: our running group gets drain_grace_s to finish too."""
-        now = time.monotonic()
-        self.completed_seen_at = self.completed_seen_at or now
-        return now - self.completed_seen_at >= self.cfg.node.drain_grace_s
-
     # ------------------------------------------------------------------ endings
 
     def _drain(self) -> State:
         self.log.info("draining", grace_s=self.cfg.node.drain_grace_s)
-        self.notifier.stopping(f"draining group={self._slot_label()}")
+        self.notifier.stopping(f"draining group={self.view.slot_label}")
         self.group.drain()
         return State.DRAINING
 

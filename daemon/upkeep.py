@@ -93,6 +93,7 @@ class EtcdUpkeep:
         self.trained_epoch: int | None = None  # the leader epoch our ranks train under
         self.epoch_step = 0  # our step when they began to
         self.lease_file = run_dir / LEASE_FILE
+        self.slot_file = run_dir / "slot"
         self._lease_written: tuple[str, float] | None = None
 
     # ------------------------------------------------------------ error handling
@@ -166,12 +167,23 @@ class EtcdUpkeep:
         self._retry_at = now + 1.0
         return Join.NOT_YET
 
-    def claim(self, preferred: int | None) -> int | None:
+    def claim(self) -> int | None:
+        """Claim a slot (None: all taken, or etcd away), the one held last asked for first,
+        even from a previous life (``run_dir/slot``): the group keeps its data shard."""
         if not self._due():
             return None
+        remembered = self.slot_file.read_text().strip() if self.slot_file.exists() else ""
+        preferred = self.view.slot if self.view.slot is not None else None
+        if preferred is None and remembered.isdigit():
+            preferred = int(remembered)
         _, slot = self._attempt(
             "claim", lambda: self.coord.claim_slot(self.cfg.job.max_replicas, preferred=preferred)
         )
+        if slot is not None:
+            self.view.slot = slot
+            self.slot_file.write_text(f"{slot}\n")
+            logs.bind(replica_group=slot)
+            self.log.info("slot_claimed", slot=slot)
         return slot
 
     # -------------------------------------------------------------------- rounds

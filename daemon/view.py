@@ -38,7 +38,12 @@ class NodeView:
     last_tick: float = field(default_factory=time.monotonic)
     ticks: int = 0  # supervisor loop iterations: /status shows the loop is alive
     waiting_for: str | None = None  # what WAITING waits for, None otherwise
+    completed_seen_at: float | None = None  # when the job was first seen completed
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def slot_label(self) -> str:
+        return "-" if self.slot is None else str(self.slot)
 
     def track(self, event: dict[str, Any], node_id: str) -> None:
         """Fold one rank event into the view (called from the rank output threads)."""
@@ -68,6 +73,13 @@ class NodeView:
     @property
     def job_completed(self) -> bool:
         return bool(self.job and self.job.state and self.job.state.get("state") == "completed")
+
+    def completed_for(self, now: float) -> float:
+        """How long the job has been seen completed (by another node; 0 when it is not)."""
+        if not self.job_completed:
+            return 0.0
+        self.completed_seen_at = self.completed_seen_at or now
+        return now - self.completed_seen_at
 
     def missing_groups(self, need: int) -> str | None:
         """Whether fewer than `need` replica groups hold a slot (what is missing), or None."""

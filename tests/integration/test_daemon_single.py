@@ -146,6 +146,23 @@ def test_a_node_with_a_different_job_file_is_refused(tmp_path: Path, etcd_endpoi
         first.stop()
 
 
+def test_a_node_asks_first_for_the_slot_its_run_dir_remembers(
+    tmp_path: Path, etcd_endpoint: str
+) -> None:
+    """A daemon restarted on its run_dir claims the slot it held before (its data shard),
+    not the lowest free one."""
+    (tmp_path / "back").mkdir()
+    (tmp_path / "back" / "slot").write_text("1\n")
+    d = start_daemon(tmp_path, "back", [etcd_endpoint], overrides=["train.steps=100000"])
+    try:
+        claimed = wait_for(lambda: d.events("slot_claimed"), 60, "the slot claim")
+        assert claimed[0]["slot"] == 1, claimed
+        wait_for(lambda: d.status() and d.require_status()["replica_group"] == 1, 30, "status")
+    finally:
+        d.stop()
+    assert (tmp_path / "back" / "slot").read_text() == "1\n"
+
+
 def test_status_before_any_daemon_is_a_clear_error(tmp_path: Path) -> None:
     proc = _phalanx("status", "--config", str(DAEMON_JOB), "--set", f'node.run_dir="{tmp_path}"')
     assert proc.returncode == 2 and "etcd.endpoints" in proc.stderr
