@@ -131,6 +131,26 @@ def test_bad_flags_and_files_exit_2(tmp_path: Path) -> None:
         assert _phalanx(command, "--help").returncode == 0
 
 
+def test_an_advertised_name_that_does_not_resolve_exits_1_not_2(tmp_path: Path) -> None:
+    """DNS may not be up yet (a pod's record, a booting host): systemd must retry it."""
+    proc = _phalanx(
+        "run",
+        "--config",
+        str(DAEMON_JOB),
+        "--set",
+        'node.advertise_host="no-such-host.invalid"',
+        "--set",
+        f'node.run_dir="{tmp_path / "run"}"',
+    )
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert (
+        len(lines) == 1
+        and "node.advertise_host 'no-such-host.invalid' does not resolve" in lines[0]
+    )
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_node_with_a_different_job_file_is_refused(tmp_path: Path, etcd_endpoint: str) -> None:
     first = start_daemon(tmp_path, "first", [etcd_endpoint], overrides=["train.steps=100000"])
     try:

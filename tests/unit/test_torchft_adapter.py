@@ -28,6 +28,7 @@ from torchft.checkpointing.http_transport import HTTPTransport
 from torchft.manager import REPLICA_ID_KEY, Manager
 from torchft.process_group import ProcessGroupGloo, ProcessGroupNCCL
 
+from daemon.children import free_port
 from tests.sockets import listeners
 from trainer import torchft_adapter as ft
 from trainer.fault_tolerance import membership_token
@@ -170,12 +171,6 @@ def test_streaming_load() -> None:
 
 
 # --- A live Manager ----------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
