@@ -1,14 +1,16 @@
 """Asynchronous DCP checkpoints, written by one replica group, trusted only when complete.
 
-Layout of ``<checkpoint.dir>/step-<N>/``:
+Layout of ``<checkpoint.dir>/step-<N>/`` (``trainer.checkpoint_files``):
 
 * DCP files (``__<rank>_0.distcp``, ``.metadata``): parameters and optimizer state,
   as DTensors, so a load into another (dp_shard, tp, pp) layout reshards;
 * ``train_state.json``: step, tokens, LR schedule, torchft counters (no pickle);
 * ``COMPLETE.json``: the completion marker (step, layout, model hash, time, every
-  file with its size), written atomically only after the save has finished and,
-  under a daemon, once its etcd lease is confirmed after the step
+  file with its size and SHA-256), written atomically only after the save has
+  finished and, under a daemon, once its etcd lease is confirmed after the step
   (``trainer.lease_fence``: a cut-off node's save never becomes a checkpoint).
+  Rank 0 computes the checksums in a background thread once the files are
+  written, and applies retention there too: neither is on the training path.
 
 Only the lowest-id participating group writes (torchft orders the quorum by
 replica id). Saves are asynchronous: DCP copies the state in a background
@@ -17,19 +19,18 @@ and writes it in another; the save's collectives use a dedicated Gloo group so
 they never interleave with training's. At most one save is in flight; a save
 that falls due while the previous one runs is skipped and counted.
 
-Loading trusts nothing without a marker, checks every listed file's size, and
-refuses pickled data: DCP metadata is read with an allow-list unpickler and any
+Loading trusts nothing without a marker, checks every listed file's size and
+checksum, and refuses pickled data: DCP metadata is read with an allow-list unpickler and any
 non-tensor item in a checkpoint is an error: nothing is ever unpickled in full.
 """
 
 from __future__ import annotations
 
+import contextvars
 import json
-import os
 import shutil
 import time
-from concurrent.futures import Future
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -43,91 +44,22 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from trainer import logs
 from trainer.chaos import Chaos
+from trainer.checkpoint_files import (
+    MARKER,
+    PREFIX,
+    SCALARS,
+    candidates,
+    describe_files,
+    problem,
+    retain,
+    write_json_atomic,
+)
 from trainer.config import CheckpointConfig
 from trainer.fault_tolerance import Replication
 from trainer.lease_fence import Fence, LeaseFence
 from trainer.metrics import TrainMetrics
 from trainer.safe_load import SafeReader, TensorOnlyPlanner
 from trainer.state import TrainState
-
-MARKER = "COMPLETE.json"
-SCALARS = "train_state.json"
-PREFIX = "step-"
-
-
-# ----------------------------------------------------------------- disk format
-
-
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write, fsync, rename, fsync the directory: the file is either absent or whole."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-@dataclass(frozen=True)
-class Candidate:
-    step: int
-    path: Path
-
-    @property
-    def complete(self) -> bool:
-        return (self.path / MARKER).is_file()
-
-
-def candidates(root: Path) -> list[Candidate]:
-    """Every step-<N> directory under root, newest first."""
-    if not root.is_dir():
-        return []
-    found = []
-    for entry in root.iterdir():
-        number = entry.name.removeprefix(PREFIX)
-        if entry.is_dir() and entry.name.startswith(PREFIX) and number.isdigit():
-            found.append(Candidate(int(number), entry))
-    return sorted(found, key=lambda c: c.step, reverse=True)
-
-
-def problem(candidate: Candidate, model_hash: str) -> str | None:
-    """Why a checkpoint directory cannot be trusted, or None if it can."""
-    marker_path = candidate.path / MARKER
-    if not marker_path.is_file():
-        return "no completion marker (a save that never finished)"
-    try:
-        marker = json.loads(marker_path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        return f"unreadable completion marker ({e})"
-    if marker.get("model_hash") != model_hash:
-        return "saved for a different model configuration"
-    for name, size in marker.get("files", {}).items():
-        path = candidate.path / name
-        if not path.is_file():
-            return f"{name} is missing"
-        if path.stat().st_size != size:
-            return f"{name} has {path.stat().st_size} bytes, the marker says {size}"
-    return None
-
-
-def retain(root: Path, keep: int) -> list[Path]:
-    """Delete all but the newest `keep` complete checkpoints, and incomplete ones older than the newest complete."""
-    found = candidates(root)
-    complete = [c for c in found if c.complete]
-    if not complete:
-        return []
-    newest = complete[0].step
-    doomed = [c.path for c in complete[keep:]]
-    doomed += [c.path for c in found if not c.complete and c.step < newest]
-    for path in doomed:
-        shutil.rmtree(path, ignore_errors=True)
-    return doomed
-
 
 # ------------------------------------------------------------------ the saver
 
@@ -166,6 +98,11 @@ class Checkpointer:
         self.pending: dict[str, Any] | None = None
         self.skipped = 0
         self.last_saved: int | None = None
+        # Rank 0: checksums of written files, then retention, off the training thread.
+        self.hasher = ThreadPoolExecutor(1, "checkpoint_files") if rank == 0 else None
+        self.hashing: Future[dict[str, Any]] | None = None
+        self.trusted: set[Path] = set()  # valid checkpoint paths (used by the hasher only)
+        self.reported: set[Path] = set()
         state.guards.append(self.wait_staged)
         if rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -234,6 +171,8 @@ class Checkpointer:
                 self.upload, self.staging = response, None
             else:
                 self.upload, self.staging = response.upload_completion, response.staging_completion
+            if self.hasher is not None:
+                self.hashing = self.hasher.submit(_describe_once_written, self.upload, path)
             if self.chaos is not None:
                 self.chaos.at("checkpoint", step)
         else:
@@ -262,13 +201,18 @@ class Checkpointer:
         """If the pending save has finished (or block): write its marker and apply retention."""
         if self.pending is None:
             return
-        if self.upload is not None and not (block or self.upload.done()):
+        busy = [f for f in (self.upload, self.hashing) if f is not None and not f.done()]
+        if busy and not block:
             return
         pending, self.pending = self.pending, None
+        hashing, self.hashing = self.hashing, None
+        path: Path = pending["path"]
         try:
             self.wait_staged()
             if self.upload is not None:
                 self.upload.result()
+            if self.rank == 0 and "files" not in pending:  # a sync save: written just now
+                pending["files"] = hashing.result() if hashing else describe_files(path)
         except Exception as e:
             self.metrics.observe_checkpoint_failure()
             self.log.error(
@@ -280,13 +224,8 @@ class Checkpointer:
         if not self._fence_allows(pending, block):
             return
         total = time.monotonic() - pending["started"]
-        path: Path = pending["path"]
         if self.rank == 0:
-            files = {
-                p.name: p.stat().st_size
-                for p in sorted(path.iterdir())
-                if p.is_file() and p.name != MARKER
-            }
+            files: dict[str, Any] = pending["files"]
             marker = {
                 "step": pending["step"],
                 "layout": self.layout,
@@ -297,17 +236,33 @@ class Checkpointer:
                 "seconds_total": round(total, 4),
             }
             write_json_atomic(path / MARKER, marker)
-            removed = retain(self.root, self.cfg.keep)
             self.log.info(
                 "checkpoint_saved",
                 step=pending["step"],
                 path=str(path),
                 seconds_blocked=round(pending["blocked"], 4),
                 seconds_total=round(total, 4),
-                bytes=sum(files.values()),
-                removed=[p.name for p in removed],
+                bytes=sum(f["size"] for f in files.values()),
             )
+            assert self.hasher is not None
+            # With this thread's log context (job, node, group, rank) on its events.
+            self.hasher.submit(contextvars.copy_context().run, self._retain, path)
         self.metrics.observe_checkpoint(pending["step"], pending["blocked"], total)
+
+    def _retain(self, written: Path) -> None:
+        """Retention, in the hasher thread: counts valid checkpoints only (checkpoint_files)."""
+        try:
+            self.trusted.add(written)  # its checksums were taken from the files on disk
+            result = retain(self.root, self.cfg.keep, self.model_hash, self.trusted)
+        except Exception as e:  # never kills the thread; the next save tries again
+            self.log.error("checkpoint_retention_failed", error=f"{type(e).__name__}: {e}")
+            return
+        if result.removed:
+            self.log.info("checkpoint_retained", removed=[p.name for p in result.removed])
+        for path, why in result.suspicious.items():
+            if path not in self.reported:
+                self.reported.add(path)
+                self.log.warning("checkpoint_invalid", path=str(path), reason=why, deleted=False)
 
     def _fence_allows(self, pending: dict[str, Any], block: bool) -> bool:
         """The marker waits for the lease to be confirmed after the step (trainer.lease_fence)."""
@@ -326,6 +281,8 @@ class Checkpointer:
 
     def close(self) -> None:
         self.finish(block=True)
+        if self.hasher is not None:
+            self.hasher.shutdown(wait=True)  # the last retention
         self.stager.close()
 
     # -- loading
@@ -364,3 +321,11 @@ class Checkpointer:
             )
             return self.last_saved
         return None
+
+
+def _describe_once_written(upload: Future[Any] | None, path: Path) -> dict[str, Any]:
+    """The files of a save with their sizes and checksums, once DCP has written them all
+    (rank 0's upload completes after every rank's files and the metadata are written)."""
+    if upload is not None:
+        upload.result()
+    return describe_files(path)

@@ -28,6 +28,7 @@ from tests.harness import (
     start_daemon,
     wait_for,
 )
+from trainer.checkpoint_files import MARKER, Candidate, problem
 
 pytestmark = pytest.mark.integration
 
@@ -74,6 +75,42 @@ def test_corrupt_newest_checkpoint_is_skipped_and_the_previous_used(tmp_path: Pa
     assert [e["step"] for e in loaded] == [20]
     # Training continued from step 20 exactly as the first run did.
     assert losses(second)[21] == losses(first)[21]
+
+
+def test_a_flipped_byte_is_caught_by_its_checksum_and_never_counted_by_retention(
+    tmp_path: Path,
+) -> None:
+    """One byte of the newest checkpoint's shard changes, its size does not: the next run
+    skips it (checksum), resumes from the one before, and with keep = 1 keeps the valid
+    checkpoint it writes, reporting the corrupt newer one rather than counting it."""
+    ckpt = tmp_path / "ckpt"
+    first = run_single(
+        tmp_path,
+        "first",
+        ["train.steps=30", f'checkpoint.dir="{ckpt}"', "checkpoint.interval_steps=10"],
+    )
+    assert {e["step"] for e in first if e["event"] == "checkpoint_saved"} == {10, 20, 30}
+    shard = ckpt / "step-30" / "__0_0.distcp"
+    size = shard.stat().st_size
+    with shard.open("r+b") as f:
+        f.seek(size // 2)
+        byte = f.read(1)[0]
+        f.seek(size // 2)
+        f.write(bytes([byte ^ 0x01]))
+    assert shard.stat().st_size == size
+    overrides = ["checkpoint.interval_steps=5", "checkpoint.keep=1", "train.steps=25"]
+    second = run_single(tmp_path, "second", [f'checkpoint.dir="{ckpt}"', *overrides])
+    invalid = [e for e in second if e["event"] == "checkpoint_invalid"]
+    assert invalid[0]["path"].endswith("step-30") and "sha256" in invalid[0]["reason"], invalid
+    assert [e["step"] for e in second if e["event"] == "checkpoint_loaded"] == [20]
+    assert losses(second)[21] == losses(first)[21]
+    # Retention kept the valid step 25 it wrote (keep = 1) and left the corrupt step 30,
+    # reported, not counted.
+    assert sorted(p.name for p in ckpt.iterdir()) == ["step-25", "step-30"]
+    left = [e for e in invalid if e.get("deleted") is False]
+    assert [e["path"] for e in left] == [str(ckpt / "step-30")], invalid
+    model_hash = json.loads((ckpt / "step-25" / MARKER).read_text())["model_hash"]
+    assert problem(Candidate(25, ckpt / "step-25"), model_hash) is None
 
 
 def test_checkpoint_reshards_across_layouts(tmp_path: Path) -> None:

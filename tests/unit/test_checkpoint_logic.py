@@ -12,10 +12,11 @@ import torch
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-from trainer.checkpoint import (
+from trainer.checkpoint_files import (
     MARKER,
     Candidate,
     candidates,
+    describe_files,
     problem,
     retain,
     write_json_atomic,
@@ -28,10 +29,15 @@ def make(root: Path, step: int, complete: bool, model_hash: str = "h") -> Path:
     path.mkdir(parents=True)
     (path / "__0_0.distcp").write_bytes(b"x" * step)
     if complete:
-        write_json_atomic(
-            path / MARKER, {"step": step, "model_hash": model_hash, "files": {"__0_0.distcp": step}}
-        )
+        marker = {"step": step, "model_hash": model_hash, "files": describe_files(path)}
+        write_json_atomic(path / MARKER, marker)
     return path
+
+
+def flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
 
 
 def test_candidates_are_newest_first_and_ignore_other_entries(tmp_path: Path) -> None:
@@ -53,27 +59,58 @@ def test_problem_names_what_is_wrong(tmp_path: Path) -> None:
     assert "has 7 bytes, the marker says 30" in str(problem(candidates_of(truncated), "h"))
     (truncated / "__0_0.distcp").unlink()
     assert "missing" in str(problem(candidates_of(truncated), "h"))
+    flipped = make(tmp_path, 40, complete=True)
+    flip_a_byte(flipped / "__0_0.distcp")  # same size, other content
+    assert "does not match its sha256" in str(problem(candidates_of(flipped), "h"))
+    sizes_only = make(tmp_path, 50, complete=False)  # a marker of before checksums
+    write_json_atomic(
+        sizes_only / MARKER, {"step": 50, "model_hash": "h", "files": {"__0_0.distcp": 50}}
+    )
+    assert "no sha256" in str(problem(candidates_of(sizes_only), "h"))
 
 
 def candidates_of(path: Path) -> Candidate:
     return Candidate(int(path.name.split("-")[1]), path)
 
 
-def test_retention_keeps_exactly_keep_complete_and_no_stale_partials(tmp_path: Path) -> None:
+def test_retention_keeps_exactly_keep_valid_and_no_stale_partials(tmp_path: Path) -> None:
     for step in (10, 20, 30, 40):
         make(tmp_path, step, complete=True)
-    make(tmp_path, 25, complete=False)  # a save that died, older than the newest complete
-    make(tmp_path, 50, complete=False)  # newer than the newest complete: may still be in flight
-    removed = retain(tmp_path, keep=2)
-    assert sorted(p.name for p in removed) == ["step-10", "step-20", "step-25"]
-    left = {c.step: c.complete for c in candidates(tmp_path)}
+    make(tmp_path, 25, complete=False)  # a save that died, older than the newest valid
+    make(tmp_path, 50, complete=False)  # newer than the newest valid: may still be in flight
+    result = retain(tmp_path, keep=2, model_hash="h")
+    assert sorted(p.name for p in result.removed) == ["step-10", "step-20", "step-25"]
+    assert list(result.suspicious) == [tmp_path / "step-50"]
+    left = {c.step: c.marked for c in candidates(tmp_path)}
     assert left == {50: False, 40: True, 30: True}
 
 
-def test_retention_without_a_complete_checkpoint_deletes_nothing(tmp_path: Path) -> None:
+def test_retention_counts_only_valid_checkpoints(tmp_path: Path) -> None:
+    """A marked but corrupt checkpoint is not counted: with keep = 1 the valid one just
+    written survives a corrupt newer one, which is reported and left alone; a corrupt older
+    one goes; another model's checkpoints are neither counted nor deleted."""
+    make(tmp_path, 10, complete=True)
+    flip_a_byte(make(tmp_path, 20, complete=True) / "__0_0.distcp")  # older, corrupt
+    make(tmp_path, 30, complete=True)  # the newest valid
+    corrupt = make(tmp_path, 40, complete=True)
+    (corrupt / "__0_0.distcp").write_bytes(b"x")  # newer, truncated
+    make(tmp_path, 99, complete=True, model_hash="another run")
+    trusted: set[Path] = set()
+    result = retain(tmp_path, keep=1, model_hash="h", trusted=trusted)
+    assert sorted(p.name for p in result.removed) == ["step-10", "step-20"]
+    assert set(result.suspicious) == {corrupt} and "says 40" in result.suspicious[corrupt]
+    assert sorted(c.step for c in candidates(tmp_path)) == [30, 40, 99]
+    assert trusted == {tmp_path / "step-30"}  # validated once, not read again next time
+    with_keep_2 = retain(tmp_path, keep=2, model_hash="h", trusted=trusted)
+    assert with_keep_2.removed == [] and (tmp_path / "step-30").exists()
+
+
+def test_retention_without_a_valid_checkpoint_deletes_nothing(tmp_path: Path) -> None:
     make(tmp_path, 10, complete=False)
-    assert retain(tmp_path, keep=1) == []
-    assert (tmp_path / "step-10").exists()
+    flip_a_byte(make(tmp_path, 20, complete=True) / "__0_0.distcp")
+    result = retain(tmp_path, keep=1, model_hash="h")
+    assert result.removed == [] and len(result.suspicious) == 2
+    assert (tmp_path / "step-10").exists() and (tmp_path / "step-20").exists()
 
 
 def test_marker_write_is_atomic(tmp_path: Path) -> None:
