@@ -105,7 +105,10 @@ class Checkpointer:
         self.reported: set[Path] = set()
         state.guards.append(self.wait_staged)
         if rank == 0:
-            self.root.mkdir(parents=True, exist_ok=True)
+            try:
+                self.root.mkdir(parents=True, exist_ok=True)
+            except OSError as e:  # each save says so again; training goes on
+                self._failed(0, f"{self.root}: {e.strerror or e}")
 
     def _note(self, level: str, event: str, **fields: Any) -> None:
         """Group-wide facts (skipped, invalid, loaded) are reported once, by rank 0."""
@@ -133,8 +136,10 @@ class Checkpointer:
         return bool(flag.item())
 
     def save(self, step: int, final: bool = False) -> None:
-        """Start a save of the live state at `step` (the writer group only; collective in the group)."""
-        if not self.replication.is_writer() or step == self.last_saved:
+        """Start a save of the live state at `step` (the writer group only; collective in the
+        group). Any I/O failure is a checkpoint_failed event and a metric, never a crash:
+        training goes on and the next interval tries again."""
+        if not self.replication.is_writer():
             return
         if not final and not self._agree(self.upload is None or self.upload.done()):
             self.skipped += 1
@@ -148,17 +153,48 @@ class Checkpointer:
             )
             return
         self.finish(block=True)  # the previous save is done (or, for the final save, waited for)
-        self.last_saved = step
+        if final and self._agree(self.last_saved == step):
+            return  # on disk already (saved by every rank, or loaded from there)
         path = self.root / f"{PREFIX}{step}"
         started = time.monotonic()
-        if self.rank == 0:
+        problem_here = self._prepare(path) if self.rank == 0 else None
+        # Also the barrier of old: nobody writes before rank 0 has prepared the directory.
+        if not self._agree(problem_here is None):
+            self._failed(step, problem_here or "rank 0 could not prepare the directory")
+            return
+        try:
+            self._write(path)
+        except Exception as e:  # DCP raises on every rank when any rank's write fails
+            self.upload = self.staging = self.hashing = None
+            self._failed(step, f"{type(e).__name__}: {e}")
+            return
+        if self.chaos is not None and self.cfg.async_save:
+            self.chaos.at("checkpoint", step)
+        blocked = time.monotonic() - started
+        self.pending = {"step": step, "path": path, "started": started, "blocked": blocked}
+        if self.fence is not None and self.rank == 0:
+            self.pending["stamp"] = self.fence.stamp()
+        if not self.cfg.async_save:
+            self.finish(block=True)
+
+    def _prepare(self, path: Path) -> str | None:
+        """Rank 0: a fresh directory with the scalars in it; what went wrong, or None."""
+        try:
             # Leftovers of an earlier attempt at this step (a save killed mid-way) go first.
             shutil.rmtree(path, ignore_errors=True)
             path.mkdir(parents=True)
             scalars = {**self.state.scalars(), "torchft": self.replication.ft_state()}
             write_json_atomic(path / SCALARS, scalars)
-        if self.distributed:
-            dist.barrier()  # nobody writes before rank 0 has prepared the directory
+        except OSError as e:
+            return f"{path}: {e.strerror or e}"
+        return None
+
+    def _failed(self, step: int, error: str) -> None:
+        self.metrics.observe_checkpoint_failure()
+        self._note("error", "checkpoint_failed", step=step, error=error)
+
+    def _write(self, path: Path) -> None:
+        """Hand the state to DCP: asynchronously (upload pending) or at once."""
         writer = FileSystemWriter(str(path), sync_files=True)
         if self.cfg.async_save:
             response = async_save(
@@ -173,17 +209,9 @@ class Checkpointer:
                 self.upload, self.staging = response.upload_completion, response.staging_completion
             if self.hasher is not None:
                 self.hashing = self.hasher.submit(_describe_once_written, self.upload, path)
-            if self.chaos is not None:
-                self.chaos.at("checkpoint", step)
         else:
             dcp_save(self.tensors(), storage_writer=writer, process_group=self.pg)
             self.upload, self.staging = None, None
-        blocked = time.monotonic() - started
-        self.pending = {"step": step, "path": path, "started": started, "blocked": blocked}
-        if self.fence is not None and self.rank == 0:
-            self.pending["stamp"] = self.fence.stamp()
-        if not self.cfg.async_save:
-            self.finish(block=True)
 
     def wait_staged(self) -> None:
         """Block until the background copy of the state is done (before anything mutates it)."""
@@ -235,7 +263,11 @@ class Checkpointer:
                 "seconds_blocked": round(pending["blocked"], 4),
                 "seconds_total": round(total, 4),
             }
-            write_json_atomic(path / MARKER, marker)
+            try:
+                write_json_atomic(path / MARKER, marker)
+            except OSError as e:
+                self._failed(pending["step"], f"{path / MARKER}: {e.strerror or e}")
+                return
             self.log.info(
                 "checkpoint_saved",
                 step=pending["step"],
@@ -247,6 +279,7 @@ class Checkpointer:
             assert self.hasher is not None
             # With this thread's log context (job, node, group, rank) on its events.
             self.hasher.submit(contextvars.copy_context().run, self._retain, path)
+        self.last_saved = pending["step"]  # only now: a failed save leaves it where it was
         self.metrics.observe_checkpoint(pending["step"], pending["blocked"], total)
 
     def _retain(self, written: Path) -> None:
