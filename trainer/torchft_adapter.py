@@ -20,8 +20,11 @@ import inspect
 import pkgutil
 import socket
 import textwrap
+import threading
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -77,6 +80,13 @@ REACH_INS: tuple[ReachIn, ...] = (
         "SafeHTTPTransport",
     ),
     ReachIn("torch.distributed._serialization", "_streaming_load", "function", "SafeHTTPTransport"),
+    ReachIn(
+        "torchft.process_group",
+        "create_store_client",
+        "function",
+        "scoped_process_group",
+        ("store_addr", "timeout"),
+    ),
     ReachIn("torchft.manager", "ManagerServer", "class", "manager_server_bound_to"),
     ReachIn(
         "torchft.checkpointing.http_transport", "_IPv6HTTPServer", "class", "SafeHTTPTransport"
@@ -218,6 +228,13 @@ def scoped_process_group(base: type) -> type:
     connect then waits on that peer until it times out. Adding the members'
     replica ids (each with its process's uuid) keeps every rendezvous fresh.
     Set ``membership`` on the instance to a function naming the current members.
+
+    It also gives connecting to that store a deadline (the process group's timeout):
+    the store belongs to one quorum member, and a TCPStore client's constructor waits
+    for the server's answer to a ping with no timeout. A member paused with SIGSTOP
+    (a fenced node, see daemon.fencing) still accepts connections in its kernel, so
+    without a deadline the quorum thread of every other member would wait until that
+    member is killed or resumed, past the timeout and into the hang detector.
     """
 
     class Scoped(base):  # type: ignore[misc]
@@ -225,11 +242,44 @@ def scoped_process_group(base: type) -> type:
 
         # ProcessGroup.configure: public, but overriding it relies on the manager
         # passing "<store>/torchft/<quorum id>/<group rank>" as store_addr, first.
+        # process_group.create_store_client: the function configure builds the store
+        # client with (only the quorum thread calls it, so swapping it here is safe).
         def configure(self, store_addr: str, *args: Any, **kwargs: Any) -> None:
-            super().configure(f"{store_addr}/{self.membership()}", *args, **kwargs)
+            create = importlib.import_module("torchft.process_group").create_store_client
+            with _replaced("torchft.process_group", "create_store_client", _with_deadline(create)):
+                super().configure(f"{store_addr}/{self.membership()}", *args, **kwargs)
 
     Scoped.__name__ = Scoped.__qualname__ = f"Scoped{base.__name__}"
     return Scoped
+
+
+def _with_deadline(create_store_client: Callable[..., Any]) -> Callable[..., Any]:
+    """torchft's create_store_client, raising TimeoutError after its `timeout`.
+
+    On a timeout the connecting thread is left behind (a C++ call cannot be
+    interrupted); it ends when the store's process dies or resumes, and whatever it
+    built is dropped. The manager reports the error and the next quorum goes on.
+    """
+
+    def create(store_addr: str, timeout: timedelta) -> Any:
+        done: Future[Any] = Future()
+
+        def connect() -> None:
+            try:
+                done.set_result(create_store_client(store_addr, timeout=timeout))
+            except BaseException as e:  # handed to the caller
+                done.set_exception(e)
+
+        threading.Thread(target=connect, daemon=True, name="torchft-store-connect").start()
+        try:
+            return done.result(timeout.total_seconds())
+        except FutureTimeout:
+            raise TimeoutError(
+                f"the quorum's store at {store_addr.partition('/')[0]} did not answer within "
+                f"{timeout.total_seconds():g}s (its process may be paused)"
+            ) from None
+
+    return create
 
 
 # --- Listening addresses ---------------------------------------------------------------

@@ -11,9 +11,11 @@ import importlib.metadata
 import inspect
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -68,6 +70,7 @@ def test_every_reach_in_is_checked() -> None:
         ("Manager", "_healing"),
         ("ProcessGroupGloo", "configure"),
         ("ProcessGroupNCCL", "configure"),
+        ("torchft.process_group", "create_store_client"),
         ("HTTPTransport", "_load_from_address"),
         ("HTTPTransport", "_server"),
         ("torch.distributed._serialization", "_streaming_load"),
@@ -112,6 +115,39 @@ def test_process_group_configure(base: type[Any]) -> None:
     )
     scoped = ft.scoped_process_group(base)
     assert issubclass(scoped, base) and scoped.__name__ == f"Scoped{base.__name__}"
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_configure_gives_up_on_a_paused_store_at_the_timeout() -> None:
+    """The quorum's store belongs to a member that may be paused (SIGSTOP: a fenced node).
+    Its kernel still accepts the connection, and TCPStore's constructor then waits for the
+    answer to its ping with no deadline; the scoped group gives up after its timeout."""
+    import torchft.process_group
+
+    code = (
+        "import time; from torch.distributed import TCPStore; "
+        "s = TCPStore('127.0.0.1', 0, is_master=True, wait_for_workers=False); "
+        "print(s.port, flush=True); time.sleep(120)"
+    )
+    server = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    original = torchft.process_group.create_store_client
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        os.kill(server.pid, signal.SIGSTOP)
+        pg = ft.scoped_process_group(ProcessGroupGloo)(timeout=timedelta(seconds=2))
+        with pytest.raises(TimeoutError, match=r"127\.0\.0\.1:\d+ did not answer within 2s"):
+            pg.configure(f"127.0.0.1:{port}/torchft/1/0", "phalanx_group_00000:x", 0, 1)
+    finally:
+        server.kill()
+        server.wait()
+    assert torchft.process_group.create_store_client is original
+    # The connecting thread ends once the store's process is gone.
+    deadline = time.monotonic() + 30
+    while any(t.name == "torchft-store-connect" for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "the connecting thread outlived the store"
+        time.sleep(0.1)
 
 
 def test_http_transport_load_from_address() -> None:
