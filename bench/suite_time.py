@@ -5,7 +5,8 @@ Each side is a clone of this repository at its commit with its own .venv (made b
 one after the other, alternating (base, head, base, head, ...), so a slow spell
 of a shared machine falls on both; the ratio of the medians is printed.
 
-``--exclude PREFIX`` (a test path prefix, repeatable) also prints the ratio with
+``--exclude PREFIX`` (a test path prefix such as ``tests/integration/test_x`` or
+``tests/integration/test_x.py::test_y``, repeatable) also prints the ratio with
 the tests under PREFIX left out of both sides, for tests another change added
 (for example the multi-host tests of issue 11 when measuring issue 10).
 
@@ -66,13 +67,14 @@ def run_suite(side: str, where: Path, report: Path, exclude: list[str]) -> Run:
         check=False,  # a failure is counted below; its time still is the suite's time
     )
     wall = time.monotonic() - started
-    prefixes = [p.removesuffix(".py").replace("/", ".") for p in exclude]
+    prefixes = [p.replace(".py", "").replace("::", ".").replace("/", ".") for p in exclude]
     total = kept = 0.0
     passed = failed = skipped = 0
     for case in ET.parse(report).getroot().iter("testcase"):
         seconds = float(case.get("time", "0"))
         total += seconds
-        if not any(case.get("classname", "").startswith(p) for p in prefixes):
+        test_id = f"{case.get('classname', '')}.{case.get('name', '')}"
+        if not any(test_id.startswith(p) for p in prefixes):
             kept += seconds
         outcome = {child.tag for child in case}
         if outcome & {"failure", "error"}:
