@@ -3,15 +3,18 @@
 ``PHALANX_CHAOS`` holds comma-separated ``point@step[:action]`` entries:
 
 * ``point``: ``start`` (after setup, before the first step), ``forward``,
-  ``allreduce`` (the cross-group gradient all-reduce has been issued and is in
-  flight), ``optimizer`` (the step was committed, the optimizer has not run) or
-  ``checkpoint`` (the writer group has just launched an asynchronous save).
+  ``gradients`` (this rank's gradients are computed, not yet averaged across
+  groups), ``allreduce`` (the cross-group gradient all-reduce has been issued and
+  is in flight), ``optimizer`` (the step was committed, the optimizer has not run)
+  or ``checkpoint`` (the writer group has just launched an asynchronous save).
 * ``step``: ``N`` is the step being attempted (N steps are committed; for
   ``checkpoint``, N is the step being saved); ``+N`` is this process's N-th step
   attempt counting from 0, useful for a relaunched group whose step is only
   known after it heals.
 * ``action``: ``kill`` (default; the rank SIGKILLs itself, a real, uncatchable
-  death), ``crash`` (an exception, like a bug), ``stop`` (SIGSTOP, a hang).
+  death), ``crash`` (an exception, like a bug), ``stop`` (SIGSTOP, a hang),
+  ``nan`` (at ``gradients`` only: the rank's gradients become NaN, as a numerical
+  blow-up would make them).
 
 ``PHALANX_CHAOS_DELAY`` (seconds) is slept at the start of every forward: it
 simulates a bigger model, so a demo or test can watch a slow job.
@@ -28,8 +31,8 @@ import signal
 import time
 from dataclasses import dataclass
 
-POINTS = ("start", "forward", "allreduce", "optimizer", "checkpoint")
-ACTIONS = ("kill", "crash", "stop")
+POINTS = ("start", "forward", "gradients", "allreduce", "optimizer", "checkpoint")
+ACTIONS = ("kill", "crash", "stop", "nan")
 
 
 class InjectedCrash(RuntimeError):
@@ -52,10 +55,15 @@ def parse(spec: str) -> list[Fault]:
         action = action or "kill"
         relative = step.startswith("+")
         digits = step.removeprefix("+")
-        if point not in POINTS or action not in ACTIONS or not re.fullmatch("[0-9]+", digits):
+        if (
+            point not in POINTS
+            or action not in ACTIONS
+            or (action == "nan" and point != "gradients")
+            or not re.fullmatch("[0-9]+", digits)
+        ):
             raise ValueError(
                 f"PHALANX_CHAOS entry {item!r} must be point@[+]step[:action] with point in "
-                f"{', '.join(POINTS)} and action in {', '.join(ACTIONS)}."
+                f"{', '.join(POINTS)} and action in {', '.join(ACTIONS)} (nan at gradients only)."
             )
         faults.append(Fault(point, int(digits), action, relative))
     return faults
@@ -85,16 +93,21 @@ class Chaos:
         self.step = step
         self.attempt += 1
 
-    def at(self, point: str, step: int | None = None) -> None:
+    def at(self, point: str, step: int | None = None) -> bool:
+        """Inject what is due here; True when the caller must poison its gradients (nan)."""
         if point == "forward" and self.delay > 0:
             time.sleep(self.delay)
+        poison = False
         for fault in self.faults:
             current = self.attempt if fault.relative else (self.step if step is None else step)
             if fault.point != point or fault.step != current:
                 continue
-            if fault.action == "kill":
+            if fault.action == "nan":
+                poison = True
+            elif fault.action == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
             elif fault.action == "stop":
                 os.kill(os.getpid(), signal.SIGSTOP)
             else:
                 raise InjectedCrash(f"injected crash at {point}@{self.step}")
+        return poison

@@ -128,6 +128,12 @@ class TrainConfig(Section):
     beta2: float = Field(0.95, ge=0, lt=1, description="AdamW beta2.")
     eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
     max_grad_norm: float = Field(1.0, ge=0, description="Gradient clipping norm (0 = off).")
+    max_skipped_steps: int = Field(
+        10,
+        ge=1,
+        description="Steps in a row with a non-finite loss or gradient norm (each skipped on "
+        "every group, never committed) before the job stops with an error.",
+    )
     log_every: int = Field(1, ge=1, description="Emit a train_step event every N steps.")
 
 
@@ -147,7 +153,12 @@ class DataConfig(Section):
 
 class CheckpointConfig(Section):
     dir: str | None = Field(None, description="Directory for DCP checkpoints (unset = off).")
-    interval_steps: int = Field(0, ge=0, description="Save every N steps (0 = only at the end).")
+    interval_steps: int = Field(
+        500,
+        ge=0,
+        description="Save every N steps (0 = only at the end and on a drain); a kill of every "
+        "node loses at most the steps since the last save.",
+    )
     keep: int = Field(3, ge=1, description="Complete checkpoints to keep.")
     async_save: bool = Field(
         True, alias="async", description="Save with DCP async_save (false = synchronous)."

@@ -57,8 +57,12 @@ class Replication(Protocol):
     def restore(self, step: int, ft_state: dict[str, int]) -> None: ...
     def hook_fsdp(self, modules: Iterable[torch.nn.Module]) -> None: ...
     def sync_gradients(self, grads: list[torch.Tensor]) -> None: ...
-    def should_commit(self) -> bool: ...
+    def should_commit(self, vote: bool = True) -> bool: ...
     def shutdown(self) -> None: ...
+
+
+class NonFiniteStep(RuntimeError):
+    """A step whose loss or gradient norm is NaN or infinite: never committed."""
 
 
 class SingleGroup:
@@ -97,9 +101,10 @@ class SingleGroup:
     def sync_gradients(self, grads: list[torch.Tensor]) -> None:
         pass
 
-    def should_commit(self) -> bool:
-        self.state.step += 1
-        return True
+    def should_commit(self, vote: bool = True) -> bool:
+        if vote:
+            self.state.step += 1
+        return vote
 
     def shutdown(self) -> None:
         pass
@@ -260,7 +265,11 @@ class TorchFTGroup:
                 g.copy_(flat[offset : offset + g.numel()].view_as(g))
                 offset += g.numel()
 
-    def should_commit(self) -> bool:
+    def should_commit(self, vote: bool = True) -> bool:
+        """Commit the step unless any rank of any participating group failed it; `vote`
+        False fails it here (torchft skips the step and reconfigures next quorum)."""
+        if not vote:
+            self.manager.report_error(NonFiniteStep(f"step {self.current_step()} is not finite"))
         committed = bool(self.manager.should_commit())
         if committed:
             self.state.step = self.current_step()

@@ -8,13 +8,16 @@ A step:
    accumulation, or the pipeline schedule's microbatches);
 3. gradients averaged across replica groups (FSDP hook during backward, or the
    bucketed all-reduce);
-4. ``should_commit``: if every rank of every participating group succeeded, clip
-   and step the optimizer and the LR schedule; otherwise the step is retried with
-   the same data (the data position is the committed step).
+4. the total gradient norm (and clipping), then ``should_commit``: a rank whose
+   loss or norm is NaN or infinite votes the step down; if every rank of every
+   participating group succeeded, step the optimizer and the LR schedule;
+   otherwise the step is retried with the same data (the data position is the
+   committed step).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from trainer import logs
 from trainer.chaos import Chaos
 from trainer.config import TrainerConfig
 from trainer.data import Sampler
@@ -38,6 +42,10 @@ from trainer.state import TrainState, local
 
 if TYPE_CHECKING:  # torch.distributed.pipelining is imported only by pipelined runs
     from trainer.pipeline import Schedule
+
+
+class NonFiniteTraining(RuntimeError):
+    """train.max_skipped_steps steps in a row were not finite: the job stops."""
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -55,6 +63,7 @@ class StepReport:
     quorum_id: int | None
     seconds: float
     tokens: int  # tokens this group trained on in the step
+    finite: bool = True  # False: a NaN/inf loss or gradient norm voted the step down
 
 
 @dataclass
@@ -75,6 +84,7 @@ class Loop:
     on_first_quorum: list[Callable[[], None]] = field(default_factory=list)
     last_loss: float | None = None  # of the last committed step (None: no step ran here)
     drained: bool = False  # the group agreed to stop early (SIGTERM)
+    non_finite_in_a_row: int = 0  # steps voted down for a NaN/inf loss or gradient norm
 
     def __post_init__(self) -> None:
         self.params = list(self.state.params.values())
@@ -87,6 +97,7 @@ class Loop:
         self.last = self.schedule is None or any(m.output is not None for m in self.models)
         self._healed = False
         self.state.on_load.append(self._note_heal)
+        self.log = logs.get()
 
     def _note_heal(self, step: int, seconds: float) -> None:
         self._healed = True
@@ -116,21 +127,30 @@ class Loop:
             p.grad = None
         self.chaos.at("forward")
         loss = self._forward_backward(step)
+        if self.chaos.at("gradients"):
+            for p in self.params:
+                if p.grad is not None:
+                    local(p.grad).fill_(float("nan"))
         if not self.sharded:
             self.replication.sync_gradients(
                 [local(p.grad) for p in self.params if p.grad is not None]
             )
         self.state.before_mutation()  # healing (in should_commit) and the optimizer write next
-        committed = self.replication.should_commit()
+        # The averaged gradients are the same on every group, so every group sees a
+        # non-finite norm if any group's gradients were: all vote the step down.
+        grad_norm = clip_grad_norm(
+            self.params, self.cfg.train.max_grad_norm, self.layout.group("pp")
+        )
+        finite = math.isfinite(loss) and math.isfinite(grad_norm)
+        committed = self.replication.should_commit(finite)
+        if not finite:
+            self._non_finite(step, loss, grad_norm)
         reported: float | None = None if self._healed else loss
-        grad_norm = float("nan")
         lr = float(self.state.scheduler.get_last_lr()[0])
         tokens = self.cfg.train.batch_size * self.cfg.train.seq_len if committed else 0
         if committed:
+            self.non_finite_in_a_row = 0
             self.chaos.at("optimizer")
-            grad_norm = clip_grad_norm(
-                self.params, self.cfg.train.max_grad_norm, self.layout.group("pp")
-            )
             self.state.optimizer.step()
             self.state.scheduler.step()
             self.state.tokens += tokens
@@ -146,7 +166,28 @@ class Loop:
             quorum_id=self.replication.quorum_id(),
             seconds=time.monotonic() - started,
             tokens=tokens,
+            finite=finite,
         )
+
+    def _non_finite(self, step: int, loss: float, grad_norm: float) -> None:
+        """Count a step voted down for a NaN/inf; too many in a row end the job."""
+        self.non_finite_in_a_row += 1
+        limit = self.cfg.train.max_skipped_steps
+        if self.env.rank == 0:
+            self.log.warning(
+                "step_not_finite",
+                step=step + 1,  # the step attempted, numbered as train_step numbers it
+                loss=loss if math.isfinite(loss) else str(loss),
+                grad_norm=grad_norm if math.isfinite(grad_norm) else str(grad_norm),
+                in_a_row=self.non_finite_in_a_row,
+                limit=limit,
+            )
+        if self.non_finite_in_a_row >= limit:
+            raise NonFiniteTraining(
+                f"{self.non_finite_in_a_row} step attempts in a row up to step {step + 1} had a non-finite "
+                f"loss or gradient norm (train.max_skipped_steps = {limit}); none was "
+                "committed. Lower train.lr or check the data, then resume from the checkpoint."
+            )
 
     def _forward_backward(self, step: int) -> float:
         """Run this rank's share of the step; return the group's mean loss."""

@@ -66,6 +66,10 @@ class TrainMetrics:
         self.commit_failures = counter(
             "phalanx_ft_commit_failures", "Steps the quorum did not commit (retried)."
         )
+        self.not_finite = counter(
+            "phalanx_steps_not_finite",
+            "Steps voted down for a NaN or infinite loss or gradient norm (never committed).",
+        )
         self.ckpt_blocked = histogram(
             "phalanx_checkpoint_blocked_seconds",
             "Time training was blocked by a checkpoint save.",
@@ -87,10 +91,12 @@ class TrainMetrics:
 
     def observe_step(
         self, step: int, committed: bool, loss: float | None, lr: float, seconds: float, tokens: int,
-        participants: int, quorum_id: int | None,
+        participants: int, quorum_id: int | None, finite: bool = True,
     ) -> None:  # fmt: skip
         if not self.enabled:
             return
+        if not finite:
+            self.not_finite.inc()
         self.step_seconds.observe(seconds)
         self.participants.set(participants)
         if quorum_id is not None:

@@ -85,8 +85,9 @@ def run(cfg: TrainerConfig, env: RankEnv) -> int:
     chaos.at("start")
     loop.run()
     if checkpointer is not None:
-        if not loop.drained:
-            checkpointer.save(replication.current_step(), final=True)
+        # At the end and on a drain (SIGTERM) alike, the writer group saves the last
+        # committed step: stopping every node and starting them later loses nothing.
+        checkpointer.save(replication.current_step(), final=True)
         checkpointer.close()  # never leave a save half-written on a clean exit
 
     if loop.drained:
@@ -114,8 +115,9 @@ def _observe(loop: Loop, replication: Replication, env: RankEnv, log_every: int)
 
     def record(r: StepReport) -> None:
         metrics.observe_step(
-            r.step, r.committed, r.loss, r.lr, r.seconds, r.tokens, r.participants, r.quorum_id
-        )
+            r.step, r.committed, r.loss, r.lr, r.seconds, r.tokens, r.participants, r.quorum_id,
+            r.finite,
+        )  # fmt: skip
 
     loop.on_step.append(record)
     if isinstance(replication, TorchFTGroup):

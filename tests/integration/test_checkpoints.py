@@ -255,3 +255,65 @@ def test_cold_restart_after_every_group_died_mid_save(
     # Retention: exactly `keep` complete checkpoints, no leftover partial one.
     steps = {p.name: (p / "COMPLETE.json").exists() for p in ckpt.iterdir()}
     assert steps == {"step-20": True, "step-30": True, "step-40": True}
+
+
+def test_draining_every_node_saves_the_last_step_and_a_restart_resumes_there(
+    tmp_path: Path, etcd_endpoint: str, recovery: Callable[[str, float], None]
+) -> None:
+    """SIGTERM every daemon at step 37 with interval_steps = 50: on its way out the writer
+    group saves the last committed step, and the restarted job resumes there, not at 0."""
+    ckpt = tmp_path / "ckpt"
+    job = [
+        f'checkpoint.dir="{ckpt}"',
+        "checkpoint.interval_steps=50",
+        "job.min_replicas=2",  # neither group commits alone: both stop at one step
+    ]
+    first = [
+        start_daemon(tmp_path, n, [etcd_endpoint], overrides=[*job, "train.steps=100000"])
+        for n in ("node-a", "node-b")
+    ]
+    try:
+        wait_for(lambda: all(d.step() >= 37 for d in first), 120, "step 37")
+        sent = time.monotonic()
+        for d in first:
+            d.proc.popen.send_signal(signal.SIGTERM)
+        for d in first:
+            assert d.wait(30) == 0, d.proc.tail()
+        drained_in = time.monotonic() - sent
+    finally:
+        for d in first:
+            d.stop()
+    assert drained_in < 15  # node.drain_grace_s of the test job
+    recovery("SIGTERM every node: drained, last step saved", drained_in)
+    last = max(int(e["step"]) for d in first for e in d.events("train_stopped"))
+    assert 37 <= last < 50
+    saved = [int(e["step"]) for d in first for e in d.events("checkpoint_saved")]
+    assert saved == [last], saved
+    assert (ckpt / f"step-{last}" / MARKER).is_file()
+
+    status = [str(BIN / "phalanx"), "status", "--config", str(DAEMON_JOB), "--json"]
+    status += ["--set", f'etcd.endpoints=["{etcd_endpoint}"]']
+    wait_for(
+        lambda: (
+            json.loads(subprocess.run(status, capture_output=True, text=True).stdout)["groups"]
+            == {}
+        ),
+        30,
+        "free slots",
+    )
+    second = [
+        start_daemon(
+            tmp_path, n, [etcd_endpoint], overrides=[*job, "train.steps=60"], name=f"{n}-again"
+        )
+        for n in ("node-a", "node-b")
+    ]
+    try:
+        for d in second:
+            assert d.wait(240) == 0, d.proc.tail()
+    finally:
+        for d in second:
+            d.stop()
+    for d in second:
+        assert [e["step"] for e in d.events("checkpoint_loaded")] == [last]
+        assert min(losses(d.events())) == last + 1
+    assert len({d.events("train_done")[0]["params_sha256"] for d in second}) == 1

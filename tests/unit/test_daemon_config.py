@@ -225,9 +225,10 @@ def test_listeners_bind_the_advertised_address_by_default() -> None:
 
 
 def test_chaos_specs_and_delays() -> None:
-    for bad in ["forward@²", "forward@+", "forward@1:kill:x", "forward@-1"]:
+    for bad in ["forward@²", "forward@+", "forward@1:kill:x", "forward@-1", "forward@3:nan"]:
         with pytest.raises(ValueError, match="PHALANX_CHAOS entry"):
             parse(bad)
+    assert [f.action for f in parse("gradients@+20:nan,gradients@4:crash")] == ["nan", "crash"]
     assert parse_delay(None) == parse_delay("") == 0.0
     assert parse_delay("0.05") == 0.05
     for bad in ["soon", "-1", "nan", "inf"]:
