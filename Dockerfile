@@ -52,7 +52,9 @@ EXPOSE 29520 29510
 # Liveness for plain Docker/Podman (Kubernetes uses its own probes, and OCI
 # image format ignores HEALTHCHECK: build with --format docker under Podman).
 # Python, since slim images have no curl; urlopen raises on any non-2xx answer.
+# The daemon listens on the address its advertised name (by default the
+# container's hostname) resolves to, not on loopback: dial the hostname.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \
-    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:29520/healthz', timeout=4)"]
+    CMD ["python", "-c", "import socket, urllib.request; urllib.request.urlopen(f'http://{socket.gethostname()}:29520/healthz', timeout=4)"]
 ENTRYPOINT ["phalanx"]
 CMD ["run", "--config", "/etc/phalanx/job.toml"]

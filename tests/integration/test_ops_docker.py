@@ -303,7 +303,8 @@ def test_healthcheck_and_ports_match_kubernetes(dockerfile: Dockerfile) -> None:
     assert "--interval=" in options and "--timeout=" in options
     argv = exec_form(command.strip())
     assert argv[:2] == ["python", "-c"], "slim images have no curl"
-    urls = re.findall(r"http://127\.0\.0\.1:(\d+)(/\S*?)['\"]", argv[2])
+    # The daemon binds its advertised address (by default the hostname's), not loopback.
+    urls = re.findall(r"http://\{socket\.gethostname\(\)\}:(\d+)(/\S*?)['\"]", argv[2])
     assert len(urls) == 1, argv[2]
     port, path = int(urls[0][0]), urls[0][1]
 
@@ -393,7 +394,7 @@ def test_image_builds_and_runs_as_non_root(dockerfile: Dockerfile) -> None:
     assert config["Cmd"] == ["run", "--config", "/etc/phalanx/job.toml"]
     assert set(config["ExposedPorts"]) == {"29520/tcp", "29510/tcp"}
     health = config.get("Healthcheck") or image.get("Healthcheck")  # docker, podman
-    assert "127.0.0.1:29520/healthz" in " ".join(health["Test"])
+    assert "{socket.gethostname()}:29520/healthz" in " ".join(health["Test"])
 
     helptext = subprocess.run(
         [engine, "run", "--rm", IMAGE_TAG, "run", "--help"],
