@@ -263,14 +263,15 @@ def test_draining_every_node_saves_the_last_step_and_a_restart_resumes_there(
     """SIGTERM every daemon at step 37 with interval_steps = 50: on its way out the writer
     group saves the last committed step, and the restarted job resumes there, not at 0."""
     ckpt = tmp_path / "ckpt"
+    # One job file for both runs (a changed one is refused while etcd remembers the job).
     job = [
         f'checkpoint.dir="{ckpt}"',
         "checkpoint.interval_steps=50",
         "job.min_replicas=2",  # neither group commits alone: both stop at one step
+        "train.steps=60",
     ]
     first = [
-        start_daemon(tmp_path, n, [etcd_endpoint], overrides=[*job, "train.steps=100000"])
-        for n in ("node-a", "node-b")
+        start_daemon(tmp_path, n, [etcd_endpoint], overrides=job) for n in ("node-a", "node-b")
     ]
     try:
         wait_for(lambda: all(d.step() >= 37 for d in first), 120, "step 37")
@@ -302,9 +303,7 @@ def test_draining_every_node_saves_the_last_step_and_a_restart_resumes_there(
         "free slots",
     )
     second = [
-        start_daemon(
-            tmp_path, n, [etcd_endpoint], overrides=[*job, "train.steps=60"], name=f"{n}-again"
-        )
+        start_daemon(tmp_path, n, [etcd_endpoint], overrides=job, name=f"{n}-again")
         for n in ("node-a", "node-b")
     ]
     try:
