@@ -1,4 +1,4 @@
-"""Which processes listen where: ``ss`` output and process trees, for the exposure tests."""
+"""Which processes listen where (``ss`` output), for the exposure tests."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import re
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 WILDCARDS = frozenset({"0.0.0.0", "::", "*"})
 
@@ -43,20 +42,3 @@ def listeners(prefix: Sequence[str] = ()) -> list[Listener]:
     argv = [*prefix, "ss", "-Hltunp"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True)
     return parse_ss(done.stdout)
-
-
-def process_tree(root: int) -> set[int]:
-    """`root` and every live descendant, from /proc's parent links."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # gone meanwhile
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    tree, todo = set(), [root]
-    while todo:
-        pid = todo.pop()
-        tree.add(pid)
-        todo.extend(children.get(pid, []))
-    return tree

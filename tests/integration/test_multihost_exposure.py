@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from daemon.children import descendants
 from tests.harness import Daemon, start_daemon, wait_for
 from tests.multihost import NEEDS_NAMESPACES, etcd_on
 from tests.netns import Host, Network
-from tests.sockets import Listener, listeners, process_tree
+from tests.sockets import Listener, listeners
 
 pytestmark = [pytest.mark.integration, NEEDS_NAMESPACES]
 
@@ -27,7 +28,7 @@ OVERRIDES = ["node.nproc=2", "parallel.dp_shard=2", "train.steps=100000"]
 
 
 def phalanx_listeners(host: Host, daemon: Daemon) -> list[Listener]:
-    tree = process_tree(daemon.proc.pid)
+    tree = {daemon.proc.pid, *descendants(daemon.proc.pid)}
     return [lst for lst in listeners(host.argv([])) if lst.pid in tree]
 
 
