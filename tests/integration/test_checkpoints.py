@@ -17,12 +17,13 @@ import pytest
 
 from tests.harness import (
     BIN,
-    DAEMON_JOB,
     ROOT,
+    Daemon,
     Event,
     alive,
     event_time,
     free_port,
+    job_groups,
     launch_group,
     start,
     start_daemon,
@@ -171,6 +172,24 @@ assert calls, "the resume never reached torch.load: the probe proves nothing"
     assert offenders == []
 
 
+def run_pair_again(tmp_path: Path, endpoint: str, job: list[str]) -> tuple[list[Daemon], float]:
+    """node-a and node-b started again once the first pair's slots are free (so each gets
+    its old slot back), run to the end; the daemons and when they were started (epoch s)."""
+    wait_for(lambda: job_groups(endpoint) == {}, 30, "free slots")
+    started_at = time.time()
+    again = [
+        start_daemon(tmp_path, n, [endpoint], overrides=job, name=f"{n}-again")
+        for n in ("node-a", "node-b")
+    ]
+    try:
+        for d in again:
+            assert d.wait(240) == 0, d.proc.tail()
+    finally:
+        for d in again:
+            d.stop()
+    return again, started_at
+
+
 def test_cold_restart_after_every_group_died_mid_save(
     tmp_path: Path, etcd_endpoint: str, recovery: Callable[[str, float], None]
 ) -> None:
@@ -214,27 +233,7 @@ def test_cold_restart_after_every_group_died_mid_save(
     before = {d.node_id: losses(d.events()) for d in first}
 
     # Wait for the dead daemons' leases to expire, so each node gets its old slot back.
-    status = [str(BIN / "phalanx"), "status", "--config", str(DAEMON_JOB), "--json"]
-    status += ["--set", f'etcd.endpoints=["{etcd_endpoint}"]']
-    wait_for(
-        lambda: (
-            json.loads(subprocess.run(status, capture_output=True, text=True).stdout)["groups"]
-            == {}
-        ),
-        30,
-        "free slots",
-    )
-    restarted_at = time.time()
-    second = [
-        start_daemon(tmp_path, n, [etcd_endpoint], overrides=job, name=f"{n}-again")
-        for n in ("node-a", "node-b")
-    ]
-    try:
-        for d in second:
-            assert d.wait(240) == 0, d.proc.tail()
-    finally:
-        for d in second:
-            d.stop()
+    second, restarted_at = run_pair_again(tmp_path, etcd_endpoint, job)
     # Neither group has a live peer to heal from (min_replicas 2: they start together),
     # so both read the disk, skip the partial step 20 and resume from step 10.
     for d in second:
@@ -292,26 +291,7 @@ def test_draining_every_node_saves_the_last_step_and_a_restart_resumes_there(
     assert saved == [last], saved
     assert (ckpt / f"step-{last}" / MARKER).is_file()
 
-    status = [str(BIN / "phalanx"), "status", "--config", str(DAEMON_JOB), "--json"]
-    status += ["--set", f'etcd.endpoints=["{etcd_endpoint}"]']
-    wait_for(
-        lambda: (
-            json.loads(subprocess.run(status, capture_output=True, text=True).stdout)["groups"]
-            == {}
-        ),
-        30,
-        "free slots",
-    )
-    second = [
-        start_daemon(tmp_path, n, [etcd_endpoint], overrides=job, name=f"{n}-again")
-        for n in ("node-a", "node-b")
-    ]
-    try:
-        for d in second:
-            assert d.wait(240) == 0, d.proc.tail()
-    finally:
-        for d in second:
-            d.stop()
+    second, _ = run_pair_again(tmp_path, etcd_endpoint, job)
     for d in second:
         assert [e["step"] for e in d.events("checkpoint_loaded")] == [last]
         assert min(losses(d.events())) == last + 1
