@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import wait
 from datetime import timedelta
 from typing import Protocol
 
@@ -58,7 +59,17 @@ class Replication(Protocol):
     def hook_fsdp(self, modules: Iterable[torch.nn.Module]) -> None: ...
     def sync_gradients(self, grads: list[torch.Tensor]) -> None: ...
     def should_commit(self, vote: bool = True) -> bool: ...
+    def quorum_settles(self, seconds: float) -> bool: ...
     def shutdown(self) -> None: ...
+
+
+# A group told to drain finishes its step only if the step's quorum forms within this
+# long: when every node drains at once, the peers that quorum waits for may be gone.
+DRAIN_QUORUM_WAIT_S = 3.0
+
+
+class StepAbandoned(RuntimeError):
+    """A draining group left a step whose quorum did not form; nothing of it was committed."""
 
 
 class NonFiniteStep(RuntimeError):
@@ -105,6 +116,9 @@ class SingleGroup:
         if vote:
             self.state.step += 1
         return vote
+
+    def quorum_settles(self, seconds: float) -> bool:
+        return True
 
     def shutdown(self) -> None:
         pass
@@ -195,6 +209,10 @@ class TorchFTGroup:
             membership_token(recorder.replica_ids) if recorder.replica_ids is not None else "0"
         )
         self.managed_pg = ManagedProcessGroup(self.manager)
+        # Whether this group was the writer in the quorum of its last committed step; a
+        # drain that leaves a step's quorum unformed must not wait on it to ask.
+        self._writer: bool | None = None
+        self.stop_requested: Callable[[], bool] = lambda: False
         self.on_heal: list[Callable[[int, float], None]] = []
 
     def _healed(self, step: int, load_seconds: float) -> None:
@@ -219,8 +237,11 @@ class TorchFTGroup:
         return ft.quorum_id(self.manager)
 
     def is_writer(self) -> bool:
-        """True for the lowest-id group among the up-to-date participants of this quorum."""
-        return bool(self.manager.participating_rank() == 0)
+        """True for the lowest-id group among the up-to-date participants of the quorum
+        of the last committed step (of this step's quorum before any commit)."""
+        if self._writer is None:
+            return bool(self.manager.participating_rank() == 0)
+        return self._writer
 
     def fresh_start(self) -> bool:
         """After this step's quorum: no participant has committed a step (every group is new)."""
@@ -243,6 +264,7 @@ class TorchFTGroup:
 
     def hook_fsdp(self, modules: Iterable[torch.nn.Module]) -> None:
         def hook(output: torch.Tensor) -> None:
+            self._quorum_or_drain()
             work = self._allreduce(output)
             self.chaos.at("allreduce")
             work.wait()  # type: ignore[attr-defined]
@@ -253,6 +275,7 @@ class TorchFTGroup:
 
     def sync_gradients(self, grads: list[torch.Tensor]) -> None:
         """Average unsharded gradients across groups, one flat all-reduce per bucket."""
+        self._quorum_or_drain()
         pending = []
         for bucket in buckets(grads):
             flat = torch.cat([g.reshape(-1) for g in bucket])
@@ -273,7 +296,29 @@ class TorchFTGroup:
         committed = bool(self.manager.should_commit())
         if committed:
             self.state.step = self.current_step()
+            self._writer = bool(self.manager.participating_rank() == 0)  # quorum formed
         return committed
+
+    def quorum_settles(self, seconds: float) -> bool:
+        """Wait up to `seconds` for this step's quorum; True if it formed (not pending or failed)."""
+        future = ft.quorum_future(self.manager)
+        if future is None:
+            return True
+        done, _ = wait([future], timeout=seconds)
+        return bool(done) and future.exception() is None
+
+    def _quorum_or_drain(self) -> None:
+        """Wait for this step's quorum before the first all-reduce across groups; a
+        SIGTERM during that wait leaves the step if the quorum does not form soon."""
+        future = ft.quorum_future(self.manager)
+        while future is not None and not future.done():
+            if self.stop_requested():
+                if not self.quorum_settles(DRAIN_QUORUM_WAIT_S):
+                    raise StepAbandoned(
+                        f"draining, and the step's quorum did not form in {DRAIN_QUORUM_WAIT_S} s"
+                    )
+                return
+            wait([future], timeout=0.25)
 
     def shutdown(self) -> None:
         self.manager.shutdown(wait=False)

@@ -33,7 +33,7 @@ from trainer.chaos import Chaos
 from trainer.config import TrainerConfig
 from trainer.data import Sampler
 from trainer.env import RankEnv
-from trainer.fault_tolerance import Replication
+from trainer.fault_tolerance import DRAIN_QUORUM_WAIT_S, Replication, StepAbandoned
 from trainer.mesh import Layout
 from trainer.model import Transformer
 from trainer.optim import clip_grad_norm
@@ -105,7 +105,7 @@ class Loop:
     def run(self) -> None:
         while self.replication.current_step() < self.cfg.train.steps and not self.drained:
             report = self.step()
-            if report is None:  # resumed from a checkpoint of the final step
+            if report is None:  # resumed at the final step, or a drain left this step
                 break
             for callback in self.on_step:
                 callback(report)
@@ -126,15 +126,13 @@ class Loop:
         for p in self.params:
             p.grad = None
         self.chaos.at("forward")
-        loss = self._forward_backward(step)
-        if self.chaos.at("gradients"):
-            for p in self.params:
-                if p.grad is not None:
-                    local(p.grad).fill_(float("nan"))
-        if not self.sharded:
-            self.replication.sync_gradients(
-                [local(p.grad) for p in self.params if p.grad is not None]
-            )
+        try:
+            loss = self._gradients(step)
+        except StepAbandoned as e:
+            self.drained = True
+            if self.env.rank == 0:
+                self.log.info("step_abandoned", step=step + 1, reason=str(e))
+            return None
         self.state.before_mutation()  # healing (in should_commit) and the optimizer write next
         # The averaged gradients are the same on every group, so every group sees a
         # non-finite norm if any group's gradients were: all vote the step down.
@@ -168,6 +166,24 @@ class Loop:
             tokens=tokens,
             finite=finite,
         )
+
+    def _gradients(self, step: int) -> float:
+        """Forward and backward, gradients averaged across groups; return the group's mean
+        loss. Raises StepAbandoned when a drain leaves a step whose quorum does not form."""
+        loss = self._forward_backward(step)
+        if self.drained and not self._quorum_settles():
+            raise StepAbandoned(
+                f"draining, and the step's quorum did not form in {DRAIN_QUORUM_WAIT_S} s"
+            )
+        if self.chaos.at("gradients"):
+            for p in self.params:
+                if p.grad is not None:
+                    local(p.grad).fill_(float("nan"))
+        if not self.sharded:
+            self.replication.sync_gradients(
+                [local(p.grad) for p in self.params if p.grad is not None]
+            )
+        return loss
 
     def _non_finite(self, step: int, loss: float, grad_norm: float) -> None:
         """Count a step voted down for a NaN/inf; too many in a row end the job."""
@@ -225,6 +241,16 @@ class Loop:
         else:
             self.schedule.step(*args)
         return float(torch.stack(losses).mean()) if losses else 0.0
+
+    def _quorum_settles(self) -> bool:
+        """Whether every rank of the group saw this step's quorum form (the group leaves
+        together, without the step, otherwise)."""
+        settled = self.replication.quorum_settles(DRAIN_QUORUM_WAIT_S)
+        if self.layout.mesh is None:
+            return settled
+        t = torch.tensor([1.0 if settled else 0.0], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return bool(t[0] > 0)
 
     def _group_agree(self, mine: float) -> float:
         """One all-reduce inside the group: the mean loss and whether any rank was asked to stop.

@@ -60,6 +60,7 @@ def run(cfg: TrainerConfig, env: RankEnv) -> int:
     replication: Replication
     if env.fault_tolerant:
         replication = TorchFTGroup(cfg.ft, env, layout.device, state, chaos)
+        replication.stop_requested = stop.is_set
     else:
         replication = SingleGroup(state)
     replication.hook_fsdp(m for model in models for m in model.modules())

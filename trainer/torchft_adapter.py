@@ -52,6 +52,7 @@ REACH_INS: tuple[ReachIn, ...] = (
     ReachIn("torchft._torchft:ManagerClient", "_quorum", "method", "QuorumRecorder"),
     ReachIn("torchft.manager:Manager", "_quorum_id", "instance attribute", "quorum_id"),
     ReachIn("torchft.manager:Manager", "_healing", "instance attribute", "is_healing"),
+    ReachIn("torchft.manager:Manager", "_quorum_future", "instance attribute", "quorum_future"),
     ReachIn(
         "torchft.process_group:ProcessGroupGloo",
         "configure",
@@ -182,6 +183,16 @@ def is_healing(manager: Any) -> bool:
     # start_quorum. No public getter; Phalanx needs it to tell a fresh job (nobody has
     # committed, nobody heals, so load the newest checkpoint) from a group being healed.
     return bool(manager._healing)
+
+
+def quorum_future(manager: Any) -> Future[None] | None:
+    """The quorum of the step under way (None before the first start_quorum)."""
+    # Manager._quorum_future: what start_quorum submits to the quorum thread. Every
+    # public wait (wait_quorum, participating_rank, allreduce) blocks until the quorum
+    # timeout; a group told to drain waits on it briefly instead, because the peers a
+    # quorum waits for may have left already when every node drains at once.
+    future: Future[None] | None = manager._quorum_future
+    return future
 
 
 class QuorumRecorder:

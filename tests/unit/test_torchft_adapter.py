@@ -68,6 +68,7 @@ def test_every_reach_in_is_checked() -> None:
         ("ManagerClient", "_quorum"),
         ("Manager", "_quorum_id"),
         ("Manager", "_healing"),
+        ("Manager", "_quorum_future"),
         ("ProcessGroupGloo", "configure"),
         ("ProcessGroupNCCL", "configure"),
         ("torchft.process_group", "create_store_client"),
@@ -103,6 +104,13 @@ def test_manager_healing() -> None:
     assert "self._healing = False" in source(Manager.__init__)
     assert "self._healing = True" in source(Manager._async_quorum)
     assert "self._healing = False" in source(Manager.start_quorum)
+
+
+def test_manager_quorum_future() -> None:
+    """start_quorum stores the quorum thread's future where every public wait reads it."""
+    assert "self._quorum_future: Optional[concurrent.futures.Future" in source(Manager.__init__)
+    assert "self._quorum_future = self._executor.submit(" in source(Manager.start_quorum)
+    assert "self._quorum_future.result()" in source(Manager.wait_quorum)
 
 
 @pytest.mark.parametrize("base", [ProcessGroupGloo, ProcessGroupNCCL])
@@ -278,6 +286,7 @@ def test_accessors_on_a_live_manager(lighthouse: str) -> None:
         assert [lst.address for lst in mine if lst.port == manager_port] == ["127.0.0.1"], mine
         recorder = ft.record_quorums(manager)
         assert recorder.replica_ids is None and ft.quorum_id(manager) == -1
+        assert ft.quorum_future(manager) is None
         tokens: list[str] = []
 
         def membership() -> str:
@@ -288,6 +297,8 @@ def test_accessors_on_a_live_manager(lighthouse: str) -> None:
         manager.start_quorum()
         manager.wait_quorum()
         assert manager.errored() is None
+        future = ft.quorum_future(manager)
+        assert future is not None and future.done() and future.exception() is None
 
         quorum_id = ft.quorum_id(manager)
         assert isinstance(quorum_id, int) and quorum_id >= 1
