@@ -214,7 +214,9 @@ class Coordinator:
                 log.info("job_spec_replaced", job=self.job, hash=overall, sections=differ)
                 return
             if responses[0]:
-                raise SpecMismatch(mismatch_message(self.job, differ))
+                theirs = current.get("sections") or {}
+                devices = (str(theirs.get("device")), str(sections.get("device")))
+                raise SpecMismatch(mismatch_message(self.job, differ, devices))
         raise CoordinationError(f"the spec of job '{self.job}' keeps changing; try again.")
 
     # ------------------------------------------------------------ node and slot

@@ -48,7 +48,14 @@ def differing_sections(old: dict[str, str], new: dict[str, str]) -> list[str]:
     return sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
 
 
-def mismatch_message(job: str, sections: list[str]) -> str:
+def mismatch_message(job: str, sections: list[str], devices: tuple[str, str] | None = None) -> str:
+    """Why a node cannot join `job`; `devices` (the job's, this node's) when they differ."""
+    if devices is not None and devices[0] != devices[1]:
+        return (
+            f"job '{job}' trains on {devices[0]} and this node would train on {devices[1]}: "
+            "replica groups of one job must share a device type (and so a dtype); set "
+            f'node.device = "{devices[0]}" here or use another job.name.'
+        )
     what = (
         f"section {sections[0]} differs"
         if len(sections) == 1

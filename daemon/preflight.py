@@ -209,6 +209,14 @@ def cuda_present() -> bool:
     return any(os.path.exists(marker) for marker in CUDA_MARKERS)
 
 
+def node_device(cfg: DaemonConfig) -> str:
+    """The device type this node's ranks will train on: cpu or cuda."""
+    chosen = cfg.node.device if cfg.node.device != "auto" else cfg.parallel.device
+    if chosen != "auto":
+        return chosen
+    return "cuda" if cuda_present() else "cpu"
+
+
 def check_device(cfg: DaemonConfig) -> None:
     """A node told to train on CUDA must have a GPU driver."""
     if cfg.node.device == "cuda":
@@ -225,8 +233,12 @@ def check_device(cfg: DaemonConfig) -> None:
 
 
 def check_chaos(environ: Mapping[str, str], node_env: Mapping[str, str]) -> None:
-    """PHALANX_CHAOS and PHALANX_CHAOS_DELAY as the ranks will inherit them (node.env wins)."""
-    for name, parse in (("PHALANX_CHAOS", chaos.parse), ("PHALANX_CHAOS_DELAY", chaos.parse_delay)):
+    """PHALANX_CHAOS, _DELAY and _RANKS as the ranks will inherit them (node.env wins)."""
+    for name, parse in (
+        ("PHALANX_CHAOS", chaos.parse),
+        ("PHALANX_CHAOS_DELAY", chaos.parse_delay),
+        ("PHALANX_CHAOS_RANKS", chaos.parse_ranks),
+    ):
         where = "node.env" if name in node_env else "the daemon's environment"
         value = node_env.get(name, environ.get(name))
         if value is None:

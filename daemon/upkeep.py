@@ -46,6 +46,7 @@ from daemon.coordination import (
 from daemon.fencing import LEASE_FILE, Fence, after_fence, fence_margin_s
 from daemon.leadership import Leadership
 from daemon.lighthouse import Forwarder, parse_address
+from daemon.preflight import node_device
 from daemon.states import State
 from daemon.view import NodeView
 from trainer import logs
@@ -138,7 +139,9 @@ class EtcdUpkeep:
         def steps() -> None:
             self.coord.connect()
             self.coord.ensure_session()
-            self.coord.check_spec(self.cfg.spec())
+            # The device type joins the spec: groups on cuda and on cpu (so also on other
+            # dtypes) must never meet in one quorum; a node that differs is refused at join.
+            self.coord.check_spec({**self.cfg.spec(), "device": node_device(self.cfg)})
             self._register()
 
         try:

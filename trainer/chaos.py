@@ -6,7 +6,8 @@
   ``gradients`` (this rank's gradients are computed, not yet averaged across
   groups), ``allreduce`` (the cross-group gradient all-reduce has been issued and
   is in flight), ``optimizer`` (the step was committed, the optimizer has not run)
-  or ``checkpoint`` (the writer group has just launched an asynchronous save).
+  , ``checkpoint`` (the writer group has just launched an asynchronous save) or
+  ``resume`` (a cold start is about to choose a checkpoint; the step is 0).
 * ``step``: ``N`` is the step being attempted (N steps are committed; for
   ``checkpoint``, N is the step being saved); ``+N`` is this process's N-th step
   attempt counting from 0, useful for a relaunched group whose step is only
@@ -14,7 +15,13 @@
 * ``action``: ``kill`` (default; the rank SIGKILLs itself, a real, uncatchable
   death), ``crash`` (an exception, like a bug), ``stop`` (SIGSTOP, a hang),
   ``nan`` (at ``gradients`` only: the rank's gradients become NaN, as a numerical
-  blow-up would make them).
+  blow-up would make them), ``hide`` (at ``resume`` only: the newest marked
+  checkpoint is invisible to this rank, as a stale view of a shared volume would be),
+  ``perturb`` (at ``optimizer`` only: the rank adds 1e-3 to its first parameter
+  shard, so its group's parameters silently differ from the other groups').
+
+``PHALANX_CHAOS_RANKS`` (comma-separated ranks of the group; default every rank)
+limits the faults to those ranks.
 
 ``PHALANX_CHAOS_DELAY`` (seconds) is slept at the start of every forward: it
 simulates a bigger model, so a demo or test can watch a slow job.
@@ -31,8 +38,13 @@ import signal
 import time
 from dataclasses import dataclass
 
-POINTS = ("start", "forward", "gradients", "allreduce", "optimizer", "checkpoint")
-ACTIONS = ("kill", "crash", "stop", "nan")
+POINTS = ("start", "forward", "gradients", "allreduce", "optimizer", "checkpoint", "resume")
+ACTIONS = ("kill", "crash", "stop", "nan", "hide", "perturb")
+ONLY_AT = {
+    "nan": "gradients",
+    "hide": "resume",
+    "perturb": "optimizer",
+}  # actions that mean something at one point
 
 
 class InjectedCrash(RuntimeError):
@@ -58,12 +70,13 @@ def parse(spec: str) -> list[Fault]:
         if (
             point not in POINTS
             or action not in ACTIONS
-            or (action == "nan" and point != "gradients")
+            or ONLY_AT.get(action, point) != point
             or not re.fullmatch("[0-9]+", digits)
         ):
             raise ValueError(
                 f"PHALANX_CHAOS entry {item!r} must be point@[+]step[:action] with point in "
-                f"{', '.join(POINTS)} and action in {', '.join(ACTIONS)} (nan at gradients only)."
+                f"{', '.join(POINTS)} and action in {', '.join(ACTIONS)} (nan at gradients only, "
+                "hide at resume only, perturb at optimizer only)."
             )
         faults.append(Fault(point, int(digits), action, relative))
     return faults
@@ -80,9 +93,22 @@ def parse_delay(text: str | None) -> float:
     return delay
 
 
+def parse_ranks(text: str | None) -> set[int] | None:
+    """``PHALANX_CHAOS_RANKS`` (unset or empty: every rank); ValueError when malformed."""
+    if not text:
+        return None
+    parts = [p.strip() for p in text.split(",")]
+    if not all(re.fullmatch("[0-9]+", p) for p in parts):
+        raise ValueError(f"PHALANX_CHAOS_RANKS {text!r} must be comma-separated rank numbers.")
+    return {int(p) for p in parts}
+
+
 class Chaos:
     def __init__(self, spec: str | None = None, delay: float | None = None) -> None:
         self.faults = parse(spec if spec is not None else os.environ.get("PHALANX_CHAOS", ""))
+        ranks = parse_ranks(os.environ.get("PHALANX_CHAOS_RANKS"))
+        if ranks is not None and int(os.environ.get("RANK", "0")) not in ranks:
+            self.faults = []
         self.delay = (
             delay if delay is not None else parse_delay(os.environ.get("PHALANX_CHAOS_DELAY"))
         )
@@ -94,7 +120,8 @@ class Chaos:
         self.attempt += 1
 
     def at(self, point: str, step: int | None = None) -> bool:
-        """Inject what is due here; True when the caller must poison its gradients (nan)."""
+        """Inject what is due here; True when the caller must act (nan: poison its
+        gradients; hide: skip the newest checkpoint)."""
         if point == "forward" and self.delay > 0:
             time.sleep(self.delay)
         poison = False
@@ -102,7 +129,7 @@ class Chaos:
             current = self.attempt if fault.relative else (self.step if step is None else step)
             if fault.point != point or fault.step != current:
                 continue
-            if fault.action == "nan":
+            if fault.action in ONLY_AT:
                 poison = True
             elif fault.action == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)

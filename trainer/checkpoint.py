@@ -19,15 +19,15 @@ and writes it in another; the save's collectives use a dedicated Gloo group so
 they never interleave with training's. At most one save is in flight; a save
 that falls due while the previous one runs is skipped and counted.
 
-Loading trusts nothing without a marker, checks every listed file's size and
-checksum, and refuses pickled data: DCP metadata is read with an allow-list unpickler and any
+Loading (``trainer.checkpoint_resume``: every group loads the same checkpoint)
+trusts nothing without a marker, checks every listed file's size and checksum,
+and refuses pickled data: DCP metadata is read with an allow-list unpickler and any
 non-tensor item in a checkpoint is an error: nothing is ever unpickled in full.
 """
 
 from __future__ import annotations
 
 import contextvars
-import json
 import shutil
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -38,7 +38,6 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import async_save
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
@@ -48,9 +47,7 @@ from trainer.checkpoint_files import (
     MARKER,
     PREFIX,
     SCALARS,
-    candidates,
     describe_files,
-    problem,
     retain,
     write_json_atomic,
 )
@@ -58,7 +55,6 @@ from trainer.config import CheckpointConfig
 from trainer.fault_tolerance import Replication
 from trainer.lease_fence import Fence, LeaseFence
 from trainer.metrics import TrainMetrics
-from trainer.safe_load import SafeReader, TensorOnlyPlanner
 from trainer.state import TrainState
 
 # ------------------------------------------------------------------ the saver
@@ -110,7 +106,7 @@ class Checkpointer:
             except OSError as e:  # each save says so again; training goes on
                 self._failed(0, f"{self.root}: {e.strerror or e}")
 
-    def _note(self, level: str, event: str, **fields: Any) -> None:
+    def note(self, level: str, event: str, **fields: Any) -> None:
         """Group-wide facts (skipped, invalid, loaded) are reported once, by rank 0."""
         if self.rank == 0:
             getattr(self.log, level)(event, **fields)
@@ -127,7 +123,7 @@ class Checkpointer:
         if interval and step % interval == 0:
             self.save(step)
 
-    def _agree(self, mine: bool) -> bool:
+    def agree(self, mine: bool) -> bool:
         """Every rank of the group must take the same decision (a save is collective)."""
         if not self.distributed:
             return mine
@@ -141,10 +137,10 @@ class Checkpointer:
         training goes on and the next interval tries again."""
         if not self.replication.is_writer():
             return
-        if not final and not self._agree(self.upload is None or self.upload.done()):
+        if not final and not self.agree(self.upload is None or self.upload.done()):
             self.skipped += 1
             self.metrics.observe_checkpoint_skipped()
-            self._note(
+            self.note(
                 "warning",
                 "checkpoint_skipped",
                 step=step,
@@ -153,13 +149,13 @@ class Checkpointer:
             )
             return
         self.finish(block=True)  # the previous save is done (or, for the final save, waited for)
-        if final and self._agree(self.last_saved == step):
+        if final and self.agree(self.last_saved == step):
             return  # on disk already (saved by every rank, or loaded from there)
         path = self.root / f"{PREFIX}{step}"
         started = time.monotonic()
         problem_here = self._prepare(path) if self.rank == 0 else None
         # Also the barrier of old: nobody writes before rank 0 has prepared the directory.
-        if not self._agree(problem_here is None):
+        if not self.agree(problem_here is None):
             self._failed(step, problem_here or "rank 0 could not prepare the directory")
             return
         try:
@@ -191,7 +187,7 @@ class Checkpointer:
 
     def _failed(self, step: int, error: str) -> None:
         self.metrics.observe_checkpoint_failure()
-        self._note("error", "checkpoint_failed", step=step, error=error)
+        self.note("error", "checkpoint_failed", step=step, error=error)
 
     def _write(self, path: Path) -> None:
         """Hand the state to DCP: asynchronously (upload pending) or at once."""
@@ -317,43 +313,6 @@ class Checkpointer:
         if self.hasher is not None:
             self.hasher.shutdown(wait=True)  # the last retention
         self.stager.close()
-
-    # -- loading
-
-    def load_latest(self) -> int | None:
-        """Load the newest trustworthy checkpoint into the live state; its step, or None."""
-        for candidate in candidates(self.root):
-            why = problem(candidate, self.model_hash)
-            if why is not None:
-                self._note("warning", "checkpoint_invalid", path=str(candidate.path), reason=why)
-                continue
-            try:
-                dcp_load(
-                    self.tensors(),
-                    storage_reader=SafeReader(str(candidate.path)),
-                    planner=TensorOnlyPlanner(),
-                    process_group=self.pg,
-                )
-                scalars = json.loads((candidate.path / SCALARS).read_text())
-            except Exception as e:
-                # A full load rewrites every tensor, so an older checkpoint can still be loaded.
-                self._note(
-                    "warning",
-                    "checkpoint_invalid",
-                    path=str(candidate.path),
-                    reason=f"load failed: {e}",
-                )
-                continue
-            self.state.load_scalars(scalars)
-            self.replication.restore(int(scalars["step"]), scalars.get("torchft", {}))
-            self.last_saved = int(
-                scalars["step"]
-            )  # on disk already: the final save need not redo it
-            self._note(
-                "info", "checkpoint_loaded", step=self.last_saved, source=str(candidate.path)
-            )
-            return self.last_saved
-        return None
 
 
 def _describe_once_written(upload: Future[Any] | None, path: Path) -> dict[str, Any]:

@@ -172,6 +172,13 @@ class FaultToleranceConfig(Section):
     quorum_timeout_s: float = Field(60.0, gt=0, description="Waiting for a quorum.")
     connect_timeout_s: float = Field(10.0, gt=0, description="Connecting to lighthouse/peers.")
     async_quorum: bool = Field(True, description="Compute the quorum during the forward pass.")
+    digest_every: int = Field(
+        100,
+        ge=0,
+        description="Compare the groups' parameters every N committed steps (0 = never); a "
+        "minority group is restarted and healed. Costs one pass over the parameters on the "
+        "device and one small all-reduce.",
+    )
     quorum_retries: int = Field(
         30,
         ge=0,

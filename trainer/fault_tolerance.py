@@ -60,6 +60,9 @@ class Replication(Protocol):
     def sync_gradients(self, grads: list[torch.Tensor]) -> None: ...
     def should_commit(self, vote: bool = True) -> bool: ...
     def quorum_settles(self, seconds: float) -> bool: ...
+    def across_groups(self, values: list[int]) -> tuple[list[int], list[int]]: ...
+    def quorum_step(self) -> int: ...
+    def average_across_groups(self, t: torch.Tensor) -> torch.Tensor | None: ...
     def shutdown(self) -> None: ...
 
 
@@ -120,6 +123,15 @@ class SingleGroup:
     def quorum_settles(self, seconds: float) -> bool:
         return True
 
+    def across_groups(self, values: list[int]) -> tuple[list[int], list[int]]:
+        return list(values), list(values)
+
+    def quorum_step(self) -> int:
+        return self.state.step
+
+    def average_across_groups(self, t: torch.Tensor) -> torch.Tensor | None:
+        return None
+
     def shutdown(self) -> None:
         pass
 
@@ -169,6 +181,7 @@ class TorchFTGroup:
         ft.check_torchft()
         self.state = state
         self.chaos = chaos
+        self.device = device
         self.log = logs.get()
         self._step_started = time.monotonic()
         timeout = timedelta(seconds=cfg.timeout_s)
@@ -204,7 +217,8 @@ class TorchFTGroup:
                 # each time, rides out a leader change behind the daemon's forwarder.
                 quorum_retries=cfg.quorum_retries,
             )
-        recorder = ft.record_quorums(self.manager)
+        self.pg = pg  # configured by each quorum for this rank's peers in every group
+        self.recorder = recorder = ft.record_quorums(self.manager)
         pg.membership = lambda: (
             membership_token(recorder.replica_ids) if recorder.replica_ids is not None else "0"
         )
@@ -306,6 +320,35 @@ class TorchFTGroup:
             return True
         done, _ = wait([future], timeout=seconds)
         return bool(done) and future.exception() is None
+
+    def across_groups(self, values: list[int]) -> tuple[list[int], list[int]]:
+        """Element-wise min and max of `values` over every group of this step's quorum.
+
+        Collective: this rank's peers (same rank) in every group call it in the same step.
+        """
+        self.manager.wait_quorum()
+        out: list[list[int]] = []
+        for op in (ReduceOp.MIN, ReduceOp.MAX):
+            t = torch.tensor(values, dtype=torch.int64, device=self.device)
+            opts = AllreduceOptions()
+            opts.reduceOp = op  # type: ignore[assignment]
+            self.pg.allreduce([t], opts).wait()
+            out.append([int(v) for v in t.cpu().tolist()])
+        return out[0], out[1]
+
+    def quorum_step(self) -> int:
+        """The step of this step's up-to-date groups (a healing group is behind it)."""
+        self.manager.wait_quorum()
+        last = self.recorder.last
+        return int(last.max_step) if last is not None else self.current_step()
+
+    def average_across_groups(self, t: torch.Tensor) -> torch.Tensor | None:
+        """`t` averaged over the participating groups through the managed all-reduce, like
+        gradients; None when this group only heals in this step or the exchange failed."""
+        self._allreduce(t).wait()  # type: ignore[attr-defined]
+        if self.manager.errored() is not None or not self.manager.is_participating():
+            return None
+        return t
 
     def _quorum_or_drain(self) -> None:
         """Wait for this step's quorum before the first all-reduce across groups; a

@@ -32,6 +32,7 @@ from trainer import logs
 from trainer.chaos import Chaos
 from trainer.config import TrainerConfig
 from trainer.data import Sampler
+from trainer.divergence import ReplicasDiverged, local_digest, verdict, votes
 from trainer.env import RankEnv
 from trainer.fault_tolerance import DRAIN_QUORUM_WAIT_S, Replication, StepAbandoned
 from trainer.mesh import Layout
@@ -64,6 +65,7 @@ class StepReport:
     seconds: float
     tokens: int  # tokens this group trained on in the step
     finite: bool = True  # False: a NaN/inf loss or gradient norm voted the step down
+    diverged: bool = False  # the groups' parameters differed (this group is in the majority)
 
 
 @dataclass
@@ -79,9 +81,9 @@ class Loop:
     schedule: Schedule | None = None
     on_step: list[Callable[[StepReport], None]] = field(default_factory=list)
     stop_requested: Callable[[], bool] = lambda: False
-    # Run once, inside the first step, after its quorum is known and before its forward
-    # (a fresh start loads the newest checkpoint here).
-    on_first_quorum: list[Callable[[], None]] = field(default_factory=list)
+    # Run in every step attempt until one commits, before its forward: while no group
+    # of the quorum has committed, every group takes part in a cold start's resume.
+    before_first_commit: list[Callable[[], None]] = field(default_factory=list)
     last_loss: float | None = None  # of the last committed step (None: no step ran here)
     drained: bool = False  # the group agreed to stop early (SIGTERM)
     non_finite_in_a_row: int = 0  # steps voted down for a NaN/inf loss or gradient norm
@@ -117,8 +119,9 @@ class Loop:
         # A heal from here on (torchft's async quorum applies it in should_commit) comes
         # after this step's forward, which then ran on stale parameters.
         self._healed = False
-        while self.on_first_quorum:
-            self.on_first_quorum.pop(0)()
+        if self.replication.current_step() == 0:
+            for hook in self.before_first_commit:
+                hook()
         step = self.replication.current_step()
         if step >= self.cfg.train.steps:
             return None
@@ -133,6 +136,7 @@ class Loop:
             if self.env.rank == 0:
                 self.log.info("step_abandoned", step=step + 1, reason=str(e))
             return None
+        diverged = self._compare_replicas()
         self.state.before_mutation()  # healing (in should_commit) and the optimizer write next
         # The averaged gradients are the same on every group, so every group sees a
         # non-finite norm if any group's gradients were: all vote the step down.
@@ -148,7 +152,8 @@ class Loop:
         tokens = self.cfg.train.batch_size * self.cfg.train.seq_len if committed else 0
         if committed:
             self.non_finite_in_a_row = 0
-            self.chaos.at("optimizer")
+            if self.chaos.at("optimizer"):  # perturb: this group's parameters drift
+                local(self.params[0]).data.add_(1e-3)
             self.state.optimizer.step()
             self.state.scheduler.step()
             self.state.tokens += tokens
@@ -165,6 +170,7 @@ class Loop:
             seconds=time.monotonic() - started,
             tokens=tokens,
             finite=finite,
+            diverged=diverged,
         )
 
     def _gradients(self, step: int) -> float:
@@ -184,6 +190,46 @@ class Loop:
                 [local(p.grad) for p in self.params if p.grad is not None]
             )
         return loss
+
+    def _compare_replicas(self) -> bool:
+        """Every ft.digest_every steps, before the commit: do the groups' parameters match?
+        True when they do not and this group is in the majority; raises in the minority."""
+        every = self.cfg.ft.digest_every
+        if not (self.env.fault_tolerant and every):
+            return False
+        step = self.replication.quorum_step()  # equal on every group of the quorum
+        if step == 0 or step % every:
+            return False
+        mine = votes(local_digest([local(p) for p in self.params]), self.replication.is_writer())
+        averaged = self.replication.average_across_groups(mine.clone())
+        if averaged is None:
+            return False
+        seen = verdict(mine, averaged)
+        diverged, minority = self._group_any([seen.diverged, seen.minority])
+        if not diverged:
+            return False
+        if self.env.rank == 0:
+            self.log.warning(
+                "replicas_diverged",
+                step=step,
+                share=round(seen.share, 3),
+                group="minority: restarting to heal" if minority else "majority",
+            )
+        if minority:
+            raise ReplicasDiverged(
+                f"this group's parameters at step {step} differ from the majority's "
+                f"({seen.share:.0%} of the groups match rank {self.env.rank}'s shard); "
+                "it restarts and heals from them."
+            )
+        return True
+
+    def _group_any(self, flags: list[bool]) -> list[bool]:
+        """Each flag, true if it is true on any rank of the group."""
+        if self.layout.mesh is None:
+            return flags
+        t = torch.tensor([1.0 if f else 0.0 for f in flags], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return [bool(v > 0) for v in t.tolist()]
 
     def _non_finite(self, step: int, loss: float, grad_norm: float) -> None:
         """Count a step voted down for a NaN/inf; too many in a row end the job."""

@@ -70,6 +70,10 @@ class TrainMetrics:
             "phalanx_steps_not_finite",
             "Steps voted down for a NaN or infinite loss or gradient norm (never committed).",
         )
+        self.divergences = counter(
+            "phalanx_replica_divergences",
+            "Parameter comparisons (every ft.digest_every steps) that found the groups different.",
+        )
         self.ckpt_blocked = histogram(
             "phalanx_checkpoint_blocked_seconds",
             "Time training was blocked by a checkpoint save.",
@@ -91,12 +95,14 @@ class TrainMetrics:
 
     def observe_step(
         self, step: int, committed: bool, loss: float | None, lr: float, seconds: float, tokens: int,
-        participants: int, quorum_id: int | None, finite: bool = True,
+        participants: int, quorum_id: int | None, finite: bool = True, diverged: bool = False,
     ) -> None:  # fmt: skip
         if not self.enabled:
             return
         if not finite:
             self.not_finite.inc()
+        if diverged:
+            self.divergences.inc()
         self.step_seconds.observe(seconds)
         self.participants.set(participants)
         if quorum_id is not None:

@@ -11,7 +11,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from trainer import logs
+from trainer import checkpoint_resume, logs
 from trainer.chaos import Chaos
 from trainer.checkpoint import Checkpointer
 from trainer.config import TrainerConfig, spec_hash
@@ -117,7 +117,7 @@ def _observe(loop: Loop, replication: Replication, env: RankEnv, log_every: int)
     def record(r: StepReport) -> None:
         metrics.observe_step(
             r.step, r.committed, r.loss, r.lr, r.seconds, r.tokens, r.participants, r.quorum_id,
-            r.finite,
+            r.finite, r.diverged,
         )  # fmt: skip
 
     loop.on_step.append(record)
@@ -154,11 +154,12 @@ def _checkpoints(
     )
 
     def resume() -> None:
-        # Every group is new (no live peer to heal from): continue from disk if possible.
+        # No group of this quorum has committed a step (no live peer to heal from): every
+        # group continues from the same checkpoint on disk, if there is one.
         if replication.fresh_start():
-            checkpointer.load_latest()
+            checkpoint_resume.resume(checkpointer, replication, layout.group("pp"), chaos)
 
-    loop.on_first_quorum.append(resume)
+    loop.before_first_commit.append(resume)
     loop.on_step.append(lambda r: checkpointer.after_commit(r.step) if r.committed else None)
     return checkpointer
 

@@ -126,7 +126,8 @@ def test_checkpoint_reshards_across_layouts(tmp_path: Path) -> None:
         for leftover in ckpt.glob("step-2*"):  # make step 10 the newest again
             subprocess.run(["rm", "-rf", str(leftover)], check=True)
         events = run_torchrun(tmp_path, name, nproc, [*common, *layout])
-        assert [e["step"] for e in events if e["event"] == "checkpoint_loaded"] == [10]
+        loaded = {e["rank"]: e["step"] for e in events if e["event"] == "checkpoint_loaded"}
+        assert loaded == dict.fromkeys(range(nproc), 10), loaded  # every rank, once
         after = losses(events)
         assert min(after) == 11
         for step in range(11, 21):
@@ -172,13 +173,21 @@ assert calls, "the resume never reached torch.load: the probe proves nothing"
     assert offenders == []
 
 
-def run_pair_again(tmp_path: Path, endpoint: str, job: list[str]) -> tuple[list[Daemon], float]:
+def run_pair_again(
+    tmp_path: Path,
+    endpoint: str,
+    job: list[str],
+    envs: dict[str, dict[str, str]] | None = None,
+) -> tuple[list[Daemon], float]:
     """node-a and node-b started again once the first pair's slots are free (so each gets
-    its old slot back), run to the end; the daemons and when they were started (epoch s)."""
+    its old slot back), run to the end; the daemons and when they were started (epoch s).
+    `envs`: extra environment by node id."""
     wait_for(lambda: job_groups(endpoint) == {}, 30, "free slots")
     started_at = time.time()
     again = [
-        start_daemon(tmp_path, n, [endpoint], overrides=job, name=f"{n}-again")
+        start_daemon(
+            tmp_path, n, [endpoint], overrides=job, name=f"{n}-again", env=(envs or {}).get(n)
+        )
         for n in ("node-a", "node-b")
     ]
     try:
@@ -301,4 +310,48 @@ def test_draining_every_node_saves_the_last_step_and_a_restart_resumes_there(
     for d in second:
         assert [e["step"] for e in d.events("checkpoint_loaded")] == [last]
         assert min(losses(d.events())) == last + 1
+    assert len({d.events("train_done")[0]["params_sha256"] for d in second}) == 1
+
+
+def test_groups_resuming_from_disk_load_one_checkpoint_though_their_views_differ(
+    tmp_path: Path, etcd_endpoint: str
+) -> None:
+    """Every group dies with checkpoints of steps 10 and 20 on disk. On the cold start the
+    newest marker is hidden from rank 1 of the writer group and from rank 0 of the other
+    (PHALANX_CHAOS resume@0:hide, as a stale view of a shared volume would): every rank of
+    both groups still loads one checkpoint, the newest that both groups see (10), the
+    groups find equal digests before their first commit, and they end equal."""
+    ckpt = tmp_path / "ckpt"
+    job = [
+        "train.steps=30",
+        f'checkpoint.dir="{ckpt}"',
+        "checkpoint.interval_steps=10",
+        "job.min_replicas=2",  # both groups start together and both read the disk
+        "node.nproc=2",
+        "parallel.dp_shard=2",  # each rank loads its own shard: a split choice would mix steps
+    ]
+    first = [
+        start_daemon(tmp_path, n, [etcd_endpoint], overrides=job) for n in ("node-a", "node-b")
+    ]
+    try:
+        wait_for(lambda: (ckpt / "step-20" / MARKER).is_file(), 120, "the step-20 checkpoint")
+        writer = min(first, key=lambda d: int(d.require_status()["replica_group"])).node_id
+        for d in first:
+            os.kill(d.pid, signal.SIGKILL)  # the daemon, and with it its ranks
+    finally:
+        for d in first:
+            d.stop()
+    other = "node-b" if writer == "node-a" else "node-a"
+    hide = {"PHALANX_CHAOS": "resume@0:hide"}
+    envs = {
+        writer: {**hide, "PHALANX_CHAOS_RANKS": "1"},
+        other: {**hide, "PHALANX_CHAOS_RANKS": "0"},
+    }
+    second, _ = run_pair_again(tmp_path, etcd_endpoint, job, envs)
+    for d in second:
+        loaded = {e["rank"]: e["step"] for e in d.events("checkpoint_loaded")}
+        assert loaded == {0: 10, 1: 10}, (d.node_id, loaded)
+        assert [e["step"] for e in d.events("checkpoint_digests_agree")] == [10]
+        assert not d.events("heal_done")
+        assert min(losses(d.events())) == 11
     assert len({d.events("train_done")[0]["params_sha256"] for d in second}) == 1

@@ -24,7 +24,8 @@ from typing import Any
 import pyetcd
 import pytest
 
-from daemon.config import MAX_DRAIN_GRACE_S
+from daemon.config import MAX_DRAIN_GRACE_S, load_daemon_config
+from daemon.coordination import Coordinator, EtcdSettings
 from daemon.preflight import LOCK_FILE, cuda_present
 from tests.harness import BIN, DAEMON_JOB, ROOT, alive, children, free_port, start_daemon, wait_for
 
@@ -370,3 +371,46 @@ def test_a_second_daemon_on_the_same_run_dir_is_refused(tmp_path: Path) -> None:
         assert first.proc.popen.poll() is None and not first.events("node_failed")
     finally:
         first.stop()
+
+
+def test_a_node_on_another_device_type_is_refused_at_join(
+    tmp_path: Path, etcd_endpoint: str
+) -> None:
+    """The job's groups train on cuda (a node registered that spec); this node is set to
+    train on cpu. Its groups would meet theirs in one quorum with
+    other devices and dtypes, so it is refused at join, naming both and the setting."""
+    spec = load_daemon_config(DAEMON_JOB, []).spec()
+    gpu = Coordinator(EtcdSettings([etcd_endpoint], timeout_s=2.0), "itest", "gpu-node", 30)
+    try:
+        gpu.connect()
+        assert gpu.ensure_session() is True
+        gpu.check_spec({**spec, "device": "cuda"})
+        gpu.register({"host": "gpu-host"})
+        keys = sorted(phalanx_keys(etcd_endpoint))
+        result = phalanx_run(
+            [
+                "--config",
+                str(DAEMON_JOB),
+                *sets(
+                    'node.id="cpu-node"',
+                    'node.device="cpu"',
+                    f'node.run_dir="{tmp_path / "run"}"',
+                    f"node.http_port={free_port()}",
+                    f"node.lighthouse_port={free_port()}",
+                    f"etcd.endpoints={json.dumps([etcd_endpoint])}",
+                ),
+            ],
+            tmp_path,
+        )
+        # Refused at join, like another job file: the daemon has started (its log is
+        # JSON on stderr) but started no rank and wrote nothing to etcd.
+        assert result.code == 2, result.stderr
+        failed = [json.loads(line) for line in result.stderr.splitlines() if "node_failed" in line]
+        error = failed[0]["error"]
+        assert "trains on cuda and this node would train on cpu" in error, error
+        assert 'node.device = "cuda"' in error
+        assert "Traceback" not in result.stderr + result.stdout
+        assert result.started == set(), f"processes started: {result.started}"
+        assert sorted(phalanx_keys(etcd_endpoint)) == keys
+    finally:
+        gpu.close(revoke=True)
