@@ -340,3 +340,10 @@ def job_groups(endpoint: str, job: str = "itest") -> dict[int, str]:
         return dict(observer.snapshot().groups)
     finally:
         observer.close(revoke=False)
+
+
+def run_dir(ckpt: Path) -> Path:
+    """The one run directory (``<job>/run-<id>``) under a ``checkpoint.dir``."""
+    found = sorted(ckpt.glob("*/run-*"))
+    assert len(found) == 1, found
+    return found[0]

@@ -1,6 +1,6 @@
 """Asynchronous DCP checkpoints, written by one replica group, trusted only when complete.
 
-Layout of ``<checkpoint.dir>/step-<N>/`` (``trainer.checkpoint_files``):
+Layout of ``<checkpoint.dir>/<job>/run-<id>/step-<N>/`` (``trainer.checkpoint_files``):
 
 * DCP files (``__<rank>_0.distcp``, ``.metadata``): parameters and optimizer state,
   as DTensors, so a load into another (dp_shard, tp, pp) layout reshards;
@@ -64,6 +64,7 @@ class Checkpointer:
     def __init__(
         self,
         cfg: CheckpointConfig,
+        root: Path,
         state: TrainState,
         replication: Replication,
         metrics: TrainMetrics,
@@ -73,9 +74,8 @@ class Checkpointer:
         chaos: Chaos | None = None,
         fence: LeaseFence | None = None,
     ) -> None:
-        assert cfg.dir is not None
         self.cfg = cfg
-        self.root = Path(cfg.dir)
+        self.root = root
         self.state = state
         self.replication = replication
         self.metrics = metrics

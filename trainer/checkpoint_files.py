@@ -1,5 +1,8 @@
 """What a checkpoint directory holds on disk, when it can be trusted, and which ones to keep.
 
+A run's checkpoints live in ``<checkpoint.dir>/<job>/run-<id>/`` (:func:`run_root`):
+the id covers what makes two runs different (model, data, seed, batch), so runs
+sharing ``checkpoint.dir`` never resume from or delete each other's checkpoints.
 ``<root>/step-<N>/`` holds DCP's files, ``train_state.json`` and, once the save
 is complete, ``COMPLETE.json``: the step, layout, model hash, time and every
 file's size and SHA-256 (computed off the training path, see
@@ -23,6 +26,32 @@ SCALARS = "train_state.json"
 PREFIX = "step-"
 CHECKSUM = "sha256"  # about 1.3 GB/s on this machine's CPUs (SHA extensions)
 FOREIGN = "saved for a different model configuration"
+LOCAL_JOB = "local"  # the job directory of a run outside a daemon (torchrun, python -m trainer)
+RUN_SECTIONS = ("model", "data")
+RUN_TRAIN_KEYS = ("seed", "batch_size", "seq_len")
+
+
+def run_identity(config: dict[str, Any]) -> str:
+    """``run-<12 hex>`` of a resolved trainer config: model, data, seed and batch."""
+    train = config.get("train") or {}
+    picked = {name: config.get(name) for name in RUN_SECTIONS}
+    picked["train"] = {key: train.get(key) for key in RUN_TRAIN_KEYS}
+    blob = json.dumps(picked, sort_keys=True, separators=(",", ":"))
+    return "run-" + hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def run_root(base: Path, job: str | None, config: dict[str, Any]) -> Path:
+    """Where a run keeps its checkpoints: ``<base>/<job>/run-<id>``."""
+    return base / (job or LOCAL_JOB) / run_identity(config)
+
+
+def resume_source(path: Path) -> tuple[Path, int | None]:
+    """``checkpoint.resume_from``: a ``step-<N>`` directory (its run directory and N) or
+    a run directory (itself, None: its newest valid checkpoint)."""
+    number = path.name.removeprefix(PREFIX)
+    if path.name.startswith(PREFIX) and number.isdigit():
+        return path.parent, int(number)
+    return path, None
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:

@@ -13,7 +13,10 @@ chose differently would each read their shards of different steps. So:
    than the smallest proposal, so they meet at the newest step every group trusts;
 3. every rank of every group loads that step; if any rank of any group fails to,
    all groups go back to step 2 below it;
-4. before the first commit, the groups compare a digest of the restored
+4. without a checkpoint of its own, a run does the same with
+   ``checkpoint.resume_from`` (another run's directory or one of its steps), where
+   finding nothing valid, or a checkpoint of another model, is bad input (exit 2);
+5. before the first commit, the groups compare a digest of the restored
    parameters; a difference stops the ranks (:class:`RestoreMismatch`) rather than
    average gradients of different models.
 """
@@ -21,6 +24,8 @@ chose differently would each read their shards of different steps. So:
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,16 +34,36 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
 from trainer.chaos import Chaos
 from trainer.checkpoint import Checkpointer
-from trainer.checkpoint_files import PREFIX, SCALARS, candidates, problem
+from trainer.checkpoint_files import (
+    FOREIGN,
+    PREFIX,
+    SCALARS,
+    candidates,
+    problem,
+    resume_source,
+)
+from trainer.config import ConfigError
 from trainer.digest import params_sha256
 from trainer.fault_tolerance import Replication
 from trainer.safe_load import SafeReader, TensorOnlyPlanner
 
 NONE = -1
+REFUSED = -2  # rank 0 found checkpoint.resume_from unusable: every rank exits 2
 
 
 class RestoreMismatch(RuntimeError):
     """The groups restored different parameters from one agreed checkpoint."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a resume looks: a run directory, perhaps one step of it; `strict` for
+    checkpoint.resume_from (what it names must load, or the job exits 2)."""
+
+    root: Path
+    only: int | None = None
+    strict: bool = False
+    hidden: int = NONE  # chaos: a step invisible to this rank
 
 
 def resume(
@@ -46,43 +71,79 @@ def resume(
     replication: Replication,
     pp_group: dist.ProcessGroup | None,
     chaos: Chaos | None = None,
+    resume_from: str | None = None,
 ) -> int | None:
     """Load the checkpoint every group agrees on into the live state; its step, or None.
 
+    This run's own checkpoints first; without one, checkpoint.resume_from.
     Collective: every rank of every group in the quorum calls it in the same step.
     """
-    hidden = NONE  # chaos: the newest marked checkpoint, invisible to this rank
+    own = Source(ckpt.root)
     if chaos is not None and chaos.at("resume"):
-        hidden = next((c.step for c in candidates(ckpt.root) if c.marked), NONE)
+        own = Source(
+            ckpt.root, hidden=next((c.step for c in candidates(own.root) if c.marked), NONE)
+        )
+    step = _agree_and_load(ckpt, replication, own)
+    ckpt.last_saved = step  # on disk already: the final save need not redo it
+    if step is None and resume_from:
+        root, only = resume_source(Path(resume_from))
+        step = _agree_and_load(ckpt, replication, Source(root, only, strict=True))
+    if step is not None:
+        _compare_digests(ckpt, replication, pp_group, step)
+    return step
+
+
+def _agree_and_load(ckpt: Checkpointer, replication: Replication, source: Source) -> int | None:
     bound: int | None = None
     while True:
-        mine = _newest_valid(ckpt, bound, hidden) if ckpt.rank == 0 else NONE
+        refusal: ConfigError | None = None
+        mine = NONE
+        if ckpt.rank == 0:
+            try:
+                mine = _newest_valid(ckpt, source, bound)
+            except ConfigError as e:
+                refusal, mine = e, REFUSED
         proposal = _from_rank0(ckpt, mine)
+        if proposal == REFUSED:
+            raise refusal or ConfigError("rank 0 refused checkpoint.resume_from (see its error).")
         (low,), (high,) = replication.across_groups([proposal])
         if low != high:
             bound = low
             continue
         if low == NONE:
             return None
-        loaded = _load(ckpt, replication, low)
+        loaded = _load(ckpt, replication, source.root / f"{PREFIX}{low}")
         (every_group,), _ = replication.across_groups([1 if ckpt.agree(loaded) else 0])
         if every_group:
-            break
+            return low
         bound = low - 1
-    _compare_digests(ckpt, replication, pp_group, low)
-    ckpt.last_saved = low  # on disk already: the final save need not redo it
-    return low
 
 
-def _newest_valid(ckpt: Checkpointer, bound: int | None, hidden: int) -> int:
-    """Rank 0: the newest trustworthy checkpoint no newer than bound (NONE: there is none)."""
-    for candidate in candidates(ckpt.root):
-        if (bound is not None and candidate.step > bound) or candidate.step == hidden:
+def _newest_valid(ckpt: Checkpointer, source: Source, bound: int | None) -> int:
+    """Rank 0: the newest trustworthy checkpoint of `source` no newer than bound (NONE:
+    there is none). For checkpoint.resume_from, none at all is bad input."""
+    reasons: list[str] = []
+    for candidate in candidates(source.root):
+        if source.only is not None and candidate.step != source.only:
+            continue
+        if (bound is not None and candidate.step > bound) or candidate.step == source.hidden:
             continue
         why = problem(candidate, ckpt.model_hash)
         if why is None:
             return candidate.step
+        if source.strict and why == FOREIGN:
+            raise ConfigError(
+                f"checkpoint.resume_from: {candidate.path} was {why} (the model section "
+                "differs); point it at a checkpoint of this model or unset it."
+            )
+        reasons.append(f"{candidate.path.name}: {why}")
         ckpt.note("warning", "checkpoint_invalid", path=str(candidate.path), reason=why)
+    if source.strict and bound is None:
+        found = "; ".join(reasons) or "no step-<N> directory there"
+        raise ConfigError(
+            f"checkpoint.resume_from {source.root if source.only is None else source.root / f'{PREFIX}{source.only}'} "
+            f"holds no valid checkpoint ({found}); fix the path or unset it."
+        )
     return NONE
 
 
@@ -95,9 +156,8 @@ def _from_rank0(ckpt: Checkpointer, value: int) -> int:
     return int(t.item())
 
 
-def _load(ckpt: Checkpointer, replication: Replication, step: int) -> bool:
-    """Load step-<step> on every rank of the group (collective); False if it failed."""
-    path = ckpt.root / f"{PREFIX}{step}"
+def _load(ckpt: Checkpointer, replication: Replication, path: Path) -> bool:
+    """Load the checkpoint at path on every rank of the group (collective); False if it failed."""
     try:
         dcp_load(
             ckpt.tensors(),
@@ -112,7 +172,7 @@ def _load(ckpt: Checkpointer, replication: Replication, step: int) -> bool:
     ckpt.state.load_scalars(scalars)
     replication.restore(int(scalars["step"]), scalars.get("torchft", {}))
     # Every rank says what it loaded: a test (and an operator) can see they agree.
-    ckpt.log.info("checkpoint_loaded", step=step, source=str(path))
+    ckpt.log.info("checkpoint_loaded", step=int(scalars["step"]), source=str(path))
     return True
 
 

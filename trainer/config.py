@@ -152,7 +152,11 @@ class DataConfig(Section):
 
 
 class CheckpointConfig(Section):
-    dir: str | None = Field(None, description="Directory for DCP checkpoints (unset = off).")
+    dir: str | None = Field(
+        None,
+        description="Directory for DCP checkpoints (unset = off); a run keeps its own in "
+        "<dir>/<job>/run-<id>, the id a hash of model, data, train.seed, batch_size and seq_len.",
+    )
     interval_steps: int = Field(
         500,
         ge=0,
@@ -160,6 +164,12 @@ class CheckpointConfig(Section):
         "node loses at most the steps since the last save.",
     )
     keep: int = Field(3, ge=1, description="Complete checkpoints to keep.")
+    resume_from: str | None = Field(
+        None,
+        description="Start from another run's checkpoint when this run has none of its own: "
+        "a step-<N> directory, or a run directory (<dir>/<job>/run-<id>: its newest valid "
+        "one). One saved for another model configuration exits 2.",
+    )
     async_save: bool = Field(
         True, alias="async", description="Save with DCP async_save (false = synchronous)."
     )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -14,6 +15,7 @@ import torch.distributed as dist
 from trainer import checkpoint_resume, logs
 from trainer.chaos import Chaos
 from trainer.checkpoint import Checkpointer
+from trainer.checkpoint_files import run_root
 from trainer.config import TrainerConfig, spec_hash
 from trainer.data import Sampler
 from trainer.digest import params_sha256
@@ -82,6 +84,7 @@ def run(cfg: TrainerConfig, env: RankEnv) -> int:
             params=sum(p.numel() for p in params.values()),
             fault_tolerant=env.fault_tolerant,
             entropy=sampler.entropy(),
+            checkpoints=None if checkpointer is None else str(checkpointer.root),
         )
     chaos.at("start")
     loop.run()
@@ -141,12 +144,15 @@ def _checkpoints(
     """Periodic saves after committed steps; a fresh start resumes from the newest checkpoint."""
     if not cfg.checkpoint.dir:
         return None
+    config = cfg.model_dump(mode="json")
+    root = run_root(Path(cfg.checkpoint.dir), env.job, config)
     checkpointer = Checkpointer(
         cfg.checkpoint,
+        root,
         state,
         replication,
         metrics,
-        model_hash=spec_hash(cfg.model_dump(mode="json"), ["model"]),
+        model_hash=spec_hash(config, ["model"]),
         layout={"pp": layout.pp, "dp_shard": layout.dp_shard, "tp": layout.tp},
         rank=env.rank,
         chaos=chaos,
@@ -157,7 +163,9 @@ def _checkpoints(
         # No group of this quorum has committed a step (no live peer to heal from): every
         # group continues from the same checkpoint on disk, if there is one.
         if replication.fresh_start():
-            checkpoint_resume.resume(checkpointer, replication, layout.group("pp"), chaos)
+            checkpoint_resume.resume(
+                checkpointer, replication, layout.group("pp"), chaos, cfg.checkpoint.resume_from
+            )
 
     loop.before_first_commit.append(resume)
     loop.on_step.append(lambda r: checkpointer.after_commit(r.step) if r.committed else None)

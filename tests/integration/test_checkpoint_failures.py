@@ -84,6 +84,7 @@ def test_a_read_only_checkpoint_volume_fails_saves_but_not_training(tmp_path: Pa
             d.stop()
         step = int(saved[0]["step"])
         assert step % 5 == 0 and step > last_failure
-        path = ckpt / f"step-{step}"
+        path = Path(saved[0]["path"])
+        assert path.parent.parent.parent == ckpt and path.name == f"step-{step}"
         model_hash = json.loads((path / MARKER).read_text())["model_hash"]
         assert problem(Candidate(step, path), model_hash) is None

@@ -25,6 +25,7 @@ from tests.harness import (
     free_port,
     job_groups,
     launch_group,
+    run_dir,
     start,
     start_daemon,
     wait_for,
@@ -66,7 +67,7 @@ def test_corrupt_newest_checkpoint_is_skipped_and_the_previous_used(tmp_path: Pa
     common = ["train.steps=40", f'checkpoint.dir="{ckpt}"', "checkpoint.interval_steps=10"]
     first = run_single(tmp_path, "first", [*common, "train.steps=30"])
     assert {e["step"] for e in first if e["event"] == "checkpoint_saved"} == {10, 20, 30}
-    shard = ckpt / "step-30" / "__0_0.distcp"
+    shard = run_dir(ckpt) / "step-30" / "__0_0.distcp"
     with shard.open("r+b") as f:  # truncate a shard file
         f.truncate(shard.stat().st_size // 2)
     second = run_single(tmp_path, "second", common)
@@ -91,7 +92,8 @@ def test_a_flipped_byte_is_caught_by_its_checksum_and_never_counted_by_retention
         ["train.steps=30", f'checkpoint.dir="{ckpt}"', "checkpoint.interval_steps=10"],
     )
     assert {e["step"] for e in first if e["event"] == "checkpoint_saved"} == {10, 20, 30}
-    shard = ckpt / "step-30" / "__0_0.distcp"
+    run = run_dir(ckpt)
+    shard = run / "step-30" / "__0_0.distcp"
     size = shard.stat().st_size
     with shard.open("r+b") as f:
         f.seek(size // 2)
@@ -107,11 +109,11 @@ def test_a_flipped_byte_is_caught_by_its_checksum_and_never_counted_by_retention
     assert losses(second)[21] == losses(first)[21]
     # Retention kept the valid step 25 it wrote (keep = 1) and left the corrupt step 30,
     # reported, not counted.
-    assert sorted(p.name for p in ckpt.iterdir()) == ["step-25", "step-30"]
+    assert sorted(p.name for p in run.iterdir()) == ["step-25", "step-30"]
     left = [e for e in invalid if e.get("deleted") is False]
-    assert [e["path"] for e in left] == [str(ckpt / "step-30")], invalid
-    model_hash = json.loads((ckpt / "step-25" / MARKER).read_text())["model_hash"]
-    assert problem(Candidate(25, ckpt / "step-25"), model_hash) is None
+    assert [e["path"] for e in left] == [str(run / "step-30")], invalid
+    model_hash = json.loads((run / "step-25" / MARKER).read_text())["model_hash"]
+    assert problem(Candidate(25, run / "step-25"), model_hash) is None
 
 
 def test_checkpoint_reshards_across_layouts(tmp_path: Path) -> None:
@@ -119,11 +121,11 @@ def test_checkpoint_reshards_across_layouts(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     common = ["train.steps=20", f'checkpoint.dir="{ckpt}"', "checkpoint.interval_steps=10"]
     saved = run_torchrun(tmp_path, "fsdp_tp", 4, [*common, "parallel.dp_shard=2", "parallel.tp=2"])
-    marker = json.loads((ckpt / "step-10" / "COMPLETE.json").read_text())
+    marker = json.loads((run_dir(ckpt) / "step-10" / "COMPLETE.json").read_text())
     assert marker["layout"] == {"pp": 1, "dp_shard": 2, "tp": 2}
     before = losses(saved)
     for name, nproc, layout in [("single", 1, []), ("fsdp4", 4, ["parallel.dp_shard=4"])]:
-        for leftover in ckpt.glob("step-2*"):  # make step 10 the newest again
+        for leftover in run_dir(ckpt).glob("step-2*"):  # make step 10 the newest again
             subprocess.run(["rm", "-rf", str(leftover)], check=True)
         events = run_torchrun(tmp_path, name, nproc, [*common, *layout])
         loaded = {e["rank"]: e["step"] for e in events if e["event"] == "checkpoint_loaded"}
@@ -237,8 +239,9 @@ def test_cold_restart_after_every_group_died_mid_save(
     finally:
         for d in first:
             d.stop()
-    assert (ckpt / "step-10" / "COMPLETE.json").is_file()
-    assert (ckpt / "step-20").is_dir() and not (ckpt / "step-20" / "COMPLETE.json").exists()
+    run = run_dir(ckpt)
+    assert (run / "step-10" / "COMPLETE.json").is_file()
+    assert (run / "step-20").is_dir() and not (run / "step-20" / "COMPLETE.json").exists()
     before = {d.node_id: losses(d.events()) for d in first}
 
     # Wait for the dead daemons' leases to expire, so each node gets its old slot back.
@@ -261,7 +264,7 @@ def test_cold_restart_after_every_group_died_mid_save(
     resumed = min(event_time(d.events("checkpoint_loaded")[0]) for d in second)
     recovery("every group gone: daemons started -> resumed from checkpoint", resumed - restarted_at)
     # Retention: exactly `keep` complete checkpoints, no leftover partial one.
-    steps = {p.name: (p / "COMPLETE.json").exists() for p in ckpt.iterdir()}
+    steps = {p.name: (p / "COMPLETE.json").exists() for p in run.iterdir()}
     assert steps == {"step-20": True, "step-30": True, "step-40": True}
 
 
@@ -304,7 +307,7 @@ def test_draining_every_node_saves_the_last_step_and_a_restart_resumes_there(
     saved = [int(e["step"]) for d in first for e in d.events("checkpoint_saved")]
     assert saved == [last], saved
     assert [int(e["step"]) for e in writer.events("checkpoint_saved")] == [last]
-    assert (ckpt / f"step-{last}" / MARKER).is_file()
+    assert (run_dir(ckpt) / f"step-{last}" / MARKER).is_file()
 
     second, _ = run_pair_again(tmp_path, etcd_endpoint, job)
     for d in second:
@@ -334,7 +337,7 @@ def test_groups_resuming_from_disk_load_one_checkpoint_though_their_views_differ
         start_daemon(tmp_path, n, [etcd_endpoint], overrides=job) for n in ("node-a", "node-b")
     ]
     try:
-        wait_for(lambda: (ckpt / "step-20" / MARKER).is_file(), 120, "the step-20 checkpoint")
+        wait_for(lambda: any(ckpt.glob(f"*/run-*/step-20/{MARKER}")), 120, "the step-20 checkpoint")
         writer = min(first, key=lambda d: int(d.require_status()["replica_group"])).node_id
         for d in first:
             os.kill(d.pid, signal.SIGKILL)  # the daemon, and with it its ranks

@@ -1,0 +1,93 @@
+"""Runs sharing a checkpoint.dir keep to their own checkpoints; another run's are used
+only when named by checkpoint.resume_from, and only if they are of the same model.
+
+Each run keeps its checkpoints in ``<checkpoint.dir>/<job>/run-<id>``, the id a hash of
+the model, the data, the seed and the batch (``trainer.checkpoint_files.run_root``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.harness import ROOT, Event, launch_group
+from trainer.checkpoint_files import MARKER
+
+pytestmark = pytest.mark.integration
+
+SINGLE = ROOT / "examples" / "single.toml"
+
+
+def run(tmp_path: Path, name: str, overrides: list[str], code: int = 0) -> list[Event]:
+    group = launch_group(SINGLE, tmp_path, overrides=overrides, name=name)
+    assert group.wait(180) == [code], group.rank0.tail()
+    return group.events()
+
+
+def steps_in(run_dir: Path) -> dict[str, bool]:
+    return {p.name: (p / MARKER).is_file() for p in run_dir.iterdir()}
+
+
+def only(events: list[Event], name: str) -> Event:
+    (event,) = [e for e in events if e["event"] == name]
+    return event
+
+
+def test_higher_step_checkpoints_of_another_run_are_neither_resumed_nor_counted(
+    tmp_path: Path,
+) -> None:
+    """An older run (seed 1) left steps 10, 20, 30 in the directory; a new run (seed 2,
+    keep = 1) starts from step 0, keeps the checkpoint it writes, and leaves the old
+    run's alone. Named by checkpoint.resume_from, the old run's newest is loaded."""
+    ckpt = tmp_path / "ckpt"
+    common = [f'checkpoint.dir="{ckpt}"', "checkpoint.interval_steps=10"]
+    old = run(tmp_path, "old", [*common, "train.seed=1", "train.steps=30"])
+    old_dir = Path(only(old, "rank_started")["checkpoints"])
+    assert old_dir.parent == ckpt / "local" and old_dir.name.startswith("run-")
+    assert steps_in(old_dir) == {"step-10": True, "step-20": True, "step-30": True}
+
+    new = run(
+        tmp_path,
+        "new",
+        [
+            *common,
+            "train.seed=2",
+            "train.steps=15",
+            "checkpoint.interval_steps=5",
+            "checkpoint.keep=1",
+        ],
+    )
+    new_dir = Path(only(new, "rank_started")["checkpoints"])
+    assert new_dir != old_dir and new_dir.parent == old_dir.parent
+    assert not [e for e in new if e["event"] in ("checkpoint_loaded", "checkpoint_invalid")]
+    assert min(int(e["step"]) for e in new if e["event"] == "train_step") == 1
+    assert steps_in(new_dir) == {"step-15": True}  # its own newest survives keep = 1
+    assert steps_in(old_dir) == {"step-10": True, "step-20": True, "step-30": True}
+
+    # A third run (seed 3) names the old run: it starts at its step 30, saves in its own.
+    third = run(
+        tmp_path,
+        "third",
+        [*common, "train.seed=3", "train.steps=40", f'checkpoint.resume_from="{old_dir}"'],
+    )
+    loaded = only(third, "checkpoint_loaded")
+    assert loaded["step"] == 30 and loaded["source"] == str(old_dir / "step-30")
+    assert min(int(e["step"]) for e in third if e["event"] == "train_step") == 31
+    third_dir = Path(only(third, "rank_started")["checkpoints"])
+    assert steps_in(third_dir) == {"step-40": True}
+    assert steps_in(old_dir) == {"step-10": True, "step-20": True, "step-30": True}
+
+
+def test_resume_from_a_checkpoint_of_another_model_is_bad_input(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    common = [f'checkpoint.dir="{ckpt}"', "checkpoint.interval_steps=10", "train.steps=10"]
+    first = run(tmp_path, "first", common)
+    step_10 = Path(only(first, "rank_started")["checkpoints"]) / "step-10"
+    other_model = [*common, "model.n_layers=3", f'checkpoint.resume_from="{step_10}"']
+    refused = run(tmp_path, "other-model", other_model, code=2)
+    error = only(refused, "bad_input")["error"]
+    assert "checkpoint.resume_from" in error and str(step_10) in error and "model" in error, error
+    missing = [*common, "train.seed=5", f'checkpoint.resume_from="{tmp_path / "nowhere"}"']
+    error = only(run(tmp_path, "missing", missing, code=2), "bad_input")["error"]
+    assert "checkpoint.resume_from" in error and "holds no valid checkpoint" in error, error
