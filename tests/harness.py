@@ -347,3 +347,29 @@ def run_dir(ckpt: Path) -> Path:
     found = sorted(ckpt.glob("*/run-*"))
     assert len(found) == 1, found
     return found[0]
+
+
+def run_pair_again(
+    tmp_path: Path,
+    endpoint: str,
+    job: list[str],
+    envs: dict[str, dict[str, str]] | None = None,
+) -> tuple[list[Daemon], float]:
+    """node-a and node-b started again once the first pair's slots are free (so each gets
+    its old slot back), run to the end; the daemons and when they were started (epoch s).
+    `envs`: extra environment by node id."""
+    wait_for(lambda: job_groups(endpoint) == {}, 30, "free slots")
+    started_at = time.time()
+    again = [
+        start_daemon(
+            tmp_path, n, [endpoint], overrides=job, name=f"{n}-again", env=(envs or {}).get(n)
+        )
+        for n in ("node-a", "node-b")
+    ]
+    try:
+        for d in again:
+            assert d.wait(240) == 0, d.proc.tail()
+    finally:
+        for d in again:
+            d.stop()
+    return again, started_at

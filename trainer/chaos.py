@@ -7,7 +7,8 @@
   groups), ``allreduce`` (the cross-group gradient all-reduce has been issued and
   is in flight), ``optimizer`` (the step was committed, the optimizer has not run)
   , ``checkpoint`` (the writer group has just launched an asynchronous save) or
-  ``resume`` (a cold start is about to choose a checkpoint; the step is 0).
+  ``resume`` (a cold start is about to choose a checkpoint; the step is 0) or
+  ``restored`` (a cold start loaded one, the groups have not compared it yet; 0).
 * ``step``: ``N`` is the step being attempted (N steps are committed; for
   ``checkpoint``, N is the step being saved); ``+N`` is this process's N-th step
   attempt counting from 0, useful for a relaunched group whose step is only
@@ -17,8 +18,9 @@
   ``nan`` (at ``gradients`` only: the rank's gradients become NaN, as a numerical
   blow-up would make them), ``hide`` (at ``resume`` only: the newest marked
   checkpoint is invisible to this rank, as a stale view of a shared volume would be),
-  ``perturb`` (at ``optimizer`` only: the rank adds 1e-3 to its first parameter
-  shard, so its group's parameters silently differ from the other groups').
+  ``perturb`` (at ``optimizer`` and ``restored`` only: the rank adds 1e-3 to its
+  first parameter shard, so its group's parameters silently differ from the
+  other groups').
 
 ``PHALANX_CHAOS_RANKS`` (comma-separated ranks of the group; default every rank)
 limits the faults to those ranks.
@@ -38,13 +40,15 @@ import signal
 import time
 from dataclasses import dataclass
 
-POINTS = ("start", "forward", "gradients", "allreduce", "optimizer", "checkpoint", "resume")
+POINTS = (
+    "start", "forward", "gradients", "allreduce", "optimizer", "checkpoint", "resume", "restored",
+)  # fmt: skip
 ACTIONS = ("kill", "crash", "stop", "nan", "hide", "perturb")
-ONLY_AT = {
-    "nan": "gradients",
-    "hide": "resume",
-    "perturb": "optimizer",
-}  # actions that mean something at one point
+ONLY_AT: dict[str, tuple[str, ...]] = {  # actions that mean something at some points only
+    "nan": ("gradients",),
+    "hide": ("resume",),
+    "perturb": ("optimizer", "restored"),
+}
 
 
 class InjectedCrash(RuntimeError):
@@ -70,13 +74,13 @@ def parse(spec: str) -> list[Fault]:
         if (
             point not in POINTS
             or action not in ACTIONS
-            or ONLY_AT.get(action, point) != point
+            or point not in ONLY_AT.get(action, POINTS)
             or not re.fullmatch("[0-9]+", digits)
         ):
             raise ValueError(
                 f"PHALANX_CHAOS entry {item!r} must be point@[+]step[:action] with point in "
                 f"{', '.join(POINTS)} and action in {', '.join(ACTIONS)} (nan at gradients only, "
-                "hide at resume only, perturb at optimizer only)."
+                "hide at resume only, perturb at optimizer or restored only)."
             )
         faults.append(Fault(point, int(digits), action, relative))
     return faults

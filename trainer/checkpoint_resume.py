@@ -16,9 +16,10 @@ chose differently would each read their shards of different steps. So:
 4. without a checkpoint of its own, a run does the same with
    ``checkpoint.resume_from`` (another run's directory or one of its steps), where
    finding nothing valid, or a checkpoint of another model, is bad input (exit 2);
-5. before the first commit, the groups compare a digest of the restored
-   parameters; a difference stops the ranks (:class:`RestoreMismatch`) rather than
-   average gradients of different models.
+5. before the first commit, the groups compare digests of the restored parameters
+   (the vote of ``trainer.divergence``); a group in the minority stops
+   (:class:`RestoreMismatch`) and heals from the others rather than average
+   gradients of a different model into theirs.
 """
 
 from __future__ import annotations
@@ -43,9 +44,10 @@ from trainer.checkpoint_files import (
     resume_source,
 )
 from trainer.config import ConfigError
-from trainer.digest import params_sha256
+from trainer.divergence import local_digest, verdict, votes
 from trainer.fault_tolerance import Replication
 from trainer.safe_load import SafeReader, TensorOnlyPlanner
+from trainer.state import local
 
 NONE = -1
 REFUSED = -2  # rank 0 found checkpoint.resume_from unusable: every rank exits 2
@@ -69,7 +71,6 @@ class Source:
 def resume(
     ckpt: Checkpointer,
     replication: Replication,
-    pp_group: dist.ProcessGroup | None,
     chaos: Chaos | None = None,
     resume_from: str | None = None,
 ) -> int | None:
@@ -89,7 +90,7 @@ def resume(
         root, only = resume_source(Path(resume_from))
         step = _agree_and_load(ckpt, replication, Source(root, only, strict=True))
     if step is not None:
-        _compare_digests(ckpt, replication, pp_group, step)
+        _compare_digests(ckpt, replication, step, chaos)
     return step
 
 
@@ -177,14 +178,32 @@ def _load(ckpt: Checkpointer, replication: Replication, path: Path) -> bool:
 
 
 def _compare_digests(
-    ckpt: Checkpointer, replication: Replication, pp_group: dist.ProcessGroup | None, step: int
+    ckpt: Checkpointer, replication: Replication, step: int, chaos: Chaos | None
 ) -> None:
-    digest = params_sha256(ckpt.state.params, pp_group)
-    # 60 bits of the SHA-256 fit an int64: equal prefixes on every group, or a mismatch.
-    (low,), (high,) = replication.across_groups([int(digest[:15], 16)])
-    if low != high:
+    """Before the first commit: did every group restore the same parameters? The vote of
+    trainer.divergence: a group in the minority stops (its daemon restarts it and it heals
+    from the others, who have restored and go on); the majority goes on."""
+    if chaos is not None and chaos.at("restored"):  # perturb: this rank restored other values
+        next(iter(ckpt.state.params.values())).data.add_(1e-3)
+    shards = [local(p) for p in ckpt.state.params.values()]
+    mine = votes(local_digest(shards), replication.is_writer())
+    averaged = replication.average_across_groups(mine.clone())
+    if averaged is None:  # one group: nothing to compare with
+        return
+    seen = verdict(mine, averaged)
+    differ = not ckpt.agree(not seen.diverged)  # on any rank of the group
+    minority = not ckpt.agree(not seen.minority)
+    if not differ:
+        ckpt.note("info", "checkpoint_digests_agree", step=step)
+        return
+    ckpt.note(
+        "warning",
+        "checkpoint_digests_differ",
+        step=step,
+        group="minority: restarting to heal" if minority else "majority",
+    )
+    if minority:
         raise RestoreMismatch(
-            f"the replica groups restored different parameters from checkpoint step {step} "
-            f"(this group's params_sha256 {digest[:15]}...); none of them commits a step."
+            f"this group restored other parameters from checkpoint step {step} than the "
+            "majority of the groups; it restarts and heals from them."
         )
-    ckpt.note("info", "checkpoint_digests_agree", step=step, params_sha256=digest)

@@ -163,9 +163,7 @@ def _checkpoints(
         # No group of this quorum has committed a step (no live peer to heal from): every
         # group continues from the same checkpoint on disk, if there is one.
         if replication.fresh_start():
-            checkpoint_resume.resume(
-                checkpointer, replication, layout.group("pp"), chaos, cfg.checkpoint.resume_from
-            )
+            checkpoint_resume.resume(checkpointer, replication, chaos, cfg.checkpoint.resume_from)
 
     loop.before_first_commit.append(resume)
     loop.on_step.append(lambda r: checkpointer.after_commit(r.step) if r.committed else None)

@@ -18,14 +18,13 @@ import pytest
 from tests.harness import (
     BIN,
     ROOT,
-    Daemon,
     Event,
     alive,
     event_time,
     free_port,
-    job_groups,
     launch_group,
     run_dir,
+    run_pair_again,
     start,
     start_daemon,
     wait_for,
@@ -173,32 +172,6 @@ assert calls, "the resume never reached torch.load: the probe proves nothing"
         if re.search(r"weights_only\s*=\s*False|pickle\.loads?\(", line)
     ]
     assert offenders == []
-
-
-def run_pair_again(
-    tmp_path: Path,
-    endpoint: str,
-    job: list[str],
-    envs: dict[str, dict[str, str]] | None = None,
-) -> tuple[list[Daemon], float]:
-    """node-a and node-b started again once the first pair's slots are free (so each gets
-    its old slot back), run to the end; the daemons and when they were started (epoch s).
-    `envs`: extra environment by node id."""
-    wait_for(lambda: job_groups(endpoint) == {}, 30, "free slots")
-    started_at = time.time()
-    again = [
-        start_daemon(
-            tmp_path, n, [endpoint], overrides=job, name=f"{n}-again", env=(envs or {}).get(n)
-        )
-        for n in ("node-a", "node-b")
-    ]
-    try:
-        for d in again:
-            assert d.wait(240) == 0, d.proc.tail()
-    finally:
-        for d in again:
-            d.stop()
-    return again, started_at
 
 
 def test_cold_restart_after_every_group_died_mid_save(

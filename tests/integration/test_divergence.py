@@ -9,11 +9,14 @@ at step 30 finds it; that group (a minority of one) restarts and heals from the 
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 import pytest
 
-from tests.harness import start_daemon
+from tests.harness import run_pair_again, start_daemon, wait_for
+from trainer.checkpoint_files import MARKER
 
 pytestmark = pytest.mark.integration
 
@@ -61,3 +64,50 @@ def test_a_perturbed_group_is_found_within_digest_every_steps_and_healed(
         # (a group that joined after the others' first steps healed once, at its start)
         assert all(int(e["step"]) < step for e in d.events("heal_done"))
     assert len({d.events("train_done")[0]["params_sha256"] for d in daemons}) == 1
+
+
+def test_a_group_that_restored_other_parameters_heals_before_the_first_commit(
+    tmp_path: Path, etcd_endpoint: str
+) -> None:
+    """Both groups die with a step-10 checkpoint on disk. On the cold start the other
+    group's ranks change a parameter right after loading it (PHALANX_CHAOS
+    restored@0:perturb): the groups' digests differ before the first commit, the
+    writer wins the tie, the other group stops, restarts and heals from the writer,
+    and both end equal; no step was committed with the different parameters."""
+    ckpt = tmp_path / "ckpt"
+    job = [
+        "train.steps=60",
+        f'checkpoint.dir="{ckpt}"',
+        "checkpoint.interval_steps=10",
+        "job.min_replicas=2",  # both groups restore from disk, and the writer waits for the other
+    ]
+    first = [
+        start_daemon(tmp_path, n, [etcd_endpoint], overrides=job) for n in ("node-a", "node-b")
+    ]
+    try:
+        wait_for(lambda: any(ckpt.glob(f"*/run-*/step-10/{MARKER}")), 120, "a checkpoint")
+        writer = min(first, key=lambda d: int(d.require_status()["replica_group"])).node_id
+        for d in first:
+            os.kill(d.pid, signal.SIGKILL)  # the daemon, and with it its ranks
+    finally:
+        for d in first:
+            d.stop()
+    other = "node-b" if writer == "node-a" else "node-a"
+    second, _ = run_pair_again(
+        tmp_path, etcd_endpoint, job, {other: {"PHALANX_CHAOS": "restored@0:perturb"}}
+    )
+    by_node = {d.node_id: d for d in second}
+    w, o = by_node[writer], by_node[other]
+    restored = int(w.events("checkpoint_loaded")[0]["step"])
+    assert restored >= 10 and o.events("checkpoint_loaded")[0]["step"] == restored
+    assert [e["group"] for e in w.events("checkpoint_digests_differ")] == ["majority"]
+    assert [e["group"] for e in o.events("checkpoint_digests_differ")] == [
+        "minority: restarting to heal"
+    ]
+    failed = o.events("rank_failed")
+    assert failed and "RestoreMismatch" in failed[0]["error"], failed
+    assert o.events("group_restarted") and not w.events("group_restarted")
+    assert next(int(e["step"]) for e in o.events("heal_done")) >= restored
+    # The first committed step after the restore came after the heal, on both groups.
+    assert min(int(e["step"]) for e in w.events("train_step")) == restored + 1
+    assert len({d.events("train_done")[0]["params_sha256"] for d in second}) == 1

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torchft.checkpointing.http_transport import HTTPTransport
 
-from trainer.chaos import Chaos, InjectedCrash, parse
+from trainer.chaos import Chaos, InjectedCrash, parse, parse_ranks
 from trainer.config import TrainConfig, TrainerConfig
 from trainer.digest import params_sha256
 from trainer.fault_tolerance import buckets
@@ -31,6 +31,29 @@ def test_chaos_spec() -> None:
     for bad in ["nowhere@1", "forward@x", "forward@1:explode", "forward"]:
         with pytest.raises(ValueError, match="PHALANX_CHAOS"):
             parse(bad)
+
+
+def test_chaos_actions_that_belong_to_some_points_only() -> None:
+    faults = parse("gradients@3:nan,resume@0:hide,optimizer@7:perturb,restored@0:perturb")
+    assert [f.action for f in faults] == ["nan", "hide", "perturb", "perturb"]
+    for bad in ["forward@1:nan", "checkpoint@0:hide", "forward@2:perturb", "resume@0:perturb"]:
+        with pytest.raises(ValueError, match="only"):
+            parse(bad)
+    chaos = Chaos("resume@0:hide,optimizer@7:perturb", delay=0)
+    assert chaos.at("resume") is True and chaos.at("optimizer") is False
+    chaos.begin_step(7)
+    assert chaos.at("optimizer") is True
+
+
+def test_chaos_ranks_limit_the_faults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PHALANX_CHAOS_RANKS", "1,3")
+    monkeypatch.setenv("RANK", "1")
+    assert Chaos("resume@0:hide", delay=0).at("resume") is True
+    monkeypatch.setenv("RANK", "2")
+    assert Chaos("resume@0:hide", delay=0).at("resume") is False
+    assert parse_ranks("") is None and parse_ranks("0, 2") == {0, 2}
+    with pytest.raises(ValueError, match="PHALANX_CHAOS_RANKS"):
+        parse_ranks("1,x")
 
 
 def test_chaos_relative_steps_count_attempts() -> None:
