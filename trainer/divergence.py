@@ -32,6 +32,7 @@ import torch
 SLICES = 4  # 6-bit slices of the digest, each voted on separately
 BUCKETS = 64
 VOTE_SIZE = 2 * SLICES * BUCKETS  # every group's votes, then the writer's
+CHUNK = 1 << 22  # elements folded at a time: at most 64 MiB of int64 scratch
 _SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
@@ -44,9 +45,14 @@ def local_digest(shards: list[torch.Tensor]) -> torch.Tensor:
     total: torch.Tensor | None = None
     for shard in shards:
         flat = shard.detach().contiguous().reshape(-1)
-        bits = flat.view(_SAME_SIZE_INT[flat.element_size()]).to(torch.int64)
-        weights = torch.arange(1, bits.numel() + 1, dtype=torch.int64, device=bits.device)
-        part = (bits * weights).sum()
+        bits = flat.view(_SAME_SIZE_INT[flat.element_size()])
+        part = torch.zeros((), dtype=torch.int64, device=bits.device)
+        for start in range(0, bits.numel(), CHUNK):  # bounded scratch memory per shard
+            chunk = bits[start : start + CHUNK].to(torch.int64)
+            weights = torch.arange(
+                start + 1, start + chunk.numel() + 1, dtype=torch.int64, device=bits.device
+            )
+            part += (chunk * weights).sum()
         total = part if total is None else total * 1_000_003 + part
     if total is None:
         return torch.zeros((), dtype=torch.int64)

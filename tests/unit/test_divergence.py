@@ -3,8 +3,10 @@ the exchange itself is torchft's managed all-reduce, tested in tests/integration
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from trainer import divergence
 from trainer.divergence import Verdict, local_digest, verdict, votes
 
 
@@ -64,3 +66,10 @@ def test_a_healing_group_contributes_nothing() -> None:
     ballots = [votes(d, writer=True), votes(d, writer=False)]
     averaged = (ballots[0] + ballots[1] + torch.zeros_like(ballots[0])) / 2
     assert not verdict(ballots[1], averaged).diverged
+
+
+def test_the_digest_is_the_same_folded_in_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    shards = params()
+    whole = int(local_digest(shards))
+    monkeypatch.setattr(divergence, "CHUNK", 5)
+    assert int(local_digest(shards)) == whole
