@@ -215,7 +215,9 @@ class Coordinator:
                 return
             if responses[0]:
                 theirs = current.get("sections") or {}
-                devices = (str(theirs.get("device")), str(sections.get("device")))
+                devices = None
+                if "device" in theirs and "device" in sections:
+                    devices = (str(theirs["device"]), str(sections["device"]))
                 raise SpecMismatch(mismatch_message(self.job, differ, devices))
         raise CoordinationError(f"the spec of job '{self.job}' keeps changing; try again.")
 

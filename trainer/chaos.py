@@ -5,8 +5,8 @@
 * ``point``: ``start`` (after setup, before the first step), ``forward``,
   ``gradients`` (this rank's gradients are computed, not yet averaged across
   groups), ``allreduce`` (the cross-group gradient all-reduce has been issued and
-  is in flight), ``optimizer`` (the step was committed, the optimizer has not run)
-  , ``checkpoint`` (the writer group has just launched an asynchronous save) or
+  is in flight), ``optimizer`` (the step was committed, the optimizer has not
+  run), ``checkpoint`` (the writer group has just launched an asynchronous save),
   ``resume`` (a cold start is about to choose a checkpoint; the step is 0) or
   ``restored`` (a cold start loaded one, the groups have not compared it yet; 0).
 * ``step``: ``N`` is the step being attempted (N steps are committed; for
@@ -125,7 +125,7 @@ class Chaos:
 
     def at(self, point: str, step: int | None = None) -> bool:
         """Inject what is due here; True when the caller must act (nan: poison its
-        gradients; hide: skip the newest checkpoint)."""
+        gradients; hide: skip the newest checkpoint; perturb: change a parameter)."""
         if point == "forward" and self.delay > 0:
             time.sleep(self.delay)
         poison = False

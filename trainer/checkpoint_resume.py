@@ -89,6 +89,11 @@ def resume(
     if step is None and resume_from:
         root, only = resume_source(Path(resume_from))
         step = _agree_and_load(ckpt, replication, Source(root, only, strict=True))
+        if step is None:  # every valid-looking one failed to load
+            raise ConfigError(
+                f"checkpoint.resume_from {resume_from}: no checkpoint there could be loaded "
+                "(see checkpoint_invalid); fix the path or unset it."
+            )
     if step is not None:
         _compare_digests(ckpt, replication, step, chaos)
     return step

@@ -6,6 +6,7 @@ import io
 import json
 import pickle
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -18,7 +19,10 @@ from trainer.checkpoint_files import (
     candidates,
     describe_files,
     problem,
+    resume_source,
     retain,
+    run_identity,
+    run_root,
     write_json_atomic,
 )
 from trainer.safe_load import SafeReader, _AllowListUnpickler
@@ -136,3 +140,40 @@ def test_allow_list_refuses_callables_and_foreign_classes() -> None:
     for payload in (_Evil(), {"f": FileSystemWriter}, [torch.nn.Linear]):
         with pytest.raises(pickle.UnpicklingError, match="not allowed"):
             _AllowListUnpickler(io.BytesIO(pickle.dumps(payload))).load()
+
+
+def test_the_run_identity_covers_model_data_seed_and_batch_only() -> None:
+    from trainer.config import TrainerConfig
+
+    base = TrainerConfig().model_dump(mode="json")
+
+    def changed(section: str, key: str, value: object) -> dict[str, Any]:
+        out: dict[str, Any] = json.loads(json.dumps(base))
+        out[section][key] = value
+        return out
+
+    same = run_identity(base)
+    assert same.startswith("run-") and len(same) == 16
+    for section, key, value in [
+        ("model", "dim", 32),
+        ("data", "source", "text"),
+        ("train", "seed", 7),
+        ("train", "batch_size", 4),
+        ("train", "seq_len", 16),
+    ]:
+        assert run_identity(changed(section, key, value)) != same, (section, key)
+    for section, key, value in [
+        ("parallel", "dp_shard", 2),  # a load reshards
+        ("train", "lr", 0.5),
+        ("train", "steps", 7),
+        ("checkpoint", "keep", 9),
+    ]:
+        assert run_identity(changed(section, key, value)) == same, (section, key)
+    assert run_root(Path("/c"), None, base) == Path("/c/local") / same
+    assert run_root(Path("/c"), "j", base) == Path("/c/j") / same
+
+
+def test_resume_from_names_a_run_or_one_of_its_steps() -> None:
+    assert resume_source(Path("/c/j/run-x/step-40")) == (Path("/c/j/run-x"), 40)
+    assert resume_source(Path("/c/j/run-x")) == (Path("/c/j/run-x"), None)
+    assert resume_source(Path("/c/j/run-x/step-x")) == (Path("/c/j/run-x/step-x"), None)
