@@ -23,6 +23,7 @@ from typing import Any
 from daemon.children import descendants
 from daemon.children import free_port as free_port  # re-exported for the tests
 from tests.netns import Host
+from trainer.checkpoint_files import MARKER
 
 # The daemon's own helpers: /proc walking (not process groups) and free ports.
 children = descendants
@@ -349,6 +350,16 @@ def run_dir(ckpt: Path) -> Path:
     return found[0]
 
 
+def run_to_end(daemons: Sequence[Daemon], timeout: float = 240) -> None:
+    """Wait for every daemon to exit 0 (its tail in the failure otherwise); stop them all."""
+    try:
+        for d in daemons:
+            assert d.wait(timeout) == 0, d.proc.tail()
+    finally:
+        for d in daemons:
+            d.stop()
+
+
 def run_pair_again(
     tmp_path: Path,
     endpoint: str,
@@ -366,10 +377,24 @@ def run_pair_again(
         )
         for n in ("node-a", "node-b")
     ]
-    try:
-        for d in again:
-            assert d.wait(240) == 0, d.proc.tail()
-    finally:
-        for d in again:
-            d.stop()
+    run_to_end(again)
     return again, started_at
+
+
+def kill_pair_after_checkpoint(
+    tmp_path: Path, endpoint: str, job: list[str], ckpt: Path, step: int
+) -> tuple[str, str]:
+    """node-a and node-b train `job` until a marked step-<step> checkpoint is under `ckpt`;
+    then both daemons are SIGKILLed, and with them their ranks. Returns the node ids of
+    the writer group (the lower slot) and of the other."""
+    pair = [start_daemon(tmp_path, n, [endpoint], overrides=job) for n in ("node-a", "node-b")]
+    try:
+        marker = f"*/run-*/step-{step}/{MARKER}"
+        wait_for(lambda: any(ckpt.glob(marker)), 120, f"the step-{step} checkpoint")
+        writer = min(pair, key=lambda d: int(d.require_status()["replica_group"])).node_id
+        for d in pair:
+            os.kill(d.pid, signal.SIGKILL)
+    finally:
+        for d in pair:
+            d.stop()
+    return writer, "node-b" if writer == "node-a" else "node-a"

@@ -44,7 +44,7 @@ from trainer.checkpoint_files import (
     resume_source,
 )
 from trainer.config import ConfigError
-from trainer.divergence import local_digest, verdict, votes
+from trainer.divergence import compare_groups
 from trainer.fault_tolerance import Replication
 from trainer.safe_load import SafeReader, TensorOnlyPlanner
 from trainer.state import local
@@ -191,23 +191,19 @@ def _compare_digests(
     if chaos is not None and chaos.at("restored"):  # perturb: this rank restored other values
         next(iter(ckpt.state.params.values())).data.add_(1e-3)
     shards = [local(p) for p in ckpt.state.params.values()]
-    mine = votes(local_digest(shards), replication.is_writer())
-    averaged = replication.average_across_groups(mine.clone())
-    if averaged is None:  # one group: nothing to compare with
+    seen = compare_groups(shards, replication, lambda flags: [not ckpt.agree(not f) for f in flags])
+    if seen is None:  # one group: nothing to compare with
         return
-    seen = verdict(mine, averaged)
-    differ = not ckpt.agree(not seen.diverged)  # on any rank of the group
-    minority = not ckpt.agree(not seen.minority)
-    if not differ:
+    if not seen.diverged:
         ckpt.note("info", "checkpoint_digests_agree", step=step)
         return
     ckpt.note(
         "warning",
         "checkpoint_digests_differ",
         step=step,
-        group="minority: restarting to heal" if minority else "majority",
+        group="minority: restarting to heal" if seen.minority else "majority",
     )
-    if minority:
+    if seen.minority:
         raise RestoreMismatch(
             f"this group restored other parameters from checkpoint step {step} than the "
             "majority of the groups; it restarts and heals from them."

@@ -25,9 +25,12 @@ restarts it and it heals from the majority.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+from trainer.fault_tolerance import Replication
 
 SLICES = 4  # 6-bit slices of the digest, each voted on separately
 BUCKETS = 64
@@ -92,3 +95,27 @@ def verdict(mine: torch.Tensor, averaged: torch.Tensor) -> Verdict:
     share = averaged[:half][voted].cpu().tolist()
     writer = averaged[half:][voted].cpu().tolist()
     return Verdict(share=min(share), with_writer=min(writer) > 0)
+
+
+@dataclass(frozen=True)
+class GroupVerdict:
+    diverged: bool  # some rank of this group saw groups whose parameters differ from its own
+    minority: bool  # this group must be restarted and healed
+    share: float  # this rank's share of matching groups
+
+
+def compare_groups(
+    shards: list[torch.Tensor],
+    replication: Replication,
+    group_any: Callable[[list[bool]], list[bool]],
+) -> GroupVerdict | None:
+    """One comparison of every group's parameters (collective across and within groups);
+    None when there is nothing to compare (one group, or this group only heals now).
+    `group_any`: each flag, true if it is true on any rank of this group."""
+    mine = votes(local_digest(shards), replication.is_writer())
+    averaged = replication.average_across_groups(mine.clone())
+    if averaged is None:
+        return None
+    seen = verdict(mine, averaged)
+    diverged, minority = group_any([seen.diverged, seen.minority])
+    return GroupVerdict(diverged=diverged, minority=minority, share=seen.share)

@@ -32,7 +32,7 @@ from trainer import logs
 from trainer.chaos import Chaos
 from trainer.config import TrainerConfig
 from trainer.data import Sampler
-from trainer.divergence import ReplicasDiverged, local_digest, verdict, votes
+from trainer.divergence import ReplicasDiverged, compare_groups
 from trainer.env import RankEnv
 from trainer.fault_tolerance import DRAIN_QUORUM_WAIT_S, Replication, StepAbandoned
 from trainer.mesh import Layout
@@ -200,22 +200,17 @@ class Loop:
         step = self.replication.quorum_step()  # equal on every group of the quorum
         if step == 0 or step % every:
             return False
-        mine = votes(local_digest([local(p) for p in self.params]), self.replication.is_writer())
-        averaged = self.replication.average_across_groups(mine.clone())
-        if averaged is None:
-            return False
-        seen = verdict(mine, averaged)
-        diverged, minority = self._group_any([seen.diverged, seen.minority])
-        if not diverged:
+        seen = compare_groups([local(p) for p in self.params], self.replication, self._group_any)
+        if seen is None or not seen.diverged:
             return False
         if self.env.rank == 0:
             self.log.warning(
                 "replicas_diverged",
                 step=step,
                 share=round(seen.share, 3),
-                group="minority: restarting to heal" if minority else "majority",
+                group="minority: restarting to heal" if seen.minority else "majority",
             )
-        if minority:
+        if seen.minority:
             raise ReplicasDiverged(
                 f"this group's parameters at step {step} differ from the majority's "
                 f"({seen.share:.0%} of the groups match rank {self.env.rank}'s shard); "
@@ -291,12 +286,8 @@ class Loop:
     def _quorum_settles(self) -> bool:
         """Whether every rank of the group saw this step's quorum form (the group leaves
         together, without the step, otherwise)."""
-        settled = self.replication.quorum_settles(DRAIN_QUORUM_WAIT_S)
-        if self.layout.mesh is None:
-            return settled
-        t = torch.tensor([1.0 if settled else 0.0], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MIN)
-        return bool(t[0] > 0)
+        pending = not self.replication.quorum_settles(DRAIN_QUORUM_WAIT_S)
+        return not self._group_any([pending])[0]
 
     def _group_agree(self, mine: float) -> float:
         """One all-reduce inside the group: the mean loss and whether any rank was asked to stop.

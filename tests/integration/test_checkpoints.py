@@ -22,6 +22,7 @@ from tests.harness import (
     alive,
     event_time,
     free_port,
+    kill_pair_after_checkpoint,
     launch_group,
     run_dir,
     run_pair_again,
@@ -306,18 +307,7 @@ def test_groups_resuming_from_disk_load_one_checkpoint_though_their_views_differ
         "node.nproc=2",
         "parallel.dp_shard=2",  # each rank loads its own shard: a split choice would mix steps
     ]
-    first = [
-        start_daemon(tmp_path, n, [etcd_endpoint], overrides=job) for n in ("node-a", "node-b")
-    ]
-    try:
-        wait_for(lambda: any(ckpt.glob(f"*/run-*/step-20/{MARKER}")), 120, "the step-20 checkpoint")
-        writer = min(first, key=lambda d: int(d.require_status()["replica_group"])).node_id
-        for d in first:
-            os.kill(d.pid, signal.SIGKILL)  # the daemon, and with it its ranks
-    finally:
-        for d in first:
-            d.stop()
-    other = "node-b" if writer == "node-a" else "node-a"
+    writer, other = kill_pair_after_checkpoint(tmp_path, etcd_endpoint, job, ckpt, 20)
     hide = {"PHALANX_CHAOS": "resume@0:hide"}
     envs = {
         writer: {**hide, "PHALANX_CHAOS_RANKS": "1"},

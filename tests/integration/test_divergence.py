@@ -9,14 +9,11 @@ at step 30 finds it; that group (a minority of one) restarts and heals from the 
 
 from __future__ import annotations
 
-import os
-import signal
 from pathlib import Path
 
 import pytest
 
-from tests.harness import run_pair_again, start_daemon, wait_for
-from trainer.checkpoint_files import MARKER
+from tests.harness import kill_pair_after_checkpoint, run_pair_again, run_to_end, start_daemon
 
 pytestmark = pytest.mark.integration
 
@@ -42,12 +39,7 @@ def test_a_perturbed_group_is_found_within_digest_every_steps_and_healed(
             env={"PHALANX_CHAOS": "optimizer@23:perturb"},
         )
     )
-    try:
-        for d in daemons:
-            assert d.wait(240) == 0, d.proc.tail()
-    finally:
-        for d in daemons:
-            d.stop()
+    run_to_end(daemons)
     a, b, c = daemons
     found = c.events("replicas_diverged")
     assert found and found[0]["group"].startswith("minority"), found
@@ -81,18 +73,7 @@ def test_a_group_that_restored_other_parameters_heals_before_the_first_commit(
         "checkpoint.interval_steps=10",
         "job.min_replicas=2",  # both groups restore from disk, and the writer waits for the other
     ]
-    first = [
-        start_daemon(tmp_path, n, [etcd_endpoint], overrides=job) for n in ("node-a", "node-b")
-    ]
-    try:
-        wait_for(lambda: any(ckpt.glob(f"*/run-*/step-10/{MARKER}")), 120, "a checkpoint")
-        writer = min(first, key=lambda d: int(d.require_status()["replica_group"])).node_id
-        for d in first:
-            os.kill(d.pid, signal.SIGKILL)  # the daemon, and with it its ranks
-    finally:
-        for d in first:
-            d.stop()
-    other = "node-b" if writer == "node-a" else "node-a"
+    writer, other = kill_pair_after_checkpoint(tmp_path, etcd_endpoint, job, ckpt, 10)
     second, _ = run_pair_again(
         tmp_path, etcd_endpoint, job, {other: {"PHALANX_CHAOS": "restored@0:perturb"}}
     )
