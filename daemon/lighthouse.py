@@ -11,6 +11,7 @@ restarted; torchft's manager reconnects on its next quorum or heartbeat.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import shutil
 import socket
 import subprocess
@@ -21,6 +22,16 @@ from pathlib import Path
 from daemon.children import die_with_parent
 from daemon.config import LighthouseConfig
 from trainer import logs
+
+LAUNCHER = Path(__file__).with_name("lighthouse_main.py")
+
+
+def lighthouse_command() -> list[str]:
+    """How to start torchft's lighthouse: the launcher that skips importing torch, where
+    torchft is installed beside this interpreter; else the `torchft_lighthouse` script."""
+    if importlib.util.find_spec("torchft") is not None and LAUNCHER.is_file():
+        return [sys.executable, str(LAUNCHER)]
+    return [lighthouse_binary()]
 
 
 def lighthouse_binary() -> str:
@@ -66,7 +77,7 @@ class LighthouseProcess:
             self.port = s.getsockname()[1]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         argv = [
-            lighthouse_binary(),
+            *lighthouse_command(),
             "--min_replicas", str(self.min_replicas),
             "--bind", f"{self.bind_host}:{self.port}",
             "--join_timeout_ms", str(self.cfg.join_timeout_ms),

@@ -22,6 +22,7 @@ from typing import Any
 
 from daemon.children import descendants
 from daemon.children import free_port as free_port  # re-exported for the tests
+from daemon.lighthouse import lighthouse_command
 from tests.netns import Host
 from trainer.checkpoint_files import MARKER
 
@@ -127,7 +128,7 @@ def start_lighthouse(log_dir: Path, min_replicas: int = 1) -> Lighthouse:
     port = free_port()
     proc = start(
         [
-            str(BIN / "torchft_lighthouse"),
+            *lighthouse_command(),  # what the daemon runs
             "--min_replicas",
             str(min_replicas),
             "--bind",

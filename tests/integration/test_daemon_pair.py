@@ -238,7 +238,9 @@ def test_leader_failover_keeps_the_survivors_ranks(
 def test_etcd_outage_does_not_restart_ranks(
     tmp_path: Path, etcd: ControlledEtcd, recovery: Callable[[str, float], None]
 ) -> None:
-    a, b = pair(tmp_path, etcd.endpoint, steps=400)
+    # The fence pauses the ranks for most of the long outage (at about step 50 here),
+    # so 200 steps leave a tail after it long enough to see the pair train and agree.
+    a, b = pair(tmp_path, etcd.endpoint, steps=200)
     try:
         pids = {d.node_id: d.rank_pids() for d in (a, b)}
         # An outage well inside the lease (1 s of a 4 s TTL, refreshed every tick while

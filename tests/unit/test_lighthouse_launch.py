@@ -1,0 +1,45 @@
+"""The lighthouse launcher serves torchft's lighthouse without importing torch."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+
+from daemon.children import free_port
+from daemon.lighthouse import LAUNCHER, lighthouse_command
+
+
+def test_the_launcher_finds_the_native_server_without_importing_torch() -> None:
+    probe = (
+        "import json, runpy, sys\n"
+        f"ns = runpy.run_path({str(LAUNCHER)!r})\n"
+        "main = ns['native_lighthouse_main']()\n"
+        "print(json.dumps([main.__name__, sorted(m for m in sys.modules if m.split('.')[0] in"
+        " ('torch', 'torchft'))]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    name, imported = json.loads(out.stdout)
+    assert name == "lighthouse_main"
+    assert imported == ["torchft._torchft"], imported
+
+
+def test_the_launched_lighthouse_listens() -> None:
+    assert lighthouse_command() == [sys.executable, str(LAUNCHER)]
+    port = free_port()
+    argv = [*lighthouse_command(), "--min_replicas", "1", "--bind", f"127.0.0.1:{port}"]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert proc.poll() is None, "the lighthouse exited"
+            assert time.monotonic() < deadline, "the lighthouse never listened"
+            time.sleep(0.02)
+    finally:
+        proc.kill()
+        proc.wait()
