@@ -25,11 +25,11 @@ from trainer.config import (
     Section,
     TrainerConfig,
     apply_overrides,
-    check_trainer,
     read_job_file,
     spec_hash,
     validate,
 )
+from trainer.config_checks import check_trainer
 
 # The sections every node of a job must share; `node`, `etcd` and `metrics` are per node.
 SHARED_SECTIONS: tuple[str, ...] = ("job", "lighthouse", *TRAINER_SECTIONS)

@@ -104,6 +104,7 @@ class GroupSpec:
     extra_env: dict[str, str]
     hang_timeout_s: float
     metrics_dir: Path | None  # PROMETHEUS_MULTIPROC_DIR, or None when metrics are off
+    python_path: list[str]  # workload.python_path, absolute: first on the ranks' PYTHONPATH
 
     @classmethod
     def for_node(
@@ -126,6 +127,7 @@ class GroupSpec:
             extra_env=node.env,
             hang_timeout_s=node.hang_timeout_s,
             metrics_dir=cfg.metrics_dir if cfg.metrics.enabled else None,
+            python_path=[str(Path(p).resolve()) for p in cfg.workload.python_path],
         )
 
 
@@ -174,6 +176,10 @@ class WorkerGroup:
         }
         if s.metrics_dir is not None:
             env["PROMETHEUS_MULTIPROC_DIR"] = str(s.metrics_dir)
+        if s.python_path:
+            env["PYTHONPATH"] = os.pathsep.join(
+                [*s.python_path, *filter(None, [env.get("PYTHONPATH")])]
+            )
         interface = interface_for(s.advertise_host)
         if interface is not None:  # peers on other hosts must reach gloo/NCCL at this address
             env.setdefault("GLOO_SOCKET_IFNAME", interface)

@@ -32,10 +32,13 @@ RUN_TRAIN_KEYS = ("seed", "batch_size", "seq_len")
 
 
 def run_identity(config: dict[str, Any]) -> str:
-    """``run-<12 hex>`` of a resolved trainer config: model, data, seed and batch."""
+    """``run-<12 hex>`` of a resolved trainer config: model, data, workload, seed and batch."""
     train = config.get("train") or {}
     picked = {name: config.get(name) for name in RUN_SECTIONS}
     picked["train"] = {key: train.get(key) for key in RUN_TRAIN_KEYS}
+    workload = config.get("workload") or {}
+    if workload.get("spec"):  # a user's workload; the built-in's ids are unchanged
+        picked["workload"] = {"spec": workload["spec"], "options": workload.get("options")}
     blob = json.dumps(picked, sort_keys=True, separators=(",", ":"))
     return "run-" + hashlib.sha256(blob.encode()).hexdigest()[:12]
 

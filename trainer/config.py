@@ -135,6 +135,20 @@ class TrainConfig(Section):
         "every group, never committed) before the job stops with an error.",
     )
     log_every: int = Field(1, ge=1, description="Emit a train_step event every N steps.")
+    eval_every: int = Field(
+        0,
+        ge=0,
+        description="Evaluate every N committed steps (0 = never): the mean loss over a fixed "
+        "set of the workload's evaluation items, the same in every replica group.",
+    )
+    eval_batches: int = Field(
+        4, ge=1, description="Batches of train.batch_size evaluation items per evaluation."
+    )
+    log_init_digest: bool = Field(
+        False,
+        description="Put the initial parameters' params_sha256 in the rank_started event "
+        "(gathers every parameter once; for checking that layouts start equal).",
+    )
 
 
 class DataConfig(Section):
@@ -148,6 +162,23 @@ class DataConfig(Section):
     corpus_seed: int = Field(1234, ge=0, description="Seed of the synthetic bigram model.")
     successors: int = Field(
         4, ge=1, description="Likely successors per token in the synthetic corpus."
+    )
+
+
+class WorkloadConfig(Section):
+    """What to train (docs/workloads.md); unset spec: the built-in Llama of [model] and [data]."""
+
+    spec: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
+        description='Entry point "module:function" returning a trainer.workload.Workload.',
+    )
+    python_path: list[str] = Field(
+        default_factory=list,
+        description="Directories put on the ranks' PYTHONPATH so that spec's module imports.",
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="Free-form settings handed to the entry point."
     )
 
 
@@ -201,6 +232,7 @@ class TrainerConfig(Section):
     parallel: ParallelConfig = ParallelConfig()
     train: TrainConfig = TrainConfig()
     data: DataConfig = DataConfig()
+    workload: WorkloadConfig = WorkloadConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     ft: FaultToleranceConfig = FaultToleranceConfig()
 
@@ -312,83 +344,6 @@ def validate(model: type[C], data: Mapping[str, Any], source: str) -> C:
         raise ConfigError(_describe(e.errors()[0], model, source)) from None
 
 
-def check_trainer(cfg: TrainerConfig, world_size: int | None = None) -> None:
-    """Cross-field checks that pydantic's per-field validation cannot express."""
-    m, p, t, d = cfg.model, cfg.parallel, cfg.train, cfg.data
-
-    def fail(msg: str) -> None:
-        raise ConfigError(msg)
-
-    if world_size is not None and p.world_size != world_size:
-        fail(
-            f"parallel.dp_shard*tp*pp is {p.dp_shard}*{p.tp}*{p.pp} = {p.world_size}, but the "
-            f"replica group has {world_size} ranks; make the product equal the group's world size."
-        )
-    if m.dim % m.n_heads:
-        fail(f"model.dim ({m.dim}) must be divisible by model.n_heads ({m.n_heads}).")
-    if m.n_heads % m.kv_heads:
-        fail(f"model.n_heads ({m.n_heads}) must be divisible by model.n_kv_heads ({m.kv_heads}).")
-    if (m.dim // m.n_heads) % 2:
-        fail(f"model.dim / model.n_heads ({m.dim // m.n_heads}) must be even for RoPE.")
-    if t.seq_len > m.max_seq_len:
-        fail(
-            f"train.seq_len ({t.seq_len}) exceeds model.max_seq_len ({m.max_seq_len}); raise model.max_seq_len."
-        )
-    if t.min_lr > t.lr:
-        fail(f"train.min_lr ({t.min_lr}) must not exceed train.lr ({t.lr}).")
-    if p.tp > 1:
-        for name, value in (
-            ("model.n_heads", m.n_heads),
-            ("model.n_kv_heads", m.kv_heads),
-            ("model.ffn_hidden", m.hidden),
-            ("model.vocab_size", m.vocab_size),
-            ("train.seq_len", t.seq_len),
-        ):
-            if value % p.tp:
-                fail(f"{name} ({value}) must be divisible by parallel.tp ({p.tp}).")
-    if m.tie_embeddings and (p.tp > 1 or p.pp > 1):
-        fail(
-            "model.tie_embeddings needs parallel.tp = 1 and parallel.pp = 1; untie it or drop tp/pp."
-        )
-    per_step = p.dp_shard * t.grad_accum * (p.microbatches if p.pp > 1 else 1)
-    if t.batch_size % per_step:
-        what = "parallel.dp_shard*train.grad_accum" + (
-            "*parallel.pp_microbatches" if p.pp > 1 else ""
-        )
-        fail(f"train.batch_size ({t.batch_size}) must be divisible by {what} ({per_step}).")
-    if p.pp > 1:
-        if t.grad_accum > 1:
-            fail(
-                "train.grad_accum must be 1 when parallel.pp > 1; raise parallel.pp_microbatches instead."
-            )
-        if p.pp_schedule == "Interleaved1F1B" and p.stages_per_rank < 2:
-            fail("parallel.pp_stages_per_rank must be at least 2 for the Interleaved1F1B schedule.")
-        if p.pp_schedule != "Interleaved1F1B" and p.stages_per_rank != 1:
-            fail(f"parallel.pp_stages_per_rank must be 1 for the {p.pp_schedule} schedule.")
-        stages = p.pp * p.stages_per_rank
-        if m.n_layers < stages:
-            fail(
-                f"model.n_layers ({m.n_layers}) must be at least the number of pipeline stages ({stages})."
-            )
-        if p.microbatches < p.pp:
-            fail(
-                f"parallel.pp_microbatches ({p.microbatches}) must be at least parallel.pp ({p.pp})."
-            )
-    if d.source == "text" and m.vocab_size < 256:
-        fail(
-            f"model.vocab_size ({m.vocab_size}) must be at least 256 for data.source = text (byte tokens)."
-        )
-    if d.source == "synthetic" and d.successors > m.vocab_size:
-        fail(f"data.successors ({d.successors}) must not exceed model.vocab_size ({m.vocab_size}).")
-    if d.source in ("text", "tokens"):
-        if not d.path:
-            fail(
-                f"data.path is required for data.source = {d.source}; set it to the {d.source} file."
-            )
-        elif not Path(d.path).is_file():
-            fail(f"data.path {d.path} does not exist; point it at a {d.source} file.")
-
-
 def load_trainer_config(
     path: str | Path, overrides: Sequence[str] = (), world_size: int | None = None
 ) -> TrainerConfig:
@@ -396,6 +351,8 @@ def load_trainer_config(
     data = apply_overrides(read_job_file(path), overrides)
     own = {k: v for k, v in data.items() if k not in DAEMON_SECTIONS}
     cfg = validate(TrainerConfig, own, str(path))
+    from trainer.config_checks import check_trainer  # it imports this module
+
     try:
         check_trainer(cfg, world_size)
     except ConfigError as e:

@@ -5,11 +5,13 @@ Each replica group consumes ``batch_size`` sequences per optimizer step. Sequenc
 
     ((s * num_groups) + g) * batch_size + row
 
-and its tokens depend only on that index, the seed and the source. A rank reads
-only its own rows, the result does not depend on the parallel layout, and any
-process can resume at any step: the data position *is* the step.
+and its item is ``dataset[index]`` (modulo the dataset's length, if it has one).
+A rank reads only its own rows, the result does not depend on the parallel
+layout, and any process can resume at any step: the data position *is* the step.
+The dataset is the workload's (trainer/workload.py); the token sources below are
+the built-in Llama's, and any sequence workload may use them.
 
-Sources:
+Token sources (items are (tokens, next tokens) of ``seq_len``):
 
 * ``synthetic``: sequences walked from a fixed random bigram model. Each token has
   ``successors`` likely next tokens with random weights, so a model can learn the
@@ -23,13 +25,15 @@ from __future__ import annotations
 
 import bisect
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-from trainer.config import ConfigError, DataConfig, TrainerConfig
+from trainer.config import ConfigError, DataConfig
 
 
 class BigramCorpus:
@@ -110,66 +114,104 @@ class TokenWindows:
         return np.asarray(self.tokens[start : start + self.length], dtype=np.int64)
 
 
+class SyntheticTokens:
+    """Item ``i``: a walk of ``seq_len + 1`` tokens of the bigram chain, seeded by (seed, i);
+    input and target are the walk shifted by one. Every index is valid."""
+
+    def __init__(self, corpus: BigramCorpus, seq_len: int, seed: int) -> None:
+        self.corpus = corpus
+        self.seq_len = seq_len
+        self.seed = seed
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return _shifted(self.corpus.sample(self.seq_len + 1, [self.seed, index]))
+
+
+class WindowTokens:
+    """Item ``i``: window ``i + 7919 * seed`` of a token array (wrapping), shifted by one."""
+
+    def __init__(self, windows: TokenWindows, seed: int) -> None:
+        self.windows = windows
+        self.offset = seed * 7919
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return _shifted(self.windows.window(index + self.offset))
+
+
+def _shifted(seq: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    tokens = torch.from_numpy(seq)
+    return tokens[:-1], tokens[1:]
+
+
+def token_dataset(
+    data: DataConfig, vocab: int, seq_len: int, seed: int
+) -> SyntheticTokens | WindowTokens:
+    """The dataset of a [data] section: synthetic, text (bytes) or tokens."""
+    if data.source == "synthetic":
+        return SyntheticTokens(
+            BigramCorpus(vocab, data.successors, data.corpus_seed), seq_len, seed
+        )
+    assert data.path is not None
+    path = Path(data.path)
+    if data.source == "text":
+        tokens = np.fromfile(path, dtype=np.uint8)
+    else:
+        itemsize = np.dtype(data.token_dtype).itemsize
+        if path.stat().st_size % itemsize:
+            raise ConfigError(
+                f"data.path {path} is not a whole number of {data.token_dtype} tokens; "
+                "check data.token_dtype."
+            )
+        tokens = np.memmap(path, dtype=data.token_dtype, mode="r")
+        top = int(tokens.max()) if tokens.shape[0] else 0
+        if top >= vocab:
+            raise ConfigError(
+                f"data.path {path} holds token id {top}, but model.vocab_size is {vocab}; "
+                "raise model.vocab_size."
+            )
+    return WindowTokens(TokenWindows(tokens, seq_len + 1, str(path)), seed)
+
+
 @dataclass
 class StepData:
-    inputs: torch.Tensor  # [rows, seq_len] int64
-    targets: torch.Tensor  # [rows, seq_len] int64
+    inputs: torch.Tensor  # [rows, ...]
+    targets: torch.Tensor  # [rows, ...]
+
+
+Collate = Callable[[list[Any]], tuple[torch.Tensor, torch.Tensor]]
+
+
+def stack(items: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The default collate: items are (input, target) pairs of equally shaped tensors."""
+    inputs, targets = zip(*items, strict=True)
+    return torch.stack(list(inputs)), torch.stack(list(targets))
 
 
 class Sampler:
-    """Maps (step, replica group, rows) to token tensors; see the module docstring."""
+    """Maps (step, replica group, rows) to a batch of dataset items; see the module docstring."""
 
-    def __init__(self, cfg: TrainerConfig, replica_group: int, num_groups: int) -> None:
-        self.seed = cfg.train.seed
-        self.batch_size = cfg.train.batch_size
-        self.seq_len = cfg.train.seq_len
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int,
+        replica_group: int,
+        num_groups: int,
+        collate: Collate | None = None,
+    ) -> None:
+        self.dataset = dataset
+        self.batch_size = batch_size
         self.group = replica_group
         self.num_groups = num_groups
-        self.corpus: BigramCorpus | None = None
-        self.windows: TokenWindows | None = None
-        self.vocab = cfg.model.vocab_size
-        self._open(cfg.data)
-
-    def _open(self, data: DataConfig) -> None:
-        length = self.seq_len + 1
-        if data.source == "synthetic":
-            self.corpus = BigramCorpus(self.vocab, data.successors, data.corpus_seed)
-            return
-        assert data.path is not None
-        path = Path(data.path)
-        if data.source == "text":
-            tokens = np.fromfile(path, dtype=np.uint8)
-        else:
-            itemsize = np.dtype(data.token_dtype).itemsize
-            if path.stat().st_size % itemsize:
-                raise ConfigError(
-                    f"data.path {path} is not a whole number of {data.token_dtype} tokens; "
-                    "check data.token_dtype."
-                )
-            tokens = np.memmap(path, dtype=data.token_dtype, mode="r")
-            top = int(tokens.max()) if tokens.shape[0] else 0
-            if top >= self.vocab:
-                raise ConfigError(
-                    f"data.path {path} holds token id {top}, but model.vocab_size is {self.vocab}; "
-                    "raise model.vocab_size."
-                )
-        self.windows = TokenWindows(tokens, length, str(path))
-
-    def entropy(self) -> float | None:
-        """Best achievable loss for the synthetic corpus (None for file sources)."""
-        return self.corpus.entropy() if self.corpus else None
+        self.collate = collate or stack
+        self.length: int | None = len(dataset) if hasattr(dataset, "__len__") else None
 
     def global_index(self, step: int, row: int) -> int:
         return (step * self.num_groups + self.group) * self.batch_size + row
 
-    def sequence(self, step: int, row: int) -> np.ndarray:
+    def item(self, step: int, row: int) -> Any:
         index = self.global_index(step, row)
-        if self.corpus is not None:
-            return self.corpus.sample(self.seq_len + 1, [self.seed, index])
-        assert self.windows is not None
-        return self.windows.window(index + self.seed * 7919)
+        return self.dataset[index % self.length if self.length else index]
 
     def batch(self, step: int, rows: range, device: torch.device) -> StepData:
-        seqs = np.stack([self.sequence(step, r) for r in rows])
-        tokens = torch.from_numpy(seqs).to(device)
-        return StepData(inputs=tokens[:, :-1].contiguous(), targets=tokens[:, 1:].contiguous())
+        inputs, targets = self.collate([self.item(step, r) for r in rows])
+        return StepData(inputs=inputs.to(device), targets=targets.to(device))

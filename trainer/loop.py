@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
+from torch import nn
 
 from trainer import logs
 from trainer.chaos import Chaos
@@ -36,10 +36,10 @@ from trainer.divergence import ReplicasDiverged, compare_groups
 from trainer.env import RankEnv
 from trainer.fault_tolerance import DRAIN_QUORUM_WAIT_S, Replication, StepAbandoned
 from trainer.mesh import Layout
-from trainer.model import Transformer
 from trainer.optim import clip_grad_norm
 from trainer.parallelize import autocast_dtype
 from trainer.state import TrainState, local
+from trainer.workload import LossFn
 
 if TYPE_CHECKING:  # torch.distributed.pipelining is imported only by pipelined runs
     from trainer.pipeline import Schedule
@@ -47,10 +47,6 @@ if TYPE_CHECKING:  # torch.distributed.pipelining is imported only by pipelined 
 
 class NonFiniteTraining(RuntimeError):
     """train.max_skipped_steps steps in a row were not finite: the job stops."""
-
-
-def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 
 @dataclass
@@ -73,12 +69,16 @@ class Loop:
     cfg: TrainerConfig
     env: RankEnv
     layout: Layout
-    models: list[Transformer]
+    models: list[nn.Module]  # the model, or this rank's pipeline stages
     state: TrainState
     replication: Replication
     sampler: Sampler
     chaos: Chaos
+    loss_fn: LossFn
+    tokens_per_item: int = 1
     schedule: Schedule | None = None
+    first: bool = True  # this rank holds the first pipeline stage (feeds the inputs)
+    last: bool = True  # ... the last stage (computes the loss)
     on_step: list[Callable[[StepReport], None]] = field(default_factory=list)
     stop_requested: Callable[[], bool] = lambda: False
     # Run in every step attempt until one commits, before its forward: while no group
@@ -95,8 +95,6 @@ class Loop:
         per_rank = self.cfg.train.batch_size // self.layout.dp_shard
         start = self.layout.dp_rank * per_rank
         self.rows = range(start, start + per_rank)
-        self.first = self.schedule is None or any(m.tok_embeddings is not None for m in self.models)
-        self.last = self.schedule is None or any(m.output is not None for m in self.models)
         self._healed = False
         self.state.on_load.append(self._note_heal)
         self.log = logs.get()
@@ -149,7 +147,7 @@ class Loop:
             self._non_finite(step, loss, grad_norm)
         reported: float | None = None if self._healed else loss
         lr = float(self.state.scheduler.get_last_lr()[0])
-        tokens = self.cfg.train.batch_size * self.cfg.train.seq_len if committed else 0
+        tokens = self.cfg.train.batch_size * self.tokens_per_item if committed else 0
         if committed:
             self.non_finite_in_a_row = 0
             if self.chaos.at("optimizer"):  # perturb: this group's parameters drift
@@ -266,8 +264,8 @@ class Loop:
                 dtype=self.autocast or torch.float32,
                 enabled=self.autocast is not None,
             ):
-                logits = model(batch.inputs)
-            loss = cross_entropy(logits, batch.targets) / accum
+                output = model(batch.inputs)
+            loss = self.loss_fn(output, batch.targets) / accum
             loss.backward()  # type: ignore[no-untyped-call]
             total += float(loss.detach())
         return total

@@ -54,6 +54,10 @@ class TrainMetrics:
         self.tokens = counter(
             "phalanx_train_tokens", "Tokens this replica group trained on (committed steps)."
         )
+        self.eval_loss = gauge(
+            "phalanx_eval_loss", "Mean loss over the fixed evaluation items at the last evaluation."
+        )
+        self.eval_step = gauge("phalanx_eval_step", "Committed step of the last evaluation.")
         self.lr = gauge("phalanx_train_learning_rate", "Learning rate of the last committed step.")
         self.participants = gauge("phalanx_ft_participants", "Replica groups in the last quorum.")
         self.quorum_id = gauge("phalanx_ft_quorum_id", "Identifier of the current torchft quorum.")
@@ -115,6 +119,11 @@ class TrainMetrics:
             self.loss.set(loss)
         self.lr.set(lr)
         self.tokens.inc(tokens)
+
+    def observe_eval(self, step: int, loss: float) -> None:
+        if self.enabled:
+            self.eval_loss.set(loss)
+            self.eval_step.set(step)
 
     def observe_heal(self, seconds: float) -> None:
         if self.enabled:

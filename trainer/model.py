@@ -8,16 +8,18 @@ Read it top to bottom. Two properties the rest of the trainer relies on:
   Checkpoints and ``params_sha256`` are therefore comparable across layouts.
 * Attention infers its head count from the projected width (``view(..., -1,
   head_dim)``), so tensor parallelism can shard heads without changing the code.
+* A part set to ``None`` is skipped (a pipeline stage holds only some parts), and
+  an inner stage takes hidden states in place of token ids.
+
+It is built on the meta device and initialised by trainer/llama.py, the workload
+that wraps it.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from trainer.config import ModelConfig
 
@@ -99,18 +101,11 @@ class Block(nn.Module):
         self.attention = Attention(cfg)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.feed_forward = FeedForward(cfg.dim, cfg.hidden)
-        self.recompute = False  # activation checkpointing; set by parallelize
 
-    def _forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         h: torch.Tensor = x + self.attention(self.attention_norm(x), cos, sin)
         out: torch.Tensor = h + self.feed_forward(self.ffn_norm(h))
         return out
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        if self.recompute and torch.is_grad_enabled():
-            out: torch.Tensor = checkpoint(self._forward, x, cos, sin, use_reentrant=False)
-            return out
-        return self._forward(x, cos, sin)
 
 
 class Transformer(nn.Module):
@@ -137,33 +132,3 @@ class Transformer(nn.Module):
         if self.norm is not None:
             h = self.norm(h)
         return self.output(h) if self.output is not None else h
-
-    @torch.no_grad()
-    def init_weights(self, seed: int) -> None:
-        """Deterministic init in FQN order, independent of device and layout."""
-        gen = torch.Generator().manual_seed(seed)
-        depth_std = self.cfg.init_std / math.sqrt(2 * self.cfg.n_layers)
-        for name, param in sorted(self.named_parameters()):
-            if name.endswith("norm.weight"):
-                param.fill_(1.0)
-                continue
-            std = depth_std if name.endswith(("wo.weight", "w2.weight")) else self.cfg.init_std
-            param.copy_(torch.randn(param.shape, generator=gen) * std)
-
-    def keep_stage(self, layer_ids: list[int], first: bool, last: bool) -> None:
-        """Drop everything that does not belong to a pipeline stage holding ``layer_ids``."""
-        for key in list(self.layers):
-            if int(key) not in layer_ids:
-                del self.layers[key]
-        if not first:
-            self.tok_embeddings = None
-        if not last:
-            self.norm = None
-            self.output = None
-
-
-def build_model(cfg: ModelConfig, seed: int) -> Transformer:
-    """Build and initialise the full model on CPU (identical on every rank for a seed)."""
-    model = Transformer(cfg)
-    model.init_weights(seed)
-    return model

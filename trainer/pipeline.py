@@ -1,17 +1,21 @@
 """Pipeline parallelism with ``torch.distributed.pipelining``.
 
-The model is cut into ``pp * stages_per_rank`` stages of consecutive blocks. Rank
-``r`` of the pp axis holds stages ``r, r + pp, ...`` (the "loop" placement that
+The workload's model is cut into ``pp * stages_per_rank`` stages along its trunk (an
+``nn.ModuleDict``): stage ``k`` holds the trunk entries from split point ``k - 1``
+up to split point ``k``; the root's other parts go to the first stage if they come
+before the trunk and to the last if they come after it (see trainer/workload.py).
+Rank ``r`` of the pp axis holds stages ``r, r + pp, ...`` (the "loop" placement that
 Interleaved1F1B expects; with one stage per rank it is simply stage ``r``). Each
-stage is built from the full, deterministically initialised model with the other
-parts dropped, so its weights equal the same blocks of a single-process run.
+stage keeps the full model's parameter names, so checkpoints and digests are
+comparable across layouts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import copy
+from collections.abc import Sequence
 
-import torch
+from torch import nn
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import (
     PipelineScheduleMulti,
@@ -24,42 +28,99 @@ from torch.distributed.pipelining.stage import _PipelineStageBase
 
 from trainer.config import TrainerConfig
 from trainer.mesh import Layout
-from trainer.model import Transformer, build_model
+from trainer.workload import LossFn, Workload, WorkloadError
 
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 Schedule = PipelineScheduleSingle | PipelineScheduleMulti
-
-
-def split_layers(n_layers: int, n_stages: int) -> list[list[int]]:
-    """Consecutive, near-equal runs of block ids; earlier stages take the remainder."""
-    base, extra = divmod(n_layers, n_stages)
-    out, start = [], 0
-    for stage in range(n_stages):
-        size = base + (1 if stage < extra else 0)
-        out.append(list(range(start, start + size)))
-        start += size
-    return out
 
 
 def stage_ids(pp_rank: int, pp: int, stages_per_rank: int) -> list[int]:
     return [pp_rank + i * pp for i in range(stages_per_rank)]
 
 
-def build_stage_models(cfg: TrainerConfig, layout: Layout) -> list[tuple[int, Transformer]]:
+def trunk_runs(
+    trunk: nn.ModuleDict, split_points: Sequence[str], prefix: str, n_stages: int, where: str
+) -> list[list[str]]:
+    """The trunk's keys, cut at the split points (or into equal runs when none are given)."""
+    keys = list(trunk.keys())
+    if not split_points:
+        base, extra = divmod(len(keys), n_stages)
+        sizes = [base + (1 if s < extra else 0) for s in range(n_stages)]
+    else:
+        if len(split_points) != n_stages - 1:
+            raise WorkloadError(
+                f"{where}: {len(split_points)} split points make {len(split_points) + 1} stages, "
+                f"but parallel.pp * pp_stages_per_rank is {n_stages}; give {n_stages - 1}."
+            )
+        starts = []
+        for point in split_points:
+            key = point.removeprefix(f"{prefix}.")
+            if key == point or key not in trunk:
+                raise WorkloadError(
+                    f"{where}: split point {point!r} is not an entry of the trunk {prefix!r}; "
+                    f"name one of {prefix}.<key>."
+                )
+            starts.append(keys.index(key))
+        bounds = [0, *starts, len(keys)]
+        sizes = [bounds[i + 1] - bounds[i] for i in range(n_stages)]
+    if any(size < 1 for size in sizes):
+        raise WorkloadError(
+            f"{where}: the trunk {prefix!r} has {len(keys)} entries, which cannot make {n_stages} "
+            "non-empty pipeline stages at these split points; fewer stages or other split points."
+        )
+    runs, start = [], 0
+    for size in sizes:
+        runs.append(keys[start : start + size])
+        start += size
+    return runs
+
+
+def cut_stage(
+    model: nn.Module, trunk_path: str, keep: list[str], first: bool, last: bool
+) -> nn.Module:
+    """A copy of the (meta) model holding only trunk entries `keep`, plus the parts before
+    the trunk if `first` and after it if `last` (the others become None)."""
+    stage = copy.deepcopy(model)
+    parent: nn.Module = stage
+    parts = trunk_path.split(".")
+    for depth, part in enumerate(parts):
+        names = list(parent._modules)
+        at = names.index(part)
+        for i, name in enumerate(names):
+            if (i < at and not first) or (i > at and not last):
+                setattr(parent, name, None)
+        child = parent._modules[part]
+        assert child is not None
+        if depth == len(parts) - 1:
+            assert isinstance(child, nn.ModuleDict)
+            for key in list(child.keys()):
+                if key not in keep:
+                    del child[key]
+        parent = child
+    return stage
+
+
+def build_stage_models(
+    model: nn.Module, workload: Workload, cfg: TrainerConfig, layout: Layout, where: str
+) -> list[tuple[int, nn.Module]]:
     """(stage index, module) for every stage this rank holds."""
     p = cfg.parallel
     n_stages = p.pp * p.stages_per_rank
-    layers = split_layers(cfg.model.n_layers, n_stages)
-    out = []
-    for stage in stage_ids(layout.pp_rank, p.pp, p.stages_per_rank):
-        model = build_model(cfg.model, cfg.train.seed)
-        model.keep_stage(layers[stage], first=stage == 0, last=stage == n_stages - 1)
-        out.append((stage, model))
-    return out
+    trunk = model.get_submodule(workload.trunk) if workload.trunk else None
+    if not isinstance(trunk, nn.ModuleDict):
+        raise WorkloadError(
+            f"{where}: parallel.pp > 1 needs workload.trunk to name an nn.ModuleDict of the "
+            f"model (got {workload.trunk!r}); key its blocks by index so names stay stable."
+        )
+    assert workload.trunk is not None
+    runs = trunk_runs(trunk, workload.split_points, workload.trunk, n_stages, where)
+    return [
+        (s, cut_stage(model, workload.trunk, runs[s], first=s == 0, last=s == n_stages - 1))
+        for s in stage_ids(layout.pp_rank, p.pp, p.stages_per_rank)
+    ]
 
 
 def build_schedule(
-    stages: list[tuple[int, Transformer]], cfg: TrainerConfig, layout: Layout, loss_fn: LossFn
+    stages: list[tuple[int, nn.Module]], cfg: TrainerConfig, layout: Layout, loss_fn: LossFn
 ) -> tuple[Schedule, list[_PipelineStageBase]]:
     p = cfg.parallel
     n_stages = p.pp * p.stages_per_rank

@@ -1,5 +1,6 @@
-"""Build one rank of the trainer in order and run it:
-config -> device mesh -> model -> parallelize -> optimizer + LR -> torchft wiring -> data -> loop.
+"""Build one rank of the trainer in order and run it: config -> workload -> device mesh ->
+model (meta) -> pipeline stages -> parallelize -> materialise -> optimizer + LR -> torchft
+wiring -> data -> loop.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from trainer import checkpoint_resume, logs
+from trainer import checkpoint_resume, logs, workload
 from trainer.chaos import Chaos
 from trainer.checkpoint import Checkpointer
 from trainer.checkpoint_files import run_root
@@ -20,12 +21,13 @@ from trainer.config import TrainerConfig, spec_hash
 from trainer.data import Sampler
 from trainer.digest import params_sha256
 from trainer.env import RankEnv
+from trainer.evaluate import Evaluator
 from trainer.fault_tolerance import Replication, SingleGroup, TorchFTGroup
 from trainer.lease_fence import LeaseFence
-from trainer.loop import Loop, StepReport, cross_entropy, touch
+from trainer.loop import Loop, StepReport, touch
+from trainer.materialize import materialize
 from trainer.mesh import Layout, init_distributed
 from trainer.metrics import TrainMetrics
-from trainer.model import Transformer, build_model
 from trainer.optim import build_optimizer, build_scheduler, init_optimizer_state
 from trainer.parallelize import parallelize
 from trainer.state import TrainState
@@ -41,20 +43,28 @@ def run(cfg: TrainerConfig, env: RankEnv) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     torch.manual_seed(cfg.train.seed)
+    work = workload.load(cfg)
+    where = f"workload {cfg.workload.spec or work.name!r}"
+    workload.probe_data(work, where)
+    full = workload.build_meta(work, where)
     layout = init_distributed(cfg.parallel, env, cfg.ft.timeout_s)
     touch(env.heartbeat)
 
+    n_stages = cfg.parallel.pp * cfg.parallel.stages_per_rank
     if cfg.parallel.pp > 1:
         # Imported here: torch.distributed.pipelining adds about 0.5 s to every rank's start.
         from trainer.pipeline import build_schedule, build_stage_models
 
-        stages = build_stage_models(cfg, layout)
+        stages = build_stage_models(full, work, cfg, layout, where)
     else:
-        stages = [(0, build_model(cfg.model, cfg.train.seed))]
-    models: list[Transformer] = [parallelize(m, cfg.parallel, layout) for _, m in stages]
+        stages = [(0, full)]
+    models = [parallelize(m, work, cfg.parallel, layout) for _, m in stages]
+    for m in models:
+        materialize(m, work.init, cfg.train.seed, layout.device, where)
     params = {name: p for m in models for name, p in m.named_parameters()}
+    init_digest = params_sha256(params, layout.group("pp")) if cfg.train.log_init_digest else None
 
-    optimizer = build_optimizer(params.values(), cfg.train)
+    optimizer = build_optimizer(params, cfg.train, work.param_groups)
     init_optimizer_state(optimizer)
     scheduler = build_scheduler(optimizer, cfg.train)
     state = TrainState(params=params, optimizer=optimizer, scheduler=scheduler)
@@ -69,12 +79,29 @@ def run(cfg: TrainerConfig, env: RankEnv) -> int:
 
     schedule = None
     if cfg.parallel.pp > 1:
-        schedule, _ = build_schedule(stages, cfg, layout, cross_entropy)
+        schedule, _ = build_schedule(
+            list(zip((i for i, _ in stages), models, strict=True)), cfg, layout, work.loss
+        )
 
-    sampler = Sampler(cfg, env.replica_group, env.num_replica_groups)
-    loop = Loop(cfg, env, layout, models, state, replication, sampler, chaos, schedule)
+    sampler = Sampler(
+        work.train_data,
+        cfg.train.batch_size,
+        env.replica_group,
+        env.num_replica_groups,
+        work.collate,
+    )
+    indices = [i for i, _ in stages]
+    loop = Loop(
+        cfg, env, layout, models, state, replication, sampler, chaos, work.loss,
+        tokens_per_item=work.tokens_per_item,
+        schedule=schedule,
+        first=0 in indices,
+        last=n_stages - 1 in indices,
+    )  # fmt: skip
     loop.stop_requested = stop.is_set
     metrics = _observe(loop, replication, env, cfg.train.log_every)
+    if cfg.train.eval_every:
+        _evaluate(cfg, work, where, loop, metrics)
     checkpointer = _checkpoints(cfg, env, layout, loop, state, replication, metrics, chaos)
     if env.rank == 0:
         log.info(
@@ -83,7 +110,9 @@ def run(cfg: TrainerConfig, env: RankEnv) -> int:
             layout={"pp": layout.pp, "dp_shard": layout.dp_shard, "tp": layout.tp},
             params=sum(p.numel() for p in params.values()),
             fault_tolerant=env.fault_tolerant,
-            entropy=sampler.entropy(),
+            workload=cfg.workload.spec or work.name,
+            init_sha256=init_digest,
+            **work.extra,
             checkpoints=None if checkpointer is None else str(checkpointer.root),
         )
     chaos.at("start")
@@ -131,6 +160,38 @@ def _observe(loop: Loop, replication: Replication, env: RankEnv, log_every: int)
     return metrics
 
 
+def _evaluate(
+    cfg: TrainerConfig, work: workload.Workload, where: str, loop: Loop, metrics: TrainMetrics
+) -> None:
+    """Every train.eval_every committed steps: the `eval` event and phalanx_eval_loss."""
+    if work.eval_data is None:
+        raise workload.WorkloadError(
+            f"{where} has no eval_data, but train.eval_every is {cfg.train.eval_every}; give the "
+            "workload an eval_data or set train.eval_every = 0."
+        )
+    evaluator = Evaluator(
+        every=cfg.train.eval_every,
+        batches=cfg.train.eval_batches,
+        sampler=Sampler(work.eval_data, cfg.train.batch_size, 0, 1, work.collate),
+        models=loop.models,
+        layout=loop.layout,
+        loss_fn=work.loss,
+        rows=loop.rows,
+        autocast=loop.autocast,
+        schedule=loop.schedule,
+        first=loop.first,
+        last=loop.last,
+    )
+    evaluator.on_eval.append(metrics.observe_eval)
+    if loop.env.rank == 0:
+        log = logs.get()
+        items = cfg.train.eval_batches * cfg.train.batch_size
+        evaluator.on_eval.append(
+            lambda step, loss: log.info("eval", step=step, loss=loss, items=items)
+        )
+    loop.on_step.append(evaluator.after_step)
+
+
 def _checkpoints(
     cfg: TrainerConfig,
     env: RankEnv,
@@ -152,7 +213,7 @@ def _checkpoints(
         state,
         replication,
         metrics,
-        model_hash=spec_hash(config, ["model"]),
+        model_hash=spec_hash(config, ["model", "workload"] if cfg.workload.spec else ["model"]),
         layout={"pp": layout.pp, "dp_shard": layout.dp_shard, "tp": layout.tp},
         rank=env.rank,
         chaos=chaos,

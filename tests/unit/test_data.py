@@ -11,11 +11,18 @@ import pytest
 import torch
 
 from trainer.config import ConfigError, TrainerConfig
-from trainer.data import BigramCorpus, Sampler
+from trainer.data import BigramCorpus, Sampler, token_dataset
 
 
 def _cfg(**data: object) -> TrainerConfig:
     return TrainerConfig.model_validate({"data": data} if data else {})
+
+
+def sampler(cfg: TrainerConfig, group: int, groups: int) -> Sampler:
+    """The built-in workload's sampler for `cfg` (its [data] source as the dataset)."""
+    t = cfg.train
+    dataset = token_dataset(cfg.data, cfg.model.vocab_size, t.seq_len, t.seed)
+    return Sampler(dataset, t.batch_size, group, groups)
 
 
 def test_stationary_distribution_is_fixed_point() -> None:
@@ -49,13 +56,13 @@ def test_entropy_matches_the_empirical_loss_of_the_true_model() -> None:
 
 def test_samples_depend_only_on_step_group_and_row() -> None:
     cfg = _cfg()
-    a, b = Sampler(cfg, 0, 2), Sampler(cfg, 0, 2)
+    a, b = sampler(cfg, 0, 2), sampler(cfg, 0, 2)
     cpu = torch.device("cpu")
     full = a.batch(3, range(0, 8), cpu)
     halves = [b.batch(3, range(0, 4), cpu), b.batch(3, range(4, 8), cpu)]
     assert torch.equal(full.inputs, torch.cat([h.inputs for h in halves]))
     assert torch.equal(full.targets[:, :-1], full.inputs[:, 1:])
-    other_group = Sampler(cfg, 1, 2).batch(3, range(0, 8), cpu)
+    other_group = sampler(cfg, 1, 2).batch(3, range(0, 8), cpu)
     other_step = a.batch(4, range(0, 8), cpu)
     assert not torch.equal(full.inputs, other_group.inputs)
     assert not torch.equal(full.inputs, other_step.inputs)
@@ -65,7 +72,7 @@ def test_global_index_shards_groups_without_overlap() -> None:
     cfg = _cfg()
     seen = set()
     for group in range(3):
-        s = Sampler(cfg, group, 3)
+        s = sampler(cfg, group, 3)
         for step in range(4):
             for row in range(cfg.train.batch_size):
                 seen.add(s.global_index(step, row))
@@ -78,7 +85,7 @@ def test_text_source_reads_bytes(tmp_path: Path) -> None:
     cfg = TrainerConfig.model_validate(
         {"data": {"source": "text", "path": str(text)}, "model": {"vocab_size": 256}}
     )
-    batch = Sampler(cfg, 0, 1).batch(0, range(2), torch.device("cpu"))
+    batch = sampler(cfg, 0, 1).batch(0, range(2), torch.device("cpu"))
     raw = text.read_bytes()
     first = bytes(batch.inputs[0].tolist())
     assert first in raw and batch.inputs.max() < 256
@@ -90,11 +97,11 @@ def test_tokens_source_checks_vocab_and_length(tmp_path: Path) -> None:
     ok = TrainerConfig.model_validate(
         {"data": {"source": "tokens", "path": str(path)}, "model": {"vocab_size": 1000}}
     )
-    batch = Sampler(ok, 0, 1).batch(5, range(3), torch.device("cpu"))
+    batch = sampler(ok, 0, 1).batch(5, range(3), torch.device("cpu"))
     assert torch.all(batch.targets - batch.inputs == 1)  # consecutive ids
     small = ok.model_copy(update={"model": ok.model.model_copy(update={"vocab_size": 10})})
     with pytest.raises(ConfigError, match=r"data\.path"):
-        Sampler(small, 0, 1)
+        sampler(small, 0, 1)
     path.write_bytes(b"\x00\x01\x02")  # not a whole number of uint16
     with pytest.raises(ConfigError, match="token_dtype"):
-        Sampler(ok, 0, 1)
+        sampler(ok, 0, 1)

@@ -46,6 +46,7 @@ RANK_SCRIPT = textwrap.dedent(
     m.observe_step(5, True, 1.5, 0.001, 0.2, 4096, 2, 7)
     m.observe_step(6, False, 1.5, 0.001, 0.2, 4096, 1, 8)
     m.observe_heal(0.5)
+    m.observe_eval(5, 1.25)
     m.observe_checkpoint(5, 0.01, 0.3)
     m.observe_checkpoint_failure()
     m.observe_checkpoint_skipped()

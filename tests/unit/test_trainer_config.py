@@ -12,11 +12,11 @@ from trainer.config import (
     ConfigError,
     TrainerConfig,
     apply_overrides,
-    check_trainer,
     load_trainer_config,
     parse_override,
     spec_hash,
 )
+from trainer.config_checks import check_trainer
 from trainer.env import RankEnv
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,9 +14,10 @@ from trainer.chaos import Chaos, InjectedCrash, parse, parse_ranks
 from trainer.config import TrainConfig, TrainerConfig
 from trainer.digest import params_sha256
 from trainer.fault_tolerance import buckets
-from trainer.model import build_model
+from trainer.llama import llama_workload, split_layers
+from trainer.materialize import build_materialized
 from trainer.optim import build_optimizer, build_scheduler, init_optimizer_state, lr_at
-from trainer.pipeline import split_layers, stage_ids
+from trainer.pipeline import stage_ids
 from trainer.state import TrainState
 from trainer.torchft_adapter import SafeHTTPTransport
 
@@ -89,9 +90,9 @@ def test_lr_schedule() -> None:
 
 def _state(seed: int = 0, eager: bool = True) -> TrainState:
     cfg = TrainerConfig()
-    model = build_model(cfg.model, seed)
+    model = build_materialized(llama_workload(cfg), seed)
     params = dict(model.named_parameters())
-    opt = build_optimizer(params.values(), cfg.train)
+    opt = build_optimizer(params, cfg.train)
     if eager:
         init_optimizer_state(opt)
     return TrainState(params, opt, build_scheduler(opt, cfg.train))
