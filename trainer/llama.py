@@ -45,7 +45,7 @@ def llama_init(cfg: ModelConfig) -> InitFn:
         if name.endswith("norm.weight"):
             return torch.ones(like.shape)
         std = depth_std if name.endswith(("wo.weight", "w2.weight")) else cfg.init_std
-        return torch.randn(like.shape, generator=gen) * std
+        return torch.randn(like.shape, generator=gen).mul_(std)  # in place: one full tensor
 
     return init
 

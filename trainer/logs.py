@@ -57,7 +57,10 @@ def configure(
     structlog.configure(
         processors=[*shared, structlog.processors.format_exc_info, _event_first, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(out),
+        # One write per event (line and newline together): ranks that share one output
+        # file (torchrun without redirects) never interleave inside a line, even unbuffered
+        # (PYTHONUNBUFFERED), where print() writes the line and its newline separately.
+        logger_factory=structlog.WriteLoggerFactory(out),
         cache_logger_on_first_use=False,
     )
     # Libraries (torchft, torch) log through stdlib logging: same format, warnings and up.

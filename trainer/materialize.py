@@ -14,7 +14,8 @@ import hashlib
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from trainer.workload import InitFn, Workload, WorkloadError
 
@@ -29,9 +30,12 @@ def stable_seed(seed: int, name: str) -> int:
 def materialize(
     model: nn.Module, init: InitFn, seed: int, device: torch.device, where: str
 ) -> None:
+    # to_empty allocates without touching the pages; filling the largest tensors first
+    # means each transient full tensor is made while little of the rest is resident, so
+    # the peak stays near the local shards plus one tensor.
     model.to_empty(device=device)
     tensors = [*model.named_parameters(), *model.named_buffers()]
-    for name, tensor in tensors:
+    for name, tensor in sorted(tensors, key=lambda item: -item[1].numel()):
         gen = torch.Generator().manual_seed(stable_seed(seed, name))
         full = init(name, tensor, gen)
         if not isinstance(full, torch.Tensor) or tuple(full.shape) != tuple(tensor.shape):
@@ -40,14 +44,19 @@ def materialize(
                 f"{where}: init returned {got} for {name!r}, whose shape is "
                 f"{tuple(tensor.shape)}; return the full tensor for every parameter and buffer."
             )
-        full = full.to(device=device, dtype=tensor.dtype)
         if isinstance(tensor, DTensor):
-            shard = distribute_tensor(
-                full, tensor.device_mesh, tensor.placements, src_data_rank=None
-            )
-            tensor.to_local().copy_(shard.to_local())
+            tensor.to_local().copy_(_local_part(full, tensor))
         else:
             tensor.copy_(full)
+        del full
+
+
+def _local_part(full: torch.Tensor, like: DTensor) -> torch.Tensor:
+    """This rank's part of `full` under `like`'s placements: a view, no copy."""
+    shape, offset = compute_local_shape_and_global_offset(
+        full.shape, like.device_mesh, like.placements
+    )
+    return full[tuple(slice(o, o + n) for o, n in zip(offset, shape, strict=True))]
 
 
 def build_materialized(

@@ -89,7 +89,7 @@ class WorkloadError(ConfigError):
     """A workload that cannot run; the message names the entry point and the fix."""
 
 
-def python_path_entries(cfg: TrainerConfig) -> None:
+def add_python_path(cfg: TrainerConfig) -> None:
     """Make workload.python_path importable in this process (a rank started by hand)."""
     for entry in reversed(cfg.workload.python_path):
         if entry not in sys.path:
@@ -108,7 +108,7 @@ def load(cfg: TrainerConfig) -> Workload:
         from trainer.llama import llama_workload
 
         return llama_workload(cfg)
-    python_path_entries(cfg)
+    add_python_path(cfg)
     entry = cfg.workload.spec
     where = f"workload.spec {entry!r}"
     module_name, _, attr = entry.partition(":")
