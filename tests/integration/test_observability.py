@@ -82,6 +82,7 @@ def test_dashboard_and_alerts_on_a_live_pair_through_a_rank_failure(
         "train.steps=100000",  # outlasts the test; the daemons are stopped at the end
         f'checkpoint.dir="{tmp_path / "checkpoints"}"',
         "checkpoint.interval_steps=10",
+        "train.eval_every=10",  # the Loss panel's evaluation series has data too
         # Node-a trains alone for at least this long after the kill: a few scrapes.
         "node.restart_backoff_s=2",
     ]
