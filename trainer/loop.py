@@ -253,7 +253,9 @@ class Loop:
         model = self.models[0]
         accum = self.cfg.train.grad_accum
         chunk = len(self.rows) // accum
-        total = 0.0
+        # Summed on the device and read once per step: reading each micro-step's loss
+        # would stall a GPU once per micro-step (the same float64 sum, bit for bit).
+        total = torch.zeros((), dtype=torch.float64, device=self.layout.device)
         for micro in range(accum):
             rows = range(self.rows.start + micro * chunk, self.rows.start + (micro + 1) * chunk)
             batch = self.sampler.batch(step, rows, self.layout.device)
@@ -267,8 +269,8 @@ class Loop:
                 output = model(batch.inputs)
             loss = self.loss_fn(output, batch.targets) / accum
             loss.backward()  # type: ignore[no-untyped-call]
-            total += float(loss.detach())
-        return total
+            total += loss.detach().double()
+        return float(total)
 
     def _pipeline(self, step: int) -> float:
         assert self.schedule is not None
