@@ -16,7 +16,13 @@ WORKLOADS = ROOT / "examples" / "workloads"
 
 
 def run(config: Path, tmp_path: Path, name: str, nproc: int, layout: list[str]) -> list[Event]:
-    overrides = ["train.steps=10", "train.log_every=1", "train.log_init_digest=true", *layout]
+    overrides = [
+        "train.steps=10",
+        "train.log_every=1",
+        "train.log_init_digest=true",
+        "train.eval_every=5",
+        *layout,
+    ]
     group = launch_group(config, tmp_path, nproc=nproc, overrides=overrides, name=name)
     assert group.wait(300) == [0] * nproc, group.rank0.tail()
     return group.events()
@@ -26,13 +32,21 @@ def losses(events: list[Event]) -> list[float]:
     return [float(e["loss"]) for e in events if e["event"] == "train_step"]
 
 
+def evals(events: list[Event]) -> dict[int, float]:
+    return {int(e["step"]): float(e["loss"]) for e in events if e["event"] == "eval"}
+
+
 def init_digest(events: list[Event]) -> str:
     return str(next(e["init_sha256"] for e in events if e["event"] == "rank_started"))
 
 
 def assert_agree(got: list[Event], want: list[Event]) -> None:
-    """Same initial parameters; the first 10 losses within 1e-4 relative (fp32)."""
+    """Same initial parameters; the first 10 losses and the evaluations at steps 5 and 10
+    within 1e-4 relative (fp32)."""
     assert init_digest(got) == init_digest(want)
+    assert evals(got).keys() == evals(want).keys() == {5, 10}
+    for step, value in evals(want).items():
+        assert abs(evals(got)[step] - value) <= 1e-4 * abs(value), ("eval", step)
     a, b = losses(got), losses(want)
     assert len(a) == len(b) == 10
     for step, (x, y) in enumerate(zip(a, b, strict=True), start=1):
