@@ -11,7 +11,6 @@ restarted; torchft's manager reconnects on its next quorum or heartbeat.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import shutil
 import socket
 import subprocess
@@ -21,6 +20,7 @@ from pathlib import Path
 
 from daemon.children import die_with_parent
 from daemon.config import LighthouseConfig
+from daemon.lighthouse_main import native_extension
 from trainer import logs
 
 LAUNCHER = Path(__file__).with_name("lighthouse_main.py")
@@ -28,8 +28,9 @@ LAUNCHER = Path(__file__).with_name("lighthouse_main.py")
 
 def lighthouse_command() -> list[str]:
     """How to start torchft's lighthouse: the launcher that skips importing torch, where
-    torchft is installed beside this interpreter; else the `torchft_lighthouse` script."""
-    if importlib.util.find_spec("torchft") is not None and LAUNCHER.is_file():
+    torchft's native extension is installed beside this interpreter; else the
+    `torchft_lighthouse` script."""
+    if native_extension() is not None:
         return [sys.executable, str(LAUNCHER)]
     return [lighthouse_binary()]
 

@@ -16,7 +16,7 @@ def test_the_launcher_finds_the_native_server_without_importing_torch() -> None:
     probe = (
         "import json, runpy, sys\n"
         f"ns = runpy.run_path({str(LAUNCHER)!r})\n"
-        "main = ns['native_lighthouse_main']()\n"
+        "main = ns['native_lighthouse_main'](ns['native_extension']())\n"
         "print(json.dumps([main.__name__, sorted(m for m in sys.modules if m.split('.')[0] in"
         " ('torch', 'torchft'))]))\n"
     )
