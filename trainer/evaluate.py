@@ -15,15 +15,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from trainer.data import Sampler
+from trainer.loop import StepReport, group_mean, run_schedule
 from trainer.mesh import Layout
+from trainer.parallelize import autocast
 from trainer.workload import LossFn
 
 if TYPE_CHECKING:
-    from trainer.loop import StepReport
     from trainer.pipeline import Schedule
 
 
@@ -58,33 +58,12 @@ class Evaluator:
         finally:
             for m in self.models:
                 m.train()
-        return self._group_mean(total / self.batches)
+        return group_mean(self.layout, self.last, total / self.batches)[0]
 
     def _batch(self, index: int) -> float:
         batch = self.sampler.batch(index, self.rows, self.layout.device)
         if self.schedule is not None:
-            losses: list[torch.Tensor] = []
-            args = (batch.inputs,) if self.first else ()
-            if self.last:
-                self.schedule.eval(*args, target=batch.targets, losses=losses)
-            else:
-                self.schedule.eval(*args)
-            return float(torch.stack(losses).mean()) if losses else 0.0
-        with torch.autocast(
-            self.layout.device.type,
-            dtype=self.autocast or torch.float32,
-            enabled=self.autocast is not None,
-        ):
+            return run_schedule(self.schedule.eval, batch, self.first, self.last)
+        with autocast(self.layout.device, self.autocast):
             output = self.models[0](batch.inputs)
         return float(self.loss_fn(output, batch.targets))
-
-    def _group_mean(self, mine: float) -> float:
-        """The mean over the ranks that hold a loss (last stage, tp rank 0)."""
-        if self.layout.mesh is None:
-            return mine
-        contributes = self.last and self.layout.tp_rank == 0
-        t = torch.tensor(
-            [mine if contributes else 0.0, 1.0 if contributes else 0.0], dtype=torch.float64
-        )
-        dist.all_reduce(t)
-        return float(t[0] / t[1])

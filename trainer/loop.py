@@ -31,13 +31,13 @@ from torch import nn
 from trainer import logs
 from trainer.chaos import Chaos
 from trainer.config import TrainerConfig
-from trainer.data import Sampler
+from trainer.data import Sampler, StepData
 from trainer.divergence import ReplicasDiverged, compare_groups
 from trainer.env import RankEnv
 from trainer.fault_tolerance import DRAIN_QUORUM_WAIT_S, Replication, StepAbandoned
 from trainer.mesh import Layout
 from trainer.optim import clip_grad_norm
-from trainer.parallelize import autocast_dtype
+from trainer.parallelize import autocast, autocast_dtype
 from trainer.state import TrainState, local
 from trainer.workload import LossFn
 
@@ -261,11 +261,7 @@ class Loop:
             batch = self.sampler.batch(step, rows, self.layout.device)
             if self.sharded:
                 model.set_requires_gradient_sync(micro == accum - 1)  # type: ignore[operator]
-            with torch.autocast(
-                self.layout.device.type,
-                dtype=self.autocast or torch.float32,
-                enabled=self.autocast is not None,
-            ):
+            with autocast(self.layout.device, self.autocast):
                 output = model(batch.inputs)
             loss = self.loss_fn(output, batch.targets) / accum
             loss.backward()  # type: ignore[no-untyped-call]
@@ -275,13 +271,7 @@ class Loop:
     def _pipeline(self, step: int) -> float:
         assert self.schedule is not None
         batch = self.sampler.batch(step, self.rows, self.layout.device)
-        losses: list[torch.Tensor] = []
-        args = (batch.inputs,) if self.first else ()
-        if self.last:
-            self.schedule.step(*args, target=batch.targets, losses=losses)
-        else:
-            self.schedule.step(*args)
-        return float(torch.stack(losses).mean()) if losses else 0.0
+        return run_schedule(self.schedule.step, batch, self.first, self.last)
 
     def _quorum_settles(self) -> bool:
         """Whether every rank of the group saw this step's quorum form (the group leaves
@@ -290,23 +280,40 @@ class Loop:
         return not self._group_any([pending])[0]
 
     def _group_agree(self, mine: float) -> float:
-        """One all-reduce inside the group: the mean loss and whether any rank was asked to stop.
+        """One all-reduce inside the group: the mean loss and whether any rank was asked to
+        stop. Agreeing on the stop flag here means every rank leaves after the same step."""
+        loss, (self.drained,) = group_mean(self.layout, self.last, mine, [self.stop_requested()])
+        return loss
 
-        Ranks on the last stage with tp_rank 0 each hold one data shard's mean loss.
-        Agreeing on the stop flag here means every rank leaves after the same step.
-        """
-        stop = self.stop_requested()
-        if self.layout.mesh is None:
-            self.drained = stop
-            return mine
-        contributes = self.last and self.layout.tp_rank == 0
-        t = torch.tensor(
-            [mine if contributes else 0.0, 1.0 if contributes else 0.0, 1.0 if stop else 0.0],
-            dtype=torch.float64,
-        )
-        dist.all_reduce(t)
-        self.drained = bool(t[2] > 0)
-        return float(t[0] / t[1])
+
+def group_mean(
+    layout: Layout, last: bool, mine: float, flags: list[bool] | None = None
+) -> tuple[float, list[bool]]:
+    """One all-reduce inside the group: the mean of the losses that the ranks on the last
+    pipeline stage with tp_rank 0 hold (one data shard's mean each), and each flag, true
+    if it is true on any rank."""
+    flags = flags or []
+    if layout.mesh is None:
+        return mine, flags
+    contributes = last and layout.tp_rank == 0
+    t = torch.tensor(
+        [mine if contributes else 0.0, 1.0 if contributes else 0.0, *map(float, flags)],
+        dtype=torch.float64,
+    )
+    dist.all_reduce(t)
+    return float(t[0] / t[1]), [bool(v > 0) for v in t[2:].tolist()]
+
+
+def run_schedule(call: Callable[..., object], batch: StepData, first: bool, last: bool) -> float:
+    """One pipeline schedule call (a training step or an evaluation) over a batch: the
+    mean microbatch loss on the last stage, 0.0 on the others."""
+    losses: list[torch.Tensor] = []
+    args = (batch.inputs,) if first else ()
+    if last:
+        call(*args, target=batch.targets, losses=losses)
+    else:
+        call(*args)
+    return float(torch.stack(losses).mean()) if losses else 0.0
 
 
 def touch(path: Path | None) -> None:

@@ -102,3 +102,8 @@ def autocast_dtype(cfg: ParallelConfig, layout: Layout) -> torch.dtype | None:
     if cfg.param_dtype == "float32" or layout.sub("dp_shard") is not None:
         return None
     return DTYPES[cfg.param_dtype]
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None) -> torch.autocast:
+    """The forward's autocast context: `dtype` from autocast_dtype, or off when None."""
+    return torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None)
