@@ -145,7 +145,15 @@ class NodeConfig(Section):
     )
     restart_window_s: float = Field(600.0, gt=0, description="Window of the restart budget.")
     restart_backoff_s: float = Field(
-        1.0, ge=0, description="First restart delay; doubles per restart up to 30 s."
+        0.0,
+        ge=0,
+        description="Delay before a group restart; doubles per restart within restart_window_s "
+        "up to 30 s. 0 restarts at once (a standby takes over); max_restarts bounds a crash loop.",
+    )
+    standby: bool = Field(
+        True,
+        description="Keep a pre-started standby process per local rank (torch imported) that "
+        "replaces a failed rank at once; false saves its memory (a few hundred MB per rank).",
     )
     hang_timeout_s: float = Field(
         300.0,

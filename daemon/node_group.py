@@ -8,21 +8,34 @@ supervisor's, one :meth:`stopped` call per tick.
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from daemon.config import DaemonConfig
+from daemon.standby import REFILL_DELAY_S, StandbyPool
 from daemon.view import NodeView
 from daemon.workers import ExitKind, GroupExit, GroupSpec, WorkerGroup
 from trainer import logs
 
 
 class NodeGroup:
-    def __init__(self, cfg: DaemonConfig, view: NodeView, rank_config: Path) -> None:
+    def __init__(
+        self,
+        cfg: DaemonConfig,
+        view: NodeView,
+        rank_config: Path,
+        wake: threading.Event | None = None,
+    ) -> None:
         self.cfg = cfg
         self.view = view
         self.rank_config = rank_config
+        self.wake = wake
         self.log = logs.get()
+        self.standbys = (
+            StandbyPool(cfg.node.nproc, self._on_rank_event, wake) if cfg.node.standby else None
+        )
         self.current: WorkerGroup | None = None
         self.attempt = 0
         self.cause: GroupExit | str | None = None  # why it is being stopped
@@ -36,15 +49,33 @@ class NodeGroup:
     def start(self, slot: int, lighthouse: str) -> None:
         self.attempt += 1
         spec = GroupSpec.for_node(self.cfg, slot, lighthouse, self.rank_config)
-        self.current = WorkerGroup(spec, self.attempt, self._on_rank_event)
-        self.current.start()
+        self.current = WorkerGroup(spec, self.attempt, self._on_rank_event, self.wake)
+        self.current.start(self.standbys.take() if self.standbys is not None else None)
         self.view.pids = self.current.pids
-        fields = {"slot": slot, "attempt": self.attempt, "pids": self.current.pids}
+        fields: dict[str, Any] = {"slot": slot, "attempt": self.attempt, "pids": self.current.pids}
+        fields["standbys_used"] = self.current.standbys_used
         if self.restart_reason is None:
             self.log.info("group_started", master_port=self.current.master_port, **fields)
         else:
             self.log.info("group_restarted", reason=self.restart_reason, **fields)
         self.restart_reason = None
+
+    def tend_standbys(self, live: bool) -> None:
+        """Once per tick: keep a standby per local rank while the node is `live` (holds or
+        seeks a slot, not draining), none otherwise. Standbys a start used are replaced
+        REFILL_DELAY_S after it, so their imports do not slow the new group's heal."""
+        pool = self.standbys
+        if pool is None:
+            return
+        if not live:
+            pool.kill()
+        elif (
+            self.current is not None and time.monotonic() - self.current.started_at < REFILL_DELAY_S
+        ):
+            pool.reap()
+        else:  # the start's own values (slot, lighthouse, store port) come on takeover
+            pool.fill(GroupSpec.for_node(self.cfg, self.view.slot or 0, "", self.rank_config))
+        self.view.standby_pids = pool.pids
 
     def poll(self) -> GroupExit | None:
         """The group's outcome, None while it runs; a completed group is reaped at once."""
@@ -97,6 +128,10 @@ class NodeGroup:
         return True
 
     def kill(self) -> None:
+        """SIGKILL the ranks (and the standbys: this ends the node or its group for good)."""
+        if self.standbys is not None:
+            self.standbys.kill()
+            self.view.standby_pids = []
         if self.current is not None:
             self.current.kill()
             outcome = self.current.poll()

@@ -41,6 +41,7 @@ def status_document(sup: Supervisor) -> dict[str, Any]:
         "restarts": v.restarts,
         "heals": v.heals,
         "pids": v.pids,
+        "standby_pids": v.standby_pids,
         "last_error": v.last_error,
         "waiting_for": v.waiting_for,
         "ticks": v.ticks,

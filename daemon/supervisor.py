@@ -50,6 +50,8 @@ from daemon.workers import ExitKind, GroupExit
 from trainer import logs
 
 TICK_S = 0.25
+# States in which the node keeps standbys: it holds a slot or is on its way to one.
+STANDBY_STATES = (State.CLAIMING, State.WAITING, State.RUNNING, State.STOPPING, State.RESTARTING)
 STOP_GRACE_S = 5.0  # ranks of a failed group get this long after SIGTERM before SIGKILL
 
 
@@ -64,7 +66,9 @@ class Supervisor:
         self.run_dir = cfg.run_dir
         self.run_dir.mkdir(parents=True, exist_ok=True)
         rank_config = write_rank_config(cfg, self.run_dir / "config.json")
-        self.group = NodeGroup(cfg, self.view, rank_config)
+        # Set when a rank's (or standby's) output ends: the loop looks at once, not next tick.
+        self.wake = threading.Event()
+        self.group = NodeGroup(cfg, self.view, rank_config, self.wake)
         self.upkeep = EtcdUpkeep(cfg, coordinator, self.view, self.run_dir)
         self.waiting = Waiting(cfg, self.view)
         self.budget = RestartBudget.for_node(cfg.node)
@@ -84,7 +88,8 @@ class Supervisor:
             while self.view.state not in TERMINAL:
                 started = time.monotonic()
                 self.tick()
-                time.sleep(max(0.0, TICK_S - (time.monotonic() - started)))
+                self.wake.wait(max(0.0, TICK_S - (time.monotonic() - started)))
+                self.wake.clear()
         finally:
             self.group.kill()
             self.upkeep.close()
@@ -100,9 +105,20 @@ class Supervisor:
         lost = Event.SLOT_LOST in self.upkeep.take_events()
         if lost and self.view.state in (State.RUNNING, State.FENCED):
             self.move(self._stop(SLOT_LOST))
-        if self.view.state not in TERMINAL:  # each live state X has its handler _x
-            handler = cast(Callable[[], State], getattr(self, f"_{self.view.state.value}"))
+        # Each live state X has its handler _x. A move runs the new state's handler in the
+        # same tick, so a failed group goes STOPPING -> RESTARTING -> WAITING -> RUNNING
+        # without waiting a tick per state; a handler that stays put ends the tick.
+        for _ in range(len(State)):
+            if self.view.state in TERMINAL:
+                break
+            before = self.view.state
+            handler = cast(Callable[[], State], getattr(self, f"_{before.value}"))
             self.move(handler())
+            if self.view.state == before:
+                break
+        self.group.tend_standbys(
+            self.view.state in STANDBY_STATES and not self.drain_requested.is_set()
+        )
         self.view.ticks += 1
         self.view.last_tick = time.monotonic()
         self.notifier.watchdog()

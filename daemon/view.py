@@ -31,6 +31,7 @@ class NodeView:
     heals: int = 0
     last_heal_s: float | None = None
     pids: list[int] = field(default_factory=list)
+    standby_pids: list[int] = field(default_factory=list)  # waiting standbys (daemon.standby)
     last_error: str | None = None
     train_done: dict[str, Any] | None = None
     checkpoint_to_publish: dict[str, Any] | None = None  # from a rank's checkpoint_saved

@@ -16,32 +16,30 @@ in /proc.
 from __future__ import annotations
 
 import contextlib
-import contextvars
-import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import IO, Any
+from typing import TYPE_CHECKING
 
 from prometheus_client.multiprocess import mark_process_dead
 
-from daemon.children import die_with_parent, free_port, kill_tree
+from daemon.children import free_port, kill_tree
 from daemon.config import DaemonConfig
 from daemon.exits import RANK_BAD_INPUT, RANK_DRAINED
 from daemon.fencing import LEASE_FILE
 from daemon.netif import interface_for
+from daemon.rank_process import Output, RankEvent, spawn
 
-RankEvent = Callable[[int, dict[str, Any]], None]
-# torchft's Rust side logs `2026-01-01T00:00:00.000 [INFO] [torchft::manager] - text`.
-RUST_LINE = re.compile(r"^\S+ \[(?P<level>[A-Z]+)\] \[(?P<logger>[^\]]+)\] - (?P<message>.*)$")
+if TYPE_CHECKING:
+    from daemon.standby import Standby
+
+RANK_ARGV = [sys.executable, "-m", "trainer"]
 
 
 class ExitKind(StrEnum):
@@ -64,7 +62,8 @@ class Rank:
     rank: int
     popen: subprocess.Popen[bytes]
     heartbeat: Path
-    readers: list[threading.Thread] = field(default_factory=list)
+    output: Output
+    from_standby: bool = False
     # Progress on the daemon's monotonic clock: when the heartbeat's mtime was last
     # seen to change. Only a change counts, never the mtime's value, so a wall-clock
     # step (NTP) neither fakes progress nor makes a healthy rank look hung.
@@ -131,13 +130,70 @@ class GroupSpec:
         )
 
 
+def heartbeat_path(spec: GroupSpec, rank: int) -> Path:
+    return spec.run_dir / "heartbeat" / f"rank-{rank}"
+
+
+def rank_env(spec: GroupSpec, rank: int, master_port: int, attempt: int) -> dict[str, str]:
+    """The environment of local rank `rank` in one start of the group (a standby is spawned
+    with the same variables, placeholders for the start's own, and gets these on takeover)."""
+    s = spec
+    env = {
+        **os.environ,
+        **s.extra_env,
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": str(s.nproc),
+        "LOCAL_WORLD_SIZE": str(s.nproc),
+        "GROUP_RANK": "0",
+        "MASTER_ADDR": s.advertise_host,  # rank 0 hosts the store; torchft publishes it to peers
+        "MASTER_PORT": str(master_port),
+        "REPLICA_GROUP_ID": str(s.slot),
+        "NUM_REPLICA_GROUPS": str(s.num_slots),
+        "TORCHFT_LIGHTHOUSE": s.lighthouse,
+        "PHALANX_CONFIG": str(s.config_path),
+        "PHALANX_MIN_REPLICAS": str(s.min_replicas),
+        "PHALANX_HEARTBEAT": str(heartbeat_path(s, rank)),
+        "PHALANX_LEASE_FILE": str(s.run_dir / LEASE_FILE),
+        "PHALANX_JOB": s.job,
+        "PHALANX_NODE": s.node,
+        "PHALANX_ADVERTISE_HOST": s.advertise_host,
+        "PHALANX_BIND_HOST": s.bind_host,
+        "PHALANX_ATTEMPT": str(attempt),
+        "PYTHONUNBUFFERED": "1",
+    }
+    if s.metrics_dir is not None:
+        env["PROMETHEUS_MULTIPROC_DIR"] = str(s.metrics_dir)
+    if s.python_path:
+        env["PYTHONPATH"] = os.pathsep.join(
+            [*s.python_path, *filter(None, [env.get("PYTHONPATH")])]
+        )
+    interface = interface_for(s.advertise_host)
+    if interface is not None:  # peers on other hosts must reach gloo/NCCL at this address
+        env.setdefault("GLOO_SOCKET_IFNAME", interface)
+        env.setdefault("NCCL_SOCKET_IFNAME", interface)
+    # torchrun's marker and systemd's notify socket belong to the daemon, not its ranks.
+    for inherited in ("TORCHELASTIC_RUN_ID", "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
+        env.pop(inherited, None)
+    env.setdefault("RUST_LOG", "warn")  # torchft's Rust manager logs every quorum at info
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // s.nproc)))
+    return env
+
+
 class WorkerGroup:
     """One start of the node's ranks. A restart is a new WorkerGroup (fresh store port)."""
 
-    def __init__(self, spec: GroupSpec, attempt: int, on_event: RankEvent) -> None:
+    def __init__(
+        self,
+        spec: GroupSpec,
+        attempt: int,
+        on_event: RankEvent,
+        wake: threading.Event | None = None,
+    ) -> None:
         self.spec = spec
         self.attempt = attempt
         self.on_event = on_event
+        self.wake = wake  # set when a rank's output ends (it exited): the supervisor looks at once
         self.ranks: list[Rank] = []
         self.started_at = 0.0
         self.master_port = 0
@@ -148,120 +204,31 @@ class WorkerGroup:
     def pids(self) -> list[int]:
         return [r.pid for r in self.ranks]
 
-    def _env(self, rank: int, heartbeat: Path) -> dict[str, str]:
-        s = self.spec
-        env = {
-            **os.environ,
-            **s.extra_env,
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "WORLD_SIZE": str(s.nproc),
-            "LOCAL_WORLD_SIZE": str(s.nproc),
-            "GROUP_RANK": "0",
-            "MASTER_ADDR": s.advertise_host,  # rank 0 hosts the store; torchft publishes it to peers
-            "MASTER_PORT": str(self.master_port),
-            "REPLICA_GROUP_ID": str(s.slot),
-            "NUM_REPLICA_GROUPS": str(s.num_slots),
-            "TORCHFT_LIGHTHOUSE": s.lighthouse,
-            "PHALANX_CONFIG": str(s.config_path),
-            "PHALANX_MIN_REPLICAS": str(s.min_replicas),
-            "PHALANX_HEARTBEAT": str(heartbeat),
-            "PHALANX_LEASE_FILE": str(s.run_dir / LEASE_FILE),
-            "PHALANX_JOB": s.job,
-            "PHALANX_NODE": s.node,
-            "PHALANX_ADVERTISE_HOST": s.advertise_host,
-            "PHALANX_BIND_HOST": s.bind_host,
-            "PHALANX_ATTEMPT": str(self.attempt),
-            "PYTHONUNBUFFERED": "1",
-        }
-        if s.metrics_dir is not None:
-            env["PROMETHEUS_MULTIPROC_DIR"] = str(s.metrics_dir)
-        if s.python_path:
-            env["PYTHONPATH"] = os.pathsep.join(
-                [*s.python_path, *filter(None, [env.get("PYTHONPATH")])]
-            )
-        interface = interface_for(s.advertise_host)
-        if interface is not None:  # peers on other hosts must reach gloo/NCCL at this address
-            env.setdefault("GLOO_SOCKET_IFNAME", interface)
-            env.setdefault("NCCL_SOCKET_IFNAME", interface)
-        # torchrun's marker and systemd's notify socket belong to the daemon, not its ranks.
-        for inherited in ("TORCHELASTIC_RUN_ID", "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
-            env.pop(inherited, None)
-        env.setdefault("RUST_LOG", "warn")  # torchft's Rust manager logs every quorum at info
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // s.nproc)))
-        return env
+    @property
+    def standbys_used(self) -> int:
+        return sum(r.from_standby for r in self.ranks)
 
-    def start(self) -> None:
+    def start(self, standbys: list[Standby | None] | None = None) -> None:
+        """Start every rank: local rank r is handed to standbys[r] where there is one that
+        takes the assignment, else spawned cold."""
         s = self.spec
         self.master_port = free_port(self.spec.bind_host)
-        beats = s.run_dir / "heartbeat"
-        beats.mkdir(parents=True, exist_ok=True)
+        (s.run_dir / "heartbeat").mkdir(parents=True, exist_ok=True)
         self.started_at = time.monotonic()
-        argv = [sys.executable, "-m", "trainer", "--config", str(s.config_path)]
         for rank in range(s.nproc):
-            heartbeat = beats / f"rank-{rank}"
+            heartbeat = heartbeat_path(s, rank)
             heartbeat.touch()
-            popen = subprocess.Popen(
-                argv,
-                env=self._env(rank, heartbeat),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-                preexec_fn=die_with_parent(os.getpid()),  # PR_SET_PDEATHSIG must run in the child
-            )
-            r = Rank(rank, popen, heartbeat, progressed_at=self.started_at)
-            r.idle_for(self.started_at)
-            for stream, name in ((popen.stdout, "stdout"), (popen.stderr, "stderr")):
-                assert stream is not None
-                # A copy of the daemon's context: events made here carry job, node, group.
-                t = threading.Thread(
-                    target=contextvars.copy_context().run,
-                    args=(self._pump, rank, stream, name),
-                    daemon=True,
-                    name=f"rank{rank}-{name}",
-                )
-                t.start()
-                r.readers.append(t)
-            self.ranks.append(r)
-
-    def _pump(self, rank: int, stream: IO[bytes], name: str) -> None:
-        """Read one output stream to its end. Nothing a rank prints may stop this thread:
-        a reader that died would leave the pipe to fill, and the rank to block on it."""
-        for raw in iter(stream.readline, b""):
-            line = raw.decode("utf-8", "replace").rstrip("\n")
-            if not line:
-                continue
-            try:
-                self._relay(rank, line, name)
-            except Exception as e:  # a line that parses but does not fit what its event means
-                fallback: dict[str, Any] = {"event": "rank_output", "stream": name, "line": line}
-                fallback.update(rank=rank, replica_group=self.spec.slot, unreadable=repr(e))
-                with contextlib.suppress(Exception):
-                    self.on_event(rank, fallback)
-        stream.close()
-
-    def _relay(self, rank: int, line: str, name: str) -> None:
-        event: dict[str, Any] | None = None
-        if line.startswith("{"):
-            with contextlib.suppress(json.JSONDecodeError):
-                parsed = json.loads(line)
-                if isinstance(parsed, dict) and "event" in parsed:
-                    event = parsed
-        if event is None:
-            rust = RUST_LINE.match(line)
-            if rust:
-                event = {
-                    "event": "library_log",
-                    "logger": rust["logger"],
-                    "level": rust["level"].lower(),
-                    "message": rust["message"],
-                }
+            env = rank_env(s, rank, self.master_port, self.attempt)
+            standby = standbys[rank] if standbys and rank < len(standbys) else None
+            if standby is not None and standby.assign(env, s.slot, self.on_event):
+                popen, output, warm = standby.popen, standby.output, True
             else:
-                event = {"event": "rank_output", "stream": name, "line": line}
-        event.setdefault("rank", rank)
-        event.setdefault("replica_group", self.spec.slot)
-        self.on_event(rank, event)
+                argv = [*RANK_ARGV, "--config", str(s.config_path)]
+                popen, warm = spawn(argv, env), False
+                output = Output(popen, rank, s.slot, self.on_event, self.wake)
+            r = Rank(rank, popen, heartbeat, output, warm, progressed_at=self.started_at)
+            r.idle_for(self.started_at)
+            self.ranks.append(r)
 
     def poll(self) -> GroupExit | None:
         """Classify the group's state: None while it is healthy and running."""
@@ -332,8 +299,7 @@ class WorkerGroup:
             if self.spec.metrics_dir is not None and self.spec.metrics_dir.is_dir():
                 # Drop the exited rank's live gauges; its counters keep the node's totals.
                 mark_process_dead(r.pid, str(self.spec.metrics_dir))  # type: ignore[no-untyped-call]
-            for t in r.readers:
-                t.join(timeout=0.5)
+            r.output.join(timeout=0.5)
 
 
 def _describe(code: int) -> str:

@@ -30,12 +30,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=default,
         help="job file (TOML, or the JSON a daemon writes); default $PHALANX_CONFIG",
     )
+    parser.add_argument(
+        "--standby",
+        action="store_true",
+        help="warm up, then wait for the start's environment as one JSON line on stdin "
+        "(the daemon's hot spares)",
+    )
     add_override_option(parser)
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    prepared = None
+    if args.standby:
+        from trainer.standby import wait_for_start
+
+        started, prepared = wait_for_start(args.config)
+        if not started:
+            return 0
     try:
         env = RankEnv.from_environ()
         cfg = load_trainer_config(args.config, args.overrides, env.world_size)
@@ -48,7 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from trainer.run import run
 
-        return run(cfg, env)
+        # What the standby built from the same job file is used; anything else is rebuilt.
+        work = prepared[1] if prepared is not None and prepared[0] == cfg else None
+        return run(cfg, env, work)
     except ConfigError as e:  # problems only visible once data is opened
         log.error("bad_input", error=str(e))
         return EXIT_BAD_INPUT

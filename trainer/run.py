@@ -5,6 +5,7 @@ wiring -> data -> loop.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -35,15 +36,16 @@ from trainer.state import TrainState
 EXIT_DRAINED = 128 + signal.SIGTERM
 
 
-def run(cfg: TrainerConfig, env: RankEnv) -> int:
-    """Train to cfg.train.steps (exit code 0), or until SIGTERM drains the group (143)."""
+def run(cfg: TrainerConfig, env: RankEnv, work: workload.Workload | None = None) -> int:
+    """Train to cfg.train.steps (exit code 0), or until SIGTERM drains the group (143).
+    `work`: the job's workload, already loaded (by a standby), else loaded here."""
     log = logs.get()
     started = time.monotonic()
     chaos = Chaos()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     torch.manual_seed(cfg.train.seed)
-    work = workload.load(cfg)
+    work = work or workload.load(cfg)
     where = f"workload {cfg.workload.spec or work.name!r}"
     workload.probe_data(work, where)
     full = workload.build_meta(work, where)
@@ -106,6 +108,7 @@ def run(cfg: TrainerConfig, env: RankEnv) -> int:
     if env.rank == 0:
         log.info(
             "rank_started",
+            pid=os.getpid(),
             device=str(layout.device),
             layout={"pp": layout.pp, "dp_shard": layout.dp_shard, "tp": layout.tp},
             params=sum(p.numel() for p in params.values()),
@@ -114,6 +117,7 @@ def run(cfg: TrainerConfig, env: RankEnv) -> int:
             init_sha256=init_digest,
             **work.extra,
             checkpoints=None if checkpointer is None else str(checkpointer.root),
+            build_seconds=round(time.monotonic() - started, 3),  # from run() to the loop
         )
     chaos.at("start")
     loop.run()

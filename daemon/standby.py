@@ -1,0 +1,153 @@
+"""Hot-spare ranks: one pre-started rank process per local rank, waiting for a start.
+
+A standby is ``python -m trainer --standby``: it imports torch, torchft and the
+trainer (about 2 s of a rank's 3 s start here), says ``standby_ready`` and blocks on
+its stdin. A group start hands local rank r to standby r by writing the start's
+environment to it as one JSON line; from then on it is that rank, its output relayed
+like any rank's. The pool refills in the background: a new standby is spawned once the
+group that took the last one has had :data:`REFILL_DELAY_S` to start (so the imports
+do not compete with a heal for the CPU), or at once when no group runs.
+
+Failure handling: a standby that exits before it is used is reaped and replaced; if
+standbys keep dying young (:data:`MAX_EARLY_DEATHS` in a row before ever being ready),
+the pool stops spawning them and the node starts ranks cold, as with
+``node.standby = false``. A standby that dies just as it is handed a start is not
+used (the rank is spawned cold instead). Draining and every ending kill the pool; the
+kernel kills standbys with the daemon (PR_SET_PDEATHSIG), like ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import threading
+import time
+from typing import Any
+
+from prometheus_client.multiprocess import mark_process_dead
+
+from daemon.children import kill_tree
+from daemon.rank_process import Output, RankEvent, spawn
+from daemon.workers import RANK_ARGV, GroupSpec, rank_env
+from trainer import logs
+
+REFILL_DELAY_S = 5.0  # after a group start, before spawning the standbys it used up
+MAX_EARLY_DEATHS = 3  # standbys in a row that die before ready: stop spawning them
+
+
+class Standby:
+    """One waiting rank process."""
+
+    def __init__(
+        self, rank: int, spec: GroupSpec, sink: RankEvent, wake: threading.Event | None
+    ) -> None:
+        self.rank = rank
+        self.sink = sink  # where its events go while it waits (the node's, like a rank's)
+        self.spawned_at = time.monotonic()
+        self.ready = threading.Event()
+        self.metrics_dir = spec.metrics_dir
+        argv = [*RANK_ARGV, "--standby", "--config", str(spec.config_path)]
+        # Import-time settings (threads, PYTHONPATH, the metrics directory) are the
+        # start's; the start's own values (store port, attempt) come with the assignment.
+        self.popen = spawn(argv, rank_env(spec, rank, 0, 0), stdin_pipe=True)
+        self.output = Output(self.popen, rank, None, self._relay, wake)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def _relay(self, rank: int, event: dict[str, Any]) -> None:
+        if event.get("event") == "standby_ready":
+            self.ready.set()
+        event.setdefault("standby", True)
+        self.sink(rank, event)
+
+    def assign(self, env: dict[str, str], slot: int, sink: RankEvent) -> bool:
+        """Hand this standby a start: False if it is gone (the caller spawns the rank cold)."""
+        if not self.alive():
+            return False
+        self.output.group, self.output.sink = slot, sink
+        stdin = self.popen.stdin
+        assert stdin is not None
+        try:
+            stdin.write(json.dumps({"env": env}).encode() + b"\n")
+            stdin.close()
+        except OSError:  # it died in the meantime
+            self.kill()
+            return False
+        return True
+
+    def kill(self) -> None:
+        kill_tree([self.pid])
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(5)
+        if self.metrics_dir is not None and self.metrics_dir.is_dir():
+            mark_process_dead(self.pid, str(self.metrics_dir))  # type: ignore[no-untyped-call]
+        self.output.join(timeout=0.5)
+
+
+class StandbyPool:
+    """At most one standby per local rank of this node's group."""
+
+    def __init__(self, nproc: int, sink: RankEvent, wake: threading.Event | None = None) -> None:
+        self.nproc = nproc
+        self.sink = sink
+        self.wake = wake
+        self.slots: list[Standby | None] = [None] * nproc
+        self.early_deaths = 0
+        self.disabled = False
+        self.log = logs.get()
+
+    @property
+    def pids(self) -> list[int]:
+        return [s.pid for s in self.slots if s is not None]
+
+    def ready_count(self) -> int:
+        return sum(1 for s in self.slots if s is not None and s.ready.is_set())
+
+    def take(self) -> list[Standby | None]:
+        """Every live standby, one per local rank (None where there is none); the pool is
+        left empty."""
+        self.reap()
+        taken, self.slots = self.slots, [None] * self.nproc
+        return taken
+
+    def reap(self) -> None:
+        """Forget standbys that exited; too many dying before they were ever ready stops
+        the pool (ranks then start cold)."""
+        for i, s in enumerate(self.slots):
+            if s is None or s.alive():
+                continue
+            code = s.popen.poll()
+            s.kill()  # reaps, and drops its metrics files
+            self.slots[i] = None
+            self.early_deaths = 0 if s.ready.is_set() else self.early_deaths + 1
+            self.log.warning("standby_exited", rank=i, pid=s.pid, code=code, ready=s.ready.is_set())
+            if self.early_deaths >= MAX_EARLY_DEATHS and not self.disabled:
+                self.disabled = True
+                self.log.error(
+                    "standby_disabled",
+                    reason=f"{self.early_deaths} standbys in a row exited before they were ready; "
+                    "ranks start cold from now on (see their rank_output lines)",
+                )
+
+    def fill(self, spec: GroupSpec) -> None:
+        """Spawn a standby for every local rank that has none (from the supervisor's thread)."""
+        self.reap()
+        if self.disabled:
+            return
+        for i, s in enumerate(self.slots):
+            if s is None:
+                standby = Standby(i, spec, self.sink, self.wake)
+                self.slots[i] = standby
+                self.log.info("standby_spawned", rank=i, pid=standby.pid)
+
+    def kill(self) -> None:
+        for i, s in enumerate(self.slots):
+            if s is not None:
+                s.kill()
+                self.slots[i] = None

@@ -1,0 +1,116 @@
+"""Hot-spare ranks (daemon/standby.py): a pre-started standby replaces a killed rank; a
+dead standby is replaced; `node.standby = false` starts ranks cold; SIGTERM takes the
+standbys along. Real daemons, etcd, lighthouse and rank processes; real SIGKILL/SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.harness import Daemon, Event, alive, children, start_daemon, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def ready_standby(d: Daemon, timeout: float = 90) -> int:
+    """The pid of a standby of `d` that has said standby_ready."""
+
+    def ready() -> int | None:
+        pids = (d.status() or {}).get("standby_pids") or []
+        said = {e.get("pid") for e in d.events("standby_ready")}
+        return next((p for p in pids if p in said), None)
+
+    pid: int = wait_for(ready, timeout, f"a ready standby on {d.node_id}")
+    return pid
+
+
+def restart_after(d: Daemon, count: int, timeout: float = 60) -> Event:
+    """The `count`-th group_restarted event of `d`."""
+    events = wait_for(
+        lambda: len(d.events("group_restarted")) >= count and d.events("group_restarted"),
+        timeout,
+        f"restart {count} of {d.node_id}",
+    )
+    event: Event = events[count - 1]
+    return event
+
+
+def heals(d: Daemon) -> int:
+    return len(d.events("heal_done"))
+
+
+def test_standbys_replace_killed_ranks_and_are_replaced_when_they_die(
+    tmp_path: Path, etcd_endpoint: str
+) -> None:
+    steps = ["train.steps=400"]
+    a = start_daemon(tmp_path, "node-a", [etcd_endpoint], overrides=steps)
+    b = start_daemon(tmp_path, "node-b", [etcd_endpoint], overrides=[*steps, "node.standby=false"])
+    try:
+        wait_for(lambda: a.step() > 3 and b.step() > 3, 120, "both groups to train")
+
+        # A standby that dies while waiting is reaped and replaced.
+        spare = ready_standby(a)
+        os.kill(spare, signal.SIGKILL)
+        exited = wait_for(
+            lambda: [e for e in a.events("standby_exited") if e["pid"] == spare],
+            30,
+            "node-a to notice its standby died",
+        )
+        assert exited[0]["code"] == -signal.SIGKILL
+        replacement = wait_for(
+            lambda: [p for p in (a.status() or {}).get("standby_pids", []) if p != spare],
+            30,
+            "a new standby",
+        )[0]
+
+        # The rank dies (the replacement may still be importing): the standby becomes the rank.
+        healed_before = heals(a)
+        victim = a.rank_pids()[0]
+        os.kill(victim, signal.SIGKILL)
+        restarted = restart_after(a, 1)
+        assert restarted["reason"] == "rank_exit"
+        assert restarted["standbys_used"] == 1 and restarted["pids"] == [replacement]
+        wait_for(lambda: heals(a) > healed_before, 90, "node-a's new rank to heal")
+
+        # node.standby = false: node-b never spawns one and restarts its rank cold.
+        healed_before = heals(b)
+        os.kill(b.rank_pids()[0], signal.SIGKILL)
+        cold = restart_after(b, 1)
+        assert cold["standbys_used"] == 0
+        wait_for(lambda: heals(b) > healed_before, 90, "node-b's new rank to heal")
+
+        assert a.wait(240) == 0, a.proc.tail()
+        assert b.wait(60) == 0, b.proc.tail()
+    finally:
+        a.stop()
+        b.stop()
+    assert not b.events("standby_spawned") and not b.events("standby_ready")
+    done = [d.events("train_done")[0] for d in (a, b)]
+    assert done[0]["step"] == done[1]["step"] == 400
+    assert done[0]["params_sha256"] == done[1]["params_sha256"]  # the takeover healed exactly
+    # The standby's process is the rank that trained after the kill.
+    assert [e for e in a.events("rank_started") if e["pid"] == replacement]
+
+
+def test_sigterm_takes_the_standbys_along(tmp_path: Path, etcd_endpoint: str) -> None:
+    steps = ["train.steps=300"]
+    a = start_daemon(tmp_path, "node-a", [etcd_endpoint], overrides=steps)
+    b = start_daemon(tmp_path, "node-b", [etcd_endpoint], overrides=steps)
+    try:
+        wait_for(lambda: a.step() > 3 and b.step() > 3, 120, "both groups to train")
+        spare = ready_standby(a)
+        tree = [a.pid, *children(a.pid)]
+        assert spare in tree and set(a.rank_pids()) <= set(tree)
+        os.kill(a.pid, signal.SIGTERM)
+        assert a.wait(60) == 0, a.proc.tail()
+        assert not [p for p in tree if alive(p)], "a process of node-a outlived its drain"
+        assert b.wait(240) == 0, b.proc.tail()
+    finally:
+        a.stop()
+        b.stop()
+    assert a.events("group_drained") and not a.events("group_restarted")
+    assert not [e for e in a.events("rank_started") if e["pid"] == spare]  # it never trained
+    assert b.events("train_done")[0]["step"] == 300
