@@ -183,13 +183,19 @@ class LighthouseConfig(Section):
     """Quorum settings every node's lighthouse must share (where it listens is per node)."""
 
     join_timeout_ms: int = Field(
-        60000, ge=0, description="How long a quorum waits for heartbeating stragglers."
+        100,
+        ge=0,
+        description="How long a quorum that lost a member waits for groups that heartbeat but "
+        "have not asked to join (a replacement still starting); torchft's default is 60000.",
     )
     heartbeat_timeout_ms: int = Field(
-        5000, ge=100, description="A replica silent this long is dead."
+        1000,
+        ge=100,
+        description="A replica silent this long is dead (groups heartbeat every 100 ms); "
+        "torchft's default is 5000.",
     )
     quorum_tick_ms: int = Field(
-        100, ge=1, description="How often the lighthouse re-checks for a quorum."
+        20, ge=1, description="How often the lighthouse re-checks for a quorum."
     )
 
 

@@ -1,0 +1,57 @@
+"""What every system of bench/peers.py trains, in one place (torch-free).
+
+The built-in Llama of trainer/model.py (dim 256, 4 layers, vocab 256, 4 heads) on
+the built-in synthetic bigram corpus, 128 tokens per row, 8 rows per rank per step,
+AdamW with the trainer's defaults. Phalanx reads these as a job file; the peer
+workers (bench/peer_ddp.py, bench/peer_torchft.py) build the same model, data and
+optimizer from :func:`trainer_config`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainer.config import TrainerConfig, validate
+
+JOB = "bench"
+GROUPS = 2  # ranks of the DDP world; replica groups of torchft and Phalanx
+ROWS = 8  # rows per rank per step
+STEPS = 1_000_000  # nothing finishes inside a run
+MODEL: dict[str, Any] = {
+    "vocab_size": 256,
+    "dim": 256,
+    "n_layers": 4,
+    "n_heads": 4,
+    "max_seq_len": 128,
+}
+TRAIN: dict[str, Any] = {"seq_len": 128, "batch_size": ROWS, "steps": STEPS, "log_every": 1}
+
+
+def trainer_config() -> TrainerConfig:
+    """The trainer sections every system trains with (defaults elsewhere)."""
+    return validate(TrainerConfig, {"model": MODEL, "train": TRAIN}, "bench/peer_settings.py")
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    return str(value)
+
+
+def phalanx_job() -> str:
+    """The job file of the Phalanx run: these settings, two one-rank groups, every other
+    section (lighthouse, node, ft, etcd) at the project's defaults; per-node settings
+    (ids, ports, run directories, etcd) come with --set."""
+    sections: dict[str, dict[str, Any]] = {
+        "job": {"name": JOB, "min_replicas": 1, "max_replicas": GROUPS},
+        "node": {"nproc": 1, "advertise_host": "127.0.0.1"},
+        "model": MODEL,
+        "train": TRAIN,
+    }
+    lines = ["# Written by bench/peers.py."]
+    for name, values in sections.items():
+        lines.append(f"\n[{name}]")
+        lines += [f"{key} = {_toml_value(value)}" for key, value in values.items()]
+    return "\n".join(lines) + "\n"

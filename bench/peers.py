@@ -1,0 +1,255 @@
+"""Phalanx side by side with plain torchrun DDP and bare torchft: throughput, recovery
+from SIGKILLed ranks, and goodput, on one model, one data source and one thread per rank.
+
+Systems (bench/peer_systems.py), each two ranks on this machine:
+
+* ``torchrun``: ``torchrun --nproc_per_node 2`` DDP over gloo, a synchronous DCP save
+  every 20 steps; a dead worker restarts the world from the newest save.
+* ``torchft``: a ``torchft_lighthouse`` (Phalanx's default lighthouse settings) and two
+  one-process replica groups with a ``torchft.Manager``; the benchmark relaunches a
+  group as soon as it sees it dead, and torchft heals it from its peer.
+* ``phalanx``: an embedded etcd and two ``phalanx run`` daemons (one rank each) with
+  the project's default lighthouse, node and ft settings.
+
+Each repeat of each system is one run: a warm-up (not measured) from the moment every
+group has committed, a failure-free window (steps/s), then a chaos window in which one
+rank, alternating between ranks/groups, is SIGKILLed every --kill-every seconds, and a
+tail that waits (up to --tail s) until the last kill can be measured. How each measure
+is counted is printed with the results (see COUNTING).
+
+    .venv/bin/python -m bench.peers [--repeats N] [--window S] [--kill-every S] \\
+        [--warmup S] [--chaos S] [--systems torchrun,torchft,phalanx] [--json PATH]
+    .venv/bin/python -m bench.peers --soak 600    # Phalanx only, no failures
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, NoReturn
+
+from bench import peer_report
+from bench.peer_measures import Kill, RunResult, goodput, measure_kill, net_rate, rate, settled
+from bench.peer_systems import BareTorchft, Phalanx, System, Torchrun
+
+SYSTEMS = ("torchrun", "torchft", "phalanx")
+POLL_S = 0.1
+DEFAULT_MAX_RESTARTS = 5  # daemon.config NodeConfig.max_restarts
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+def make(name: str, workdir: Path, args: argparse.Namespace) -> System:
+    if name == "torchrun":
+        return Torchrun(workdir, args.save_every)
+    if name == "torchft":
+        return BareTorchft(workdir)
+    kills_per_node = math.ceil(kill_count(args) / 2)
+    # The default restart budget (5 in 600 s) would end a node killed more often than that.
+    if kills_per_node <= DEFAULT_MAX_RESTARTS:
+        return Phalanx(workdir, None)
+    say(f"  phalanx: node.max_restarts={kills_per_node} ({kills_per_node} kills per node)")
+    return Phalanx(workdir, kills_per_node)
+
+
+def kill_count(args: argparse.Namespace) -> int:
+    return math.ceil(args.chaos / args.kill_every) if args.kill_every > 0 else 0
+
+
+def wait_ready(system: System, timeout: float) -> float:
+    started = time.time()
+    while not system.ready():
+        if time.time() - started > timeout:
+            raise RuntimeError(f"{system.name}: not every group committed within {timeout:.0f}s")
+        system.poll()
+        time.sleep(POLL_S)
+    return time.time()
+
+
+def run_until(system: System, end: float) -> None:
+    while time.time() < end:
+        system.poll()
+        time.sleep(POLL_S)
+
+
+def chaos(system: System, start: float, args: argparse.Namespace, tag: str) -> list[Kill]:
+    """The chaos window: kill number k is due at start + k * kill_every; a kill whose
+    target is not up (a group still restarting) is retried until half an interval late."""
+    due = [start + k * args.kill_every for k in range(kill_count(args))]
+    kills: list[Kill] = []
+    index = 0
+    while time.time() < start + args.chaos:
+        system.poll()
+        now = time.time()
+        if index < len(due) and now >= due[index]:
+            kill = system.kill(index)
+            if kill is not None:
+                kills.append(kill)
+                say(f"  [{tag}] kill {index + 1}: {kill.label} at +{kill.t - start:.1f}s")
+                index += 1
+            elif now > due[index] + args.kill_every / 2:
+                say(f"  [{tag}] kill {index + 1} skipped: no live target")
+                index += 1
+        time.sleep(POLL_S)
+    return kills
+
+
+def run_once(name: str, workdir: Path, args: argparse.Namespace, tag: str) -> RunResult:
+    system = make(name, workdir, args)
+    launched = time.time()
+    try:
+        system.start()
+        ready = wait_ready(system, args.start_timeout)
+        say(f"  [{tag}] every group committing {ready - launched:.1f}s after launch")
+        w0 = ready + args.warmup
+        w1 = w0 + args.window
+        run_until(system, w1)
+        kills = chaos(system, w1, args, tag)
+        c1 = w1 + args.chaos
+        while time.time() < c1 + args.tail and not settled(system.timelines, kills):
+            system.poll()
+            time.sleep(POLL_S)
+        system.poll()
+        horizon = time.time()
+    finally:
+        system.stop()
+    lines = system.timelines
+    if len(lines) == 1:
+        rates = {g: net_rate(c, w0, w1) for g, c in lines.items()}
+    else:
+        rates = {g: rate(c, w0, w1) for g, c in lines.items()}
+    measures = [measure_kill(lines, k, horizon, system.milestones) for k in kills]
+    phases = {"ready": ready, "window": w0, "chaos": w1, "chaos_end": c1, "horizon": horizon}
+    result = RunResult(name, rates, goodput(lines, rates, w1, c1), measures, phases, system.notes)
+    say(f"  [{tag}] {peer_report.one_line(result)}")
+    return result
+
+
+def soak(workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Phalanx alone, no failures: any sign that a healthy group was evicted."""
+    system = Phalanx(workdir, None)
+    try:
+        system.start()
+        ready = wait_ready(system, args.start_timeout)
+        run_until(system, ready + args.warmup)
+        system.count_after = time.time()
+        quorums_before = system.quorum_changes()
+        say(f"  [soak] warm-up done; watching {args.soak:.0f}s")
+        run_until(system, system.count_after + args.soak)
+        system.poll()
+        quorums_after = system.quorum_changes()
+    finally:
+        system.stop()
+    rates = {
+        g: rate(c, system.count_after, system.count_after + args.soak)
+        for g, c in system.timelines.items()
+    }
+    changes = None
+    if quorums_before is not None and quorums_after is not None:
+        changes = quorums_after - quorums_before
+    return {
+        "seconds": args.soak,
+        "rates": rates,
+        "counts": system.counts,
+        "quorum_changes": changes,
+    }
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--warmup", type=float, default=20.0, help="seconds, not measured")
+    parser.add_argument("--window", type=float, default=60.0, help="failure-free seconds")
+    parser.add_argument("--chaos", type=float, default=240.0, help="seconds with kills")
+    parser.add_argument("--kill-every", type=float, default=30.0, help="seconds between kills")
+    parser.add_argument(
+        "--tail",
+        type=float,
+        default=60.0,
+        help="most seconds to wait after the chaos window for the last kill to be measurable",
+    )
+    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--save-every", type=int, default=20, help="torchrun: DCP save interval")
+    parser.add_argument("--start-timeout", type=float, default=180.0)
+    parser.add_argument("--soak", type=float, default=0.0, help="seconds: Phalanx only, no kills")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--keep", action="store_true", help="keep the logs and checkpoints")
+    args = parser.parse_args(argv)
+    args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = [s for s in args.systems if s not in SYSTEMS]
+    if unknown or not args.systems:
+        parser.error(f"--systems takes a comma-separated subset of {','.join(SYSTEMS)}")
+    if args.kill_every <= 0 or args.repeats < 1:
+        parser.error("--kill-every must be positive and --repeats at least 1")
+    return args
+
+
+def interrupted(signum: int, _frame: object) -> NoReturn:
+    for sig in (signal.SIGTERM, signal.SIGINT):  # a second Ctrl-C must not cut the cleanup short
+        signal.signal(sig, signal.SIG_IGN)
+    say(f"\n{signal.Signals(signum).name}: stopping every process")
+    raise SystemExit(128 + signum)  # unwinds through every finally: no process is left
+
+
+def estimate_s(args: argparse.Namespace) -> float:
+    """About how long the comparison takes (start-up ~10 s and a short tail per run)."""
+    per_run = 10 + args.warmup + args.window + args.chaos + min(args.tail, 10)
+    return float(per_run * args.repeats * len(args.systems))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    for sig in (signal.SIGTERM, signal.SIGINT):  # SIGINT too: a background job ignores it
+        signal.signal(sig, interrupted)
+    root = Path(tempfile.mkdtemp(prefix="phalanx-peers-"))
+    say(peer_report.machine_line())
+    say(peer_report.workload_line())
+    say(f"files: {root}{'' if args.keep else ' (removed at the end; --keep keeps them)'}")
+    out: dict[str, Any] = {
+        "machine": peer_report.machine(),
+        "args": vars(args) | {"json": str(args.json)},
+    }
+    try:
+        if args.soak > 0:
+            out["soak"] = soak(root / "soak", args)
+            peer_report.print_soak(out["soak"])
+        else:
+            say(peer_report.phases_line(args, kill_count(args)))
+            say(f"expected duration: about {estimate_s(args) / 60:.0f} min")
+            runs: dict[str, list[RunResult]] = {name: [] for name in args.systems}
+            failed: list[str] = out.setdefault("failed", [])
+            for repeat in range(args.repeats):  # interleaved: a slow spell hits every system
+                for name in args.systems:
+                    tag = f"{name} #{repeat + 1}"
+                    try:
+                        runs[name].append(run_once(name, root / f"{name}-{repeat + 1}", args, tag))
+                    except RuntimeError as e:  # one run failed: report it, go on with the rest
+                        say(f"  [{tag}] FAILED: {e}")
+                        failed.append(f"{tag}: {e}")
+            out |= peer_report.print_results({k: v for k, v in runs.items() if v})
+            if failed:
+                args.keep = True  # the failed runs' logs are what explains them
+                say(f"\n{len(failed)} run(s) failed: " + "; ".join(failed))
+    finally:
+        if args.json:
+            args.json.write_text(json.dumps(out, indent=2, default=str))
+        if args.keep:
+            say(f"files kept: {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    return 1 if out.get("failed") else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
