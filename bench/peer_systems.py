@@ -239,9 +239,12 @@ class Phalanx(System):
     name = "phalanx"
     NODES = ("node-a", "node-b")
 
-    def __init__(self, workdir: Path, max_restarts: int | None) -> None:
+    def __init__(self, workdir: Path, max_restarts: int | None, standby: bool = True) -> None:
         super().__init__(workdir)
         self.max_restarts = max_restarts
+        self.standby = standby
+        if not standby:
+            self.name = "phalanx-cold"
         self.etcd: EmbeddedEtcd | None = None
         self.daemons: dict[int, subprocess.Popen[bytes]] = {}
         self.pids: dict[int, list[int]] = {}  # the group's ranks, as its daemon reported them
@@ -266,6 +269,8 @@ class Phalanx(System):
             }
             if self.max_restarts is not None:
                 settings["node.max_restarts"] = str(self.max_restarts)
+            if not self.standby:
+                settings["node.standby"] = "false"
             argv = [sys.executable, "-m", "daemon.cli", "run", "--config", str(job)]
             argv += ["--node-id", node]
             for key, value in settings.items():

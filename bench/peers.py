@@ -20,6 +20,9 @@ is counted is printed with the results (see COUNTING).
     .venv/bin/python -m bench.peers [--repeats N] [--window S] [--kill-every S] \\
         [--warmup S] [--chaos S] [--systems torchrun,torchft,phalanx] [--json PATH]
     .venv/bin/python -m bench.peers --soak 600    # Phalanx only, no failures
+
+``phalanx-cold`` (not run unless named in --systems) is Phalanx with
+``node.standby = false``: every restart starts its rank cold.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from bench import peer_report
 from bench.peer_measures import Kill, RunResult, goodput, measure_kill, net_rate, rate, settled
 from bench.peer_systems import BareTorchft, Phalanx, System, Torchrun
 
-SYSTEMS = ("torchrun", "torchft", "phalanx")
+SYSTEMS = ("torchrun", "torchft", "phalanx", "phalanx-cold")  # cold: node.standby = false
 POLL_S = 0.1
 DEFAULT_MAX_RESTARTS = 5  # daemon.config NodeConfig.max_restarts
 
@@ -54,11 +57,12 @@ def make(name: str, workdir: Path, args: argparse.Namespace) -> System:
     if name == "torchft":
         return BareTorchft(workdir)
     kills_per_node = math.ceil(kill_count(args) / 2)
+    standby = name == "phalanx"
     # The default restart budget (5 in 600 s) would end a node killed more often than that.
     if kills_per_node <= DEFAULT_MAX_RESTARTS:
-        return Phalanx(workdir, None)
-    say(f"  phalanx: node.max_restarts={kills_per_node} ({kills_per_node} kills per node)")
-    return Phalanx(workdir, kills_per_node)
+        return Phalanx(workdir, None, standby)
+    say(f"  {name}: node.max_restarts={kills_per_node} ({kills_per_node} kills per node)")
+    return Phalanx(workdir, kills_per_node, standby)
 
 
 def kill_count(args: argparse.Namespace) -> int:
@@ -179,7 +183,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=60.0,
         help="most seconds to wait after the chaos window for the last kill to be measurable",
     )
-    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--systems", default=",".join(SYSTEMS[:3]))
     parser.add_argument("--save-every", type=int, default=20, help="torchrun: DCP save interval")
     parser.add_argument("--start-timeout", type=float, default=180.0)
     parser.add_argument("--soak", type=float, default=0.0, help="seconds: Phalanx only, no kills")

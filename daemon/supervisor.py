@@ -207,6 +207,7 @@ class Supervisor:
         if not self.group.stopped(STOP_GRACE_S):
             return State.STOPPING
         now = time.monotonic()
+        self.waiting.after_exit(self.group.last_codes, now)
         v = after_stop(
             self.group.take_cause(),
             slot_held=self.view.slot is not None,

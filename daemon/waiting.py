@@ -1,7 +1,9 @@
 """What WAITING waits for before a group may start, reported as it changes and every 30 s.
 
-A node waits for a lighthouse address in etcd and for ``job.min_replicas``
-groups holding a slot; ``node.wait_timeout_s`` (0: forever) bounds the wait.
+A node waits for a lighthouse address in etcd, for ``job.min_replicas``
+groups holding a slot and, after ranks that failed on their own, for their
+quorum requests to expire at the lighthouse; ``node.wait_timeout_s`` (0:
+forever) bounds the wait.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from daemon.view import NodeView
 from trainer import logs
 
 REPORT_EVERY_S = 30.0
+QUIET_MARGIN_S = 0.2  # past the heartbeat timeout: the lighthouse's tick and a clock's drift
 
 
 class Waiting:
@@ -20,14 +23,27 @@ class Waiting:
         self.cfg = cfg
         self.view = view
         self.reported_at = 0.0
+        self.quiet_until = 0.0  # no start before this (see after_exit)
         self.log = logs.get()
 
-    def missing(self, forwarding: bool) -> str | None:
+    def missing(self, forwarding: bool, now: float | None = None) -> str | None:
         """What is still missing (None: start the group); `forwarding`: the lighthouse
         forwarder has a target."""
         if not self.view.lighthouse or not forwarding:
             return "a lighthouse address in etcd"
+        now = time.monotonic() if now is None else now
+        if now < self.quiet_until:
+            return "the failed ranks' quorum requests to expire at the lighthouse"
         return self.view.missing_groups(self.cfg.job.min_replicas)
+
+    def after_exit(self, codes: list[int | None] | None, now: float) -> None:
+        """A rank that failed on its own (an exit code, not a signal) may have died waiting
+        for a quorum: the lighthouse keeps that request, with the dead process's id, until
+        its heartbeat times out, and would pair it with the group's next start (whose
+        quorum then waits on a dead store). The next start waits that long."""
+        if any(c is not None and 0 < c < 128 for c in codes or []):
+            timeout_s = self.cfg.lighthouse.heartbeat_timeout_ms / 1000
+            self.quiet_until = now + timeout_s + QUIET_MARGIN_S
 
     def report(self, missing: str, since: float) -> str | None:
         """Log what is missing when it changes (and every 30 s); the error once the wait

@@ -107,10 +107,13 @@ def test_coordination_errors_in_every_state_never_stop_the_node(
     runner = threading.Thread(target=lambda: codes.append(sup.run()), daemon=True)
     try:
         runner.start()
+        # Ranks that a fence paused would be SIGKILLed at once when their group stops (a
+        # paused group's state is thrown away), ending STOPPING before this test sees it.
         first = wait_for(
             lambda: (
                 sup.view.step > 3
                 and coord.injected.get(State.RUNNING) == every_kind
+                and sup.view.state == State.RUNNING
                 and len(sup.view.pids) == 2
                 and list(sup.view.pids)
             ),

@@ -1,0 +1,38 @@
+"""What WAITING waits for after a group stopped (daemon/waiting.py), as pure logic."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from daemon.config import load_daemon_config
+from daemon.job_view import JobView
+from daemon.view import NodeView
+from daemon.waiting import QUIET_MARGIN_S, Waiting
+
+JOB = Path(__file__).resolve().parents[2] / "tests" / "integration" / "daemon_job.toml"
+QUIET = "the failed ranks' quorum requests to expire at the lighthouse"
+
+
+def waiting() -> Waiting:
+    cfg = load_daemon_config(JOB, ["lighthouse.heartbeat_timeout_ms=2000"])
+    view = NodeView()
+    view.lighthouse = "127.0.0.1:1"
+    view.job = JobView({}, {0: "a", 1: "b"}, "a", "127.0.0.1:1", None, None, None)
+    return Waiting(cfg, view)
+
+
+def test_a_rank_that_failed_on_its_own_delays_the_next_start_by_the_heartbeat_timeout() -> None:
+    w = waiting()
+    assert w.missing(True, now=100.0) is None
+    w.after_exit([1], now=100.0)  # e.g. it gave up waiting for a quorum
+    assert w.missing(True, now=100.0) == QUIET
+    assert w.missing(True, now=102.0 + QUIET_MARGIN_S / 2) == QUIET
+    assert w.missing(True, now=102.0 + QUIET_MARGIN_S) is None
+
+
+def test_killed_or_drained_ranks_restart_at_once() -> None:
+    w = waiting()
+    w.after_exit([-9, None], now=100.0)  # SIGKILL; a rank the daemon stopped
+    w.after_exit([143], now=100.0)  # drained
+    w.after_exit(None, now=100.0)
+    assert w.missing(True, now=100.0) is None
