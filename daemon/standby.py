@@ -22,7 +22,6 @@ import contextlib
 import json
 import subprocess
 import threading
-import time
 from typing import Any
 
 from prometheus_client.multiprocess import mark_process_dead
@@ -44,7 +43,6 @@ class Standby:
     ) -> None:
         self.rank = rank
         self.sink = sink  # where its events go while it waits (the node's, like a rank's)
-        self.spawned_at = time.monotonic()
         self.ready = threading.Event()
         self.metrics_dir = spec.metrics_dir
         argv = [*RANK_ARGV, "--standby", "--config", str(spec.config_path)]
@@ -105,9 +103,6 @@ class StandbyPool:
     @property
     def pids(self) -> list[int]:
         return [s.pid for s in self.slots if s is not None]
-
-    def ready_count(self) -> int:
-        return sum(1 for s in self.slots if s is not None and s.ready.is_set())
 
     def take(self) -> list[Standby | None]:
         """Every live standby, one per local rank (None where there is none); the pool is

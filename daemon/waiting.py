@@ -40,8 +40,10 @@ class Waiting:
         """A rank that failed on its own (an exit code, not a signal) may have died waiting
         for a quorum: the lighthouse keeps that request, with the dead process's id, until
         its heartbeat times out, and would pair it with the group's next start (whose
-        quorum then waits on a dead store). The next start waits that long."""
-        if any(c is not None and 0 < c < 128 for c in codes or []):
+        quorum then waits on a dead store). The next start waits that long. Only rank 0
+        counts: its torchft manager server is the group's one client of the lighthouse."""
+        first = codes[0] if codes else None
+        if first is not None and 0 < first < 128:
             timeout_s = self.cfg.lighthouse.heartbeat_timeout_ms / 1000
             self.quiet_until = now + timeout_s + QUIET_MARGIN_S
 

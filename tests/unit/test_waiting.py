@@ -34,5 +34,6 @@ def test_killed_or_drained_ranks_restart_at_once() -> None:
     w = waiting()
     w.after_exit([-9, None], now=100.0)  # SIGKILL; a rank the daemon stopped
     w.after_exit([143], now=100.0)  # drained
+    w.after_exit([-9, 1], now=100.0)  # rank 1 failed after rank 0, the lighthouse's client, died
     w.after_exit(None, now=100.0)
     assert w.missing(True, now=100.0) is None
