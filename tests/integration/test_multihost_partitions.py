@@ -23,10 +23,10 @@ from tests.netns import Host, Network
 
 pytestmark = [pytest.mark.integration, NEEDS_NAMESPACES]
 
-# Enough steps (about 0.1 s each here; both partitions are over by step 100 or so) to
-# outlast both partitions; the test fails, saying
-# so, if training ends before they are over.
-STEPS = 350
+# Enough steps (about 0.1 s each here) to outlast both partitions: with the 1 s default
+# heartbeat timeout the majority barely pauses at a cut, and 350 steps were once all
+# done while an etcd-only cut was still held. The test fails if training ends first.
+STEPS = 600
 OVERRIDES = [
     "job.max_replicas=3",
     "ft.timeout_s=8",  # a silent peer (a cut, not a kill) fails a collective only by timeout
