@@ -17,7 +17,10 @@ import re
 import subprocess
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import IO, Any
+
+from prometheus_client.multiprocess import mark_process_dead
 
 from daemon.children import die_with_parent
 
@@ -79,6 +82,15 @@ class Output:
     def join(self, timeout: float) -> None:
         for t in self.readers:
             t.join(timeout=timeout)
+
+    def reap(self, metrics_dir: Path | None) -> None:
+        """After the process was told to end: wait for it, drop its live gauges from the
+        metrics directory (its counters keep the node's totals), let the readers finish."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(5)
+        if metrics_dir is not None and metrics_dir.is_dir():
+            mark_process_dead(self.popen.pid, str(metrics_dir))  # type: ignore[no-untyped-call]
+        self.join(timeout=0.5)
 
     def _pump(self, stream: IO[bytes], name: str) -> None:
         """Nothing a rank prints may stop this thread: a reader that died would leave the

@@ -18,13 +18,9 @@ kernel kills standbys with the daemon (PR_SET_PDEATHSIG), like ranks.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import subprocess
 import threading
 from typing import Any
-
-from prometheus_client.multiprocess import mark_process_dead
 
 from daemon.children import kill_tree
 from daemon.rank_process import Output, RankEvent, spawn
@@ -81,11 +77,7 @@ class Standby:
 
     def kill(self) -> None:
         kill_tree([self.pid])
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.popen.wait(5)
-        if self.metrics_dir is not None and self.metrics_dir.is_dir():
-            mark_process_dead(self.pid, str(self.metrics_dir))  # type: ignore[no-untyped-call]
-        self.output.join(timeout=0.5)
+        self.output.reap(self.metrics_dir)
 
 
 class StandbyPool:

@@ -27,8 +27,6 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from prometheus_client.multiprocess import mark_process_dead
-
 from daemon.children import free_port, kill_tree
 from daemon.config import DaemonConfig
 from daemon.exits import RANK_BAD_INPUT, RANK_DRAINED
@@ -294,12 +292,7 @@ class WorkerGroup:
 
     def _reap(self) -> None:
         for r in self.ranks:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                r.popen.wait(5)
-            if self.spec.metrics_dir is not None and self.spec.metrics_dir.is_dir():
-                # Drop the exited rank's live gauges; its counters keep the node's totals.
-                mark_process_dead(r.pid, str(self.spec.metrics_dir))  # type: ignore[no-untyped-call]
-            r.output.join(timeout=0.5)
+            r.output.reap(self.spec.metrics_dir)
 
 
 def _describe(code: int) -> str:
