@@ -24,7 +24,15 @@ MODEL: dict[str, Any] = {
     "n_heads": 4,
     "max_seq_len": 128,
 }
-TRAIN: dict[str, Any] = {"seq_len": 128, "batch_size": ROWS, "steps": STEPS, "log_every": 1}
+# Phalanx's global batch is both groups' rows: a group alone trains all of them (two
+# micro-batches); torchrun's and torchft's workers read ROWS each (bench/peer_worker.py).
+TRAIN: dict[str, Any] = {
+    "seq_len": 128,
+    "batch_size": ROWS,
+    "global_batch_size": GROUPS * ROWS,
+    "steps": STEPS,
+    "log_every": 1,
+}
 
 
 def trainer_config() -> TrainerConfig:

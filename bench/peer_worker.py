@@ -34,6 +34,8 @@ class Parts:
     model: nn.Module
     optimizer: AdamW
     sampler: Sampler
+    index: int  # this rank's data shard ...
+    count: int  # ... of this many: step s reads items (s*count + index)*batch_size + row
 
 
 def build(index: int, count: int) -> Parts:
@@ -45,13 +47,17 @@ def build(index: int, count: int) -> Parts:
     model = build_materialized(work, cfg.train.seed)
     optimizer = build_optimizer(dict(model.named_parameters()), cfg.train)
     init_optimizer_state(optimizer)  # so a checkpoint or a heal loads into existing tensors
-    sampler = Sampler(work.train_data, cfg.train.batch_size, index, count)
-    return Parts(cfg, model, optimizer, sampler)
+    sampler = Sampler(work.train_data)
+    return Parts(cfg, model, optimizer, sampler, index, count)
 
 
 def gradients(parts: Parts, forward: nn.Module, step: int) -> float:
     """Forward and backward of this rank's rows of `step`; returns the loss."""
-    batch = parts.sampler.batch(step, range(parts.cfg.train.batch_size), torch.device("cpu"))
+    size = parts.cfg.train.batch_size
+    first = (
+        step * parts.count + parts.index
+    ) * size  # Phalanx's share with global batch count*size
+    batch = parts.sampler.take(range(first, first + size), torch.device("cpu"))
     for p in parts.model.parameters():
         p.grad = None
     loss = cross_entropy(forward(batch.inputs), batch.targets)

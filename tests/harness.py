@@ -383,13 +383,20 @@ def run_pair_again(
 
 
 def kill_pair_after_checkpoint(
-    tmp_path: Path, endpoint: str, job: list[str], ckpt: Path, step: int
+    tmp_path: Path,
+    endpoint: str,
+    job: list[str],
+    ckpt: Path,
+    step: int,
+    during: Callable[[list[Daemon]], None] | None = None,
 ) -> tuple[str, str]:
-    """node-a and node-b train `job` until a marked step-<step> checkpoint is under `ckpt`;
-    then both daemons are SIGKILLed, and with them their ranks. Returns the node ids of
-    the writer group (the lower slot) and of the other."""
+    """node-a and node-b train `job` until a marked step-<step> checkpoint is under `ckpt`
+    (`during(pair)` runs first); then both daemons are SIGKILLed, and with them their
+    ranks. Returns the node ids of the writer group (the lower slot) and of the other."""
     pair = [start_daemon(tmp_path, n, [endpoint], overrides=job) for n in ("node-a", "node-b")]
     try:
+        if during is not None:
+            during(pair)
         marker = f"*/run-*/step-{step}/{MARKER}"
         wait_for(lambda: any(ckpt.glob(marker)), 120, f"the step-{step} checkpoint")
         writer = min(pair, key=lambda d: int(d.require_status()["replica_group"])).node_id

@@ -28,14 +28,19 @@ CHECKSUM = "sha256"  # about 1.3 GB/s on this machine's CPUs (SHA extensions)
 FOREIGN = "saved for a different model configuration"
 LOCAL_JOB = "local"  # the job directory of a run outside a daemon (torchrun, python -m trainer)
 RUN_SECTIONS = ("model", "data")
-RUN_TRAIN_KEYS = ("seed", "batch_size", "seq_len")
+RUN_TRAIN_KEYS = ("seed", "seq_len")
 
 
 def run_identity(config: dict[str, Any]) -> str:
     """``run-<12 hex>`` of a resolved trainer config: model, data, workload, seed and batch."""
     train = config.get("train") or {}
     picked = {name: config.get(name) for name in RUN_SECTIONS}
-    picked["train"] = {key: train.get(key) for key in RUN_TRAIN_KEYS}
+    # The items of each step (train.global_batch_size, 0 = batch_size); not the micro-batch.
+    global_batch = train.get("global_batch_size") or train.get("batch_size")
+    picked["train"] = {
+        **{key: train.get(key) for key in RUN_TRAIN_KEYS},
+        "global_batch": global_batch,
+    }
     workload = config.get("workload") or {}
     if workload.get("spec"):  # a user's workload; the built-in's ids are unchanged
         picked["workload"] = {"spec": workload["spec"], "options": workload.get("options")}

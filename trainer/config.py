@@ -115,10 +115,22 @@ class ParallelConfig(Section):
 class TrainConfig(Section):
     steps: int = Field(50, ge=1, description="Optimizer steps to train.")
     batch_size: int = Field(
-        8, ge=1, description="Sequences per optimizer step in one replica group."
+        8,
+        ge=1,
+        description="Items (sequences) per micro-batch of one replica group, split across its "
+        "dp_shard ranks; a group runs as many micro-batches as its share of the step needs.",
+    )
+    global_batch_size: int = Field(
+        0,
+        ge=0,
+        description="Items per optimizer step across the whole job (0 = train.batch_size). The "
+        "groups in each step's quorum split them; the items of step s are s*B .. s*B+B-1 "
+        "whoever is alive.",
     )
     seq_len: int = Field(64, ge=2, description="Tokens per sequence.")
-    grad_accum: int = Field(1, ge=1, description="Sequential micro-steps per optimizer step.")
+    grad_accum: int = Field(
+        1, ge=1, description="Forward passes each micro-batch of train.batch_size is cut into."
+    )
     seed: int = Field(0, ge=0, description="Seed of the weight init and the data order.")
     lr: float = Field(3e-3, gt=0, description="Peak learning rate (AdamW).")
     min_lr: float = Field(3e-4, ge=0, description="Learning rate at the end of the cosine decay.")
@@ -149,6 +161,11 @@ class TrainConfig(Section):
         description="Put the initial parameters' params_sha256 in the rank_started event "
         "(gathers every parameter once; for checking that layouts start equal).",
     )
+
+    @property
+    def global_batch(self) -> int:
+        """Items per optimizer step across the job."""
+        return self.global_batch_size or self.batch_size
 
 
 class DataConfig(Section):

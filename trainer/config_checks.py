@@ -34,6 +34,12 @@ def check_trainer(cfg: TrainerConfig, world_size: int | None = None) -> None:
             "*parallel.pp_microbatches" if p.pp > 1 else ""
         )
         fail(f"train.batch_size ({t.batch_size}) must be divisible by {what} ({per_step}).")
+    if p.pp > 1 and t.global_batch_size % (t.batch_size // p.dp_shard):
+        fail(
+            f"train.global_batch_size ({t.global_batch_size}) must be a multiple of "
+            f"train.batch_size/parallel.dp_shard ({t.batch_size // p.dp_shard}) when parallel.pp > 1 "
+            "(the schedule runs whole batches)."
+        )
     if p.pp > 1:
         if t.grad_accum > 1:
             fail(

@@ -1,13 +1,11 @@
 """Deterministic, step-indexed data.
 
-Each replica group consumes ``batch_size`` sequences per optimizer step. Sequence
-``row`` of group ``g`` at step ``s`` has the global index::
-
-    ((s * num_groups) + g) * batch_size + row
-
-and its item is ``dataset[index]`` (modulo the dataset's length, if it has one).
-A rank reads only its own rows, the result does not depend on the parallel
-layout, and any process can resume at any step: the data position *is* the step.
+Step ``s`` trains on items ``[s*B, (s+1)*B)`` of the workload's dataset, ``B`` being
+``train.global_batch_size``; trainer/shares.py says which group and rank takes which
+(the groups of the step's quorum split them). Item ``i`` is ``dataset[i]`` (modulo the
+dataset's length, if it has one). So a run reads its dataset in order, the items of a
+step do not depend on the parallel layout or on which groups were alive, and any
+process can resume at any step: the data position *is* the step.
 The dataset is the workload's (trainer/workload.py); the token sources below are
 the built-in Llama's, and any sequence workload may use them.
 
@@ -188,30 +186,16 @@ def stack(items: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class Sampler:
-    """Maps (step, replica group, rows) to a batch of dataset items; see the module docstring."""
+    """Reads dataset items by global index into a batch; see the module docstring."""
 
-    def __init__(
-        self,
-        dataset: Any,
-        batch_size: int,
-        replica_group: int,
-        num_groups: int,
-        collate: Collate | None = None,
-    ) -> None:
+    def __init__(self, dataset: Any, collate: Collate | None = None) -> None:
         self.dataset = dataset
-        self.batch_size = batch_size
-        self.group = replica_group
-        self.num_groups = num_groups
         self.collate = collate or stack
         self.length: int | None = len(dataset) if hasattr(dataset, "__len__") else None
 
-    def global_index(self, step: int, row: int) -> int:
-        return (step * self.num_groups + self.group) * self.batch_size + row
-
-    def item(self, step: int, row: int) -> Any:
-        index = self.global_index(step, row)
+    def item(self, index: int) -> Any:
         return self.dataset[index % self.length if self.length else index]
 
-    def batch(self, step: int, rows: range, device: torch.device) -> StepData:
-        inputs, targets = self.collate([self.item(step, r) for r in rows])
+    def take(self, items: range, device: torch.device) -> StepData:
+        inputs, targets = self.collate([self.item(i) for i in items])
         return StepData(inputs=inputs.to(device), targets=targets.to(device))

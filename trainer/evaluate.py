@@ -31,7 +31,8 @@ if TYPE_CHECKING:
 class Evaluator:
     every: int
     batches: int
-    sampler: Sampler  # over eval_data, one "group": batch b reads items b*batch_size + row
+    sampler: Sampler  # over eval_data: batch b reads items b*batch_size + row
+    batch_size: int
     models: list[nn.Module]
     layout: Layout
     loss_fn: LossFn
@@ -61,7 +62,9 @@ class Evaluator:
         return group_mean(self.layout, self.last, total / self.batches)[0]
 
     def _batch(self, index: int) -> float:
-        batch = self.sampler.batch(index, self.rows, self.layout.device)
+        first = index * self.batch_size
+        items = range(first + self.rows.start, first + self.rows.stop)
+        batch = self.sampler.take(items, self.layout.device)
         if self.schedule is not None:
             return run_schedule(self.schedule.eval, batch, self.first, self.last)
         with autocast(self.layout.device, self.autocast):

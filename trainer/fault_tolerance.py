@@ -41,6 +41,7 @@ from trainer import torchft_adapter as ft
 from trainer.chaos import Chaos
 from trainer.config import FaultToleranceConfig
 from trainer.env import RankEnv
+from trainer.shares import Quorum
 from trainer.state import TrainState
 from trainer.transport import advertise_host, bind_host, checkpoint_transport
 
@@ -51,6 +52,7 @@ class Replication(Protocol):
     def start_step(self) -> None: ...
     def current_step(self) -> int: ...
     def participants(self) -> int: ...
+    def quorum(self) -> Quorum: ...
     def quorum_id(self) -> int | None: ...
     def is_writer(self) -> bool: ...
     def fresh_start(self) -> bool: ...
@@ -93,6 +95,9 @@ class SingleGroup:
 
     def participants(self) -> int:
         return 1
+
+    def quorum(self) -> Quorum:
+        return Quorum(participants=1, rank=0)
 
     def quorum_id(self) -> int | None:
         return None
@@ -246,6 +251,14 @@ class TorchFTGroup:
 
     def participants(self) -> int:
         return int(self.manager.num_participants())
+
+    def quorum(self) -> Quorum:
+        """This step's quorum as the data contract needs it (waits for it to form; a SIGTERM
+        meanwhile leaves the step if it does not form soon, see _quorum_or_drain)."""
+        self._quorum_or_drain()
+        participants = max(1, int(self.manager.num_participants()))
+        rank = self.manager.participating_rank() if self.manager.is_participating() else None
+        return Quorum(participants, None if rank is None else int(rank))
 
     def quorum_id(self) -> int | None:
         return ft.quorum_id(self.manager)

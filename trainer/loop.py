@@ -4,8 +4,10 @@ A step:
 
 1. ``start_step`` (torchft: compute the quorum; a lagging group is healed here or
    in ``should_commit``);
-2. forward and backward over this rank's rows of the step's batch (gradient
-   accumulation, or the pipeline schedule's microbatches);
+2. wait for the quorum (the groups in it split the step's items, trainer/shares.py),
+   then forward and backward over this rank's micro-batches of its group's share
+   (gradient accumulation, or one pipeline schedule run per micro-batch), each loss
+   weighted so that the update is the mean over the step's items;
 3. gradients averaged across replica groups (FSDP hook during backward, or the
    bucketed all-reduce);
 4. the total gradient norm (and clipping), then ``should_commit``: a rank whose
@@ -38,11 +40,12 @@ from trainer.fault_tolerance import DRAIN_QUORUM_WAIT_S, Replication, StepAbando
 from trainer.mesh import Layout
 from trainer.optim import clip_grad_norm
 from trainer.parallelize import autocast, autocast_dtype
+from trainer.shares import Quorum, RankPlan, group_share, rank_plan
 from trainer.state import TrainState, local
 from trainer.workload import LossFn
 
 if TYPE_CHECKING:  # torch.distributed.pipelining is imported only by pipelined runs
-    from trainer.pipeline import Schedule
+    from trainer.pipeline import Schedule, WeightedLoss
 
 
 class NonFiniteTraining(RuntimeError):
@@ -60,6 +63,7 @@ class StepReport:
     quorum_id: int | None
     seconds: float
     tokens: int  # tokens this group trained on in the step
+    items: range = range(0)  # the step's items this group trained on (empty unless committed)
     finite: bool = True  # False: a NaN/inf loss or gradient norm voted the step down
     diverged: bool = False  # the groups' parameters differed (this group is in the majority)
 
@@ -77,6 +81,7 @@ class Loop:
     loss_fn: LossFn
     tokens_per_item: int = 1
     schedule: Schedule | None = None
+    pipeline_loss: WeightedLoss | None = None  # the schedule's loss function
     first: bool = True  # this rank holds the first pipeline stage (feeds the inputs)
     last: bool = True  # ... the last stage (computes the loss)
     on_step: list[Callable[[StepReport], None]] = field(default_factory=list)
@@ -94,7 +99,14 @@ class Loop:
         self.autocast = autocast_dtype(self.cfg.parallel, self.layout)
         per_rank = self.cfg.train.batch_size // self.layout.dp_shard
         start = self.layout.dp_rank * per_rank
-        self.rows = range(start, start + per_rank)
+        self.rows = range(start, start + per_rank)  # of an evaluation batch
+        self.global_batch = self.cfg.train.global_batch
+        # Items per forward on this rank; a pipelined share is cut in whole schedule batches.
+        self.unit = per_rank if self.schedule is not None else 1
+        self.micro = (
+            per_rank if self.schedule is not None else per_rank // self.cfg.train.grad_accum
+        )
+        self.share = range(0)  # this group's items in the step under way
         self._healed = False
         self.state.on_load.append(self._note_heal)
         self.log = logs.get()
@@ -147,7 +159,8 @@ class Loop:
             self._non_finite(step, loss, grad_norm)
         reported: float | None = None if self._healed else loss
         lr = float(self.state.scheduler.get_last_lr()[0])
-        tokens = self.cfg.train.batch_size * self.tokens_per_item if committed else 0
+        items = self.share if committed else range(0)
+        tokens = len(items) * self.tokens_per_item
         if committed:
             self.non_finite_in_a_row = 0
             if self.chaos.at("optimizer"):  # perturb: this group's parameters drift
@@ -167,6 +180,7 @@ class Loop:
             quorum_id=self.replication.quorum_id(),
             seconds=time.monotonic() - started,
             tokens=tokens,
+            items=items,
             finite=finite,
             diverged=diverged,
         )
@@ -245,33 +259,68 @@ class Loop:
             )
 
     def _forward_backward(self, step: int) -> float:
-        """Run this rank's share of the step; return the group's mean loss."""
-        mine = self._pipeline(step) if self.schedule is not None else self._accumulate(step)
-        return self._group_agree(mine)
+        """Run this rank's part of its group's share of the step; return the step's mean
+        loss over all its items (every participating group's)."""
+        quorum = self.replication.quorum()
+        share = group_share(step, self.global_batch, quorum, self.unit)
+        plan = rank_plan(
+            share, self.layout.dp_shard, self.layout.dp_rank, self.micro,
+            quorum.participants, self.global_batch, self.unit,
+        )  # fmt: skip
+        self.share = share
+        if self.schedule is not None:
+            mine = self._pipeline(step, plan)
+        else:
+            mine = self._accumulate(step, plan)
+        return self._step_mean(mine, quorum)
 
-    def _accumulate(self, step: int) -> float:
+    def _filler(self, step: int) -> range:
+        """Items for a zero-weight pass (a rank with nothing left to train on in a step
+        still runs its group's collectives)."""
+        first = step * self.global_batch
+        return range(first, first + self.unit)
+
+    def _accumulate(self, step: int, plan: RankPlan) -> float:
+        """Forward and backward of each micro-batch; return the sum of this rank's
+        per-item losses."""
         model = self.models[0]
-        accum = self.cfg.train.grad_accum
-        chunk = len(self.rows) // accum
         # Summed on the device and read once per step: reading each micro-step's loss
-        # would stall a GPU once per micro-step (the same float64 sum, bit for bit).
+        # would stall a GPU once per micro-step.
         total = torch.zeros((), dtype=torch.float64, device=self.layout.device)
-        for micro in range(accum):
-            rows = range(self.rows.start + micro * chunk, self.rows.start + (micro + 1) * chunk)
-            batch = self.sampler.batch(step, rows, self.layout.device)
+        last = len(plan.micro_batches) - 1
+        for i, (items, weight) in enumerate(zip(plan.micro_batches, plan.weights, strict=True)):
+            batch = self.sampler.take(items or self._filler(step), self.layout.device)
             if self.sharded:
-                model.set_requires_gradient_sync(micro == accum - 1)  # type: ignore[operator]
+                model.set_requires_gradient_sync(i == last)  # type: ignore[operator]
             with autocast(self.layout.device, self.autocast):
                 output = model(batch.inputs)
-            loss = self.loss_fn(output, batch.targets) / accum
-            loss.backward()  # type: ignore[no-untyped-call]
-            total += loss.detach().double()
+            loss = self.loss_fn(output, batch.targets)
+            (loss * weight).backward()  # type: ignore[no-untyped-call]
+            if items:
+                total += loss.detach().double() * len(items)
         return float(total)
 
-    def _pipeline(self, step: int) -> float:
-        assert self.schedule is not None
-        batch = self.sampler.batch(step, self.rows, self.layout.device)
-        return run_schedule(self.schedule.step, batch, self.first, self.last)
+    def _pipeline(self, step: int, plan: RankPlan) -> float:
+        """One schedule run per micro-batch (whole schedule batches); return the sum of this
+        rank's per-item losses (0.0 off the last stage)."""
+        assert self.schedule is not None and self.pipeline_loss is not None
+        weighted = self.pipeline_loss
+        total = 0.0
+        try:
+            for items, weight in zip(plan.micro_batches, plan.weights, strict=True):
+                batch = self.sampler.take(items or self._filler(step), self.layout.device)
+                weighted.weight = weight / self.cfg.parallel.microbatches
+                weighted.raw.clear()
+                run_schedule(self.schedule.step, batch, self.first, self.last)
+                # The last run's microbatches (a schedule's first run also computes a loss
+                # while it infers shapes).
+                raw = weighted.raw[-self.cfg.parallel.microbatches :]
+                if items and raw:
+                    total += float(torch.stack(raw).double().mean()) * len(items)
+        finally:
+            weighted.weight = 1.0  # an evaluation runs the schedule unweighted
+            weighted.raw.clear()
+        return total
 
     def _quorum_settles(self) -> bool:
         """Whether every rank of the group saw this step's quorum form (the group leaves
@@ -279,11 +328,16 @@ class Loop:
         pending = not self.replication.quorum_settles(DRAIN_QUORUM_WAIT_S)
         return not self._group_any([pending])[0]
 
-    def _group_agree(self, mine: float) -> float:
-        """One all-reduce inside the group: the mean loss and whether any rank was asked to
-        stop. Agreeing on the stop flag here means every rank leaves after the same step."""
-        loss, (self.drained,) = group_mean(self.layout, self.last, mine, [self.stop_requested()])
-        return loss
+    def _step_mean(self, mine: float, quorum: Quorum) -> float:
+        """The mean loss over the step's items, from each rank's sum of per-item losses:
+        summed inside the group (one all-reduce that also agrees on the stop flag, so
+        every rank leaves after the same step), then averaged across the participating
+        groups like the gradients."""
+        total, (self.drained,) = group_sum(self.layout, self.last, mine, [self.stop_requested()])
+        scale = quorum.participants / self.global_batch
+        t = torch.tensor([total * scale], dtype=torch.float64, device=self.layout.device)
+        across = self.replication.average_across_groups(t)
+        return float(total * scale if across is None else across[0])
 
 
 def group_mean(
@@ -302,6 +356,21 @@ def group_mean(
     )
     dist.all_reduce(t)
     return float(t[0] / t[1]), [bool(v > 0) for v in t[2:].tolist()]
+
+
+def group_sum(
+    layout: Layout, last: bool, mine: float, flags: list[bool] | None = None
+) -> tuple[float, list[bool]]:
+    """One all-reduce inside the group: the sum of `mine` over the ranks on the last
+    pipeline stage with tp_rank 0 (each data shard's once), and each flag, true if it is
+    true on any rank."""
+    flags = flags or []
+    if layout.mesh is None:
+        return mine, flags
+    contributes = last and layout.tp_rank == 0
+    t = torch.tensor([mine if contributes else 0.0, *map(float, flags)], dtype=torch.float64)
+    dist.all_reduce(t)
+    return float(t[0]), [bool(v > 0) for v in t[1:].tolist()]
 
 
 def run_schedule(call: Callable[..., object], batch: StepData, first: bool, last: bool) -> float:

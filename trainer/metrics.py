@@ -54,6 +54,10 @@ class TrainMetrics:
         self.tokens = counter(
             "phalanx_train_tokens", "Tokens this replica group trained on (committed steps)."
         )
+        self.items = counter(
+            "phalanx_items",
+            "Dataset items this replica group trained on (its share of committed steps).",
+        )
         self.eval_loss = gauge(
             "phalanx_eval_loss", "Mean loss over the fixed evaluation items at the last evaluation."
         )
@@ -100,6 +104,7 @@ class TrainMetrics:
     def observe_step(
         self, step: int, committed: bool, loss: float | None, lr: float, seconds: float, tokens: int,
         participants: int, quorum_id: int | None, finite: bool = True, diverged: bool = False,
+        items: int = 0,
     ) -> None:  # fmt: skip
         if not self.enabled:
             return
@@ -119,6 +124,7 @@ class TrainMetrics:
             self.loss.set(loss)
         self.lr.set(lr)
         self.tokens.inc(tokens)
+        self.items.inc(items)
 
     def observe_eval(self, step: int, loss: float) -> None:
         if self.enabled:

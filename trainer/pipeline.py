@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 
+import torch
 from torch import nn
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import (
@@ -130,10 +131,34 @@ def build_schedule(
         for index, module in stages
     ]
     schedule: Schedule
+    # scale_grads=False: a step may run the schedule several times (its share of the
+    # global batch), and torch's scaling would divide the earlier runs' gradients again;
+    # the loop's weight (WeightedLoss) carries the 1/microbatches instead.
     if p.pp_schedule == "Interleaved1F1B":
-        schedule = ScheduleInterleaved1F1B(pipeline_stages, p.microbatches, loss_fn=loss_fn)
+        schedule = ScheduleInterleaved1F1B(
+            pipeline_stages, p.microbatches, loss_fn=loss_fn, scale_grads=False
+        )
     elif p.pp_schedule == "GPipe":
-        schedule = ScheduleGPipe(pipeline_stages[0], p.microbatches, loss_fn=loss_fn)
+        schedule = ScheduleGPipe(
+            pipeline_stages[0], p.microbatches, loss_fn=loss_fn, scale_grads=False
+        )
     else:
-        schedule = Schedule1F1B(pipeline_stages[0], p.microbatches, loss_fn=loss_fn)
+        schedule = Schedule1F1B(
+            pipeline_stages[0], p.microbatches, loss_fn=loss_fn, scale_grads=False
+        )
     return schedule, pipeline_stages
+
+
+class WeightedLoss:
+    """The schedule's loss function: the workload's loss times `weight` (what this
+    microbatch's items count for in the step), keeping the unweighted values."""
+
+    def __init__(self, fn: LossFn) -> None:
+        self.fn = fn
+        self.weight = 1.0
+        self.raw: list[torch.Tensor] = []
+
+    def __call__(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        loss = self.fn(output, target)
+        self.raw.append(loss.detach())
+        return loss * self.weight if self.weight != 1.0 else loss

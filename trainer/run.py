@@ -79,24 +79,22 @@ def run(cfg: TrainerConfig, env: RankEnv, work: workload.Workload | None = None)
         replication = SingleGroup(state)
     replication.hook_fsdp(m for model in models for m in model.modules())
 
-    schedule = None
+    schedule = pipeline_loss = None
     if cfg.parallel.pp > 1:
+        from trainer.pipeline import WeightedLoss
+
+        pipeline_loss = WeightedLoss(work.loss)
         schedule, _ = build_schedule(
-            list(zip((i for i, _ in stages), models, strict=True)), cfg, layout, work.loss
+            list(zip((i for i, _ in stages), models, strict=True)), cfg, layout, pipeline_loss
         )
 
-    sampler = Sampler(
-        work.train_data,
-        cfg.train.batch_size,
-        env.replica_group,
-        env.num_replica_groups,
-        work.collate,
-    )
+    sampler = Sampler(work.train_data, work.collate)
     indices = [i for i, _ in stages]
     loop = Loop(
         cfg, env, layout, models, state, replication, sampler, chaos, work.loss,
         tokens_per_item=work.tokens_per_item,
         schedule=schedule,
+        pipeline_loss=pipeline_loss,
         first=0 in indices,
         last=n_stages - 1 in indices,
     )  # fmt: skip
@@ -153,7 +151,7 @@ def _observe(loop: Loop, replication: Replication, env: RankEnv, log_every: int)
     def record(r: StepReport) -> None:
         metrics.observe_step(
             r.step, r.committed, r.loss, r.lr, r.seconds, r.tokens, r.participants, r.quorum_id,
-            r.finite, r.diverged,
+            r.finite, r.diverged, len(r.items),
         )  # fmt: skip
 
     loop.on_step.append(record)
@@ -176,7 +174,8 @@ def _evaluate(
     evaluator = Evaluator(
         every=cfg.train.eval_every,
         batches=cfg.train.eval_batches,
-        sampler=Sampler(work.eval_data, cfg.train.batch_size, 0, 1, work.collate),
+        sampler=Sampler(work.eval_data, work.collate),
+        batch_size=cfg.train.batch_size,
         models=loop.models,
         layout=loop.layout,
         loss_fn=work.loss,
@@ -253,10 +252,13 @@ class StepLogger:
         if not r.committed:
             self.log.warning("step_skipped", step=r.step, participants=r.participants)
             return
+        # The data accounting: the items of every committed step, in train_step or alone.
+        items = [r.items.start, r.items.stop]
         if r.step % self.every == 0 or r.step == 1:
             self.log.info(
                 "train_step",
                 step=r.step,
+                items=items,
                 loss=None if r.loss is None else round(r.loss, 6),
                 lr=r.lr,
                 grad_norm=round(r.grad_norm, 6),
@@ -264,3 +266,5 @@ class StepLogger:
                 step_seconds=round(r.seconds, 4),
                 participants=r.participants,
             )
+        else:
+            self.log.info("step_items", step=r.step, items=items, participants=r.participants)

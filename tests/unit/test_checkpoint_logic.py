@@ -158,7 +158,8 @@ def test_the_run_identity_covers_model_data_seed_and_batch_only() -> None:
         ("model", "dim", 32),
         ("data", "source", "text"),
         ("train", "seed", 7),
-        ("train", "batch_size", 4),
+        ("train", "batch_size", 4),  # the global batch when global_batch_size is 0
+        ("train", "global_batch_size", 32),
         ("train", "seq_len", 16),
     ]:
         assert run_identity(changed(section, key, value)) != same, (section, key)
@@ -169,6 +170,10 @@ def test_the_run_identity_covers_model_data_seed_and_batch_only() -> None:
         ("checkpoint", "keep", 9),
     ]:
         assert run_identity(changed(section, key, value)) == same, (section, key)
+    fixed = changed("train", "global_batch_size", 32)
+    micro = json.loads(json.dumps(fixed))
+    micro["train"]["batch_size"] = 4  # only the micro-batch: the same items per step
+    assert run_identity(micro) == run_identity(fixed)
     assert run_root(Path("/c"), None, base) == Path("/c/local") / same
     assert run_root(Path("/c"), "j", base) == Path("/c/j") / same
 

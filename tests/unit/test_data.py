@@ -18,11 +18,11 @@ def _cfg(**data: object) -> TrainerConfig:
     return TrainerConfig.model_validate({"data": data} if data else {})
 
 
-def sampler(cfg: TrainerConfig, group: int, groups: int) -> Sampler:
+def sampler(cfg: TrainerConfig) -> Sampler:
     """The built-in workload's sampler for `cfg` (its [data] source as the dataset)."""
     t = cfg.train
     dataset = token_dataset(cfg.data, cfg.model.vocab_size, t.seq_len, t.seed)
-    return Sampler(dataset, t.batch_size, group, groups)
+    return Sampler(dataset)
 
 
 def test_stationary_distribution_is_fixed_point() -> None:
@@ -54,29 +54,15 @@ def test_entropy_matches_the_empirical_loss_of_the_true_model() -> None:
     assert corpus.entropy() < math.log(64) / 2
 
 
-def test_samples_depend_only_on_step_group_and_row() -> None:
+def test_items_depend_only_on_their_index() -> None:
     cfg = _cfg()
-    a, b = sampler(cfg, 0, 2), sampler(cfg, 0, 2)
+    a, b = sampler(cfg), sampler(cfg)
     cpu = torch.device("cpu")
-    full = a.batch(3, range(0, 8), cpu)
-    halves = [b.batch(3, range(0, 4), cpu), b.batch(3, range(4, 8), cpu)]
+    full = a.take(range(24, 32), cpu)
+    halves = [b.take(range(24, 28), cpu), b.take(range(28, 32), cpu)]
     assert torch.equal(full.inputs, torch.cat([h.inputs for h in halves]))
     assert torch.equal(full.targets[:, :-1], full.inputs[:, 1:])
-    other_group = sampler(cfg, 1, 2).batch(3, range(0, 8), cpu)
-    other_step = a.batch(4, range(0, 8), cpu)
-    assert not torch.equal(full.inputs, other_group.inputs)
-    assert not torch.equal(full.inputs, other_step.inputs)
-
-
-def test_global_index_shards_groups_without_overlap() -> None:
-    cfg = _cfg()
-    seen = set()
-    for group in range(3):
-        s = sampler(cfg, group, 3)
-        for step in range(4):
-            for row in range(cfg.train.batch_size):
-                seen.add(s.global_index(step, row))
-    assert len(seen) == 3 * 4 * cfg.train.batch_size
+    assert not torch.equal(full.inputs, a.take(range(32, 40), cpu).inputs)
 
 
 def test_text_source_reads_bytes(tmp_path: Path) -> None:
@@ -85,7 +71,7 @@ def test_text_source_reads_bytes(tmp_path: Path) -> None:
     cfg = TrainerConfig.model_validate(
         {"data": {"source": "text", "path": str(text)}, "model": {"vocab_size": 256}}
     )
-    batch = sampler(cfg, 0, 1).batch(0, range(2), torch.device("cpu"))
+    batch = sampler(cfg).take(range(2), torch.device("cpu"))
     raw = text.read_bytes()
     first = bytes(batch.inputs[0].tolist())
     assert first in raw and batch.inputs.max() < 256
@@ -97,11 +83,11 @@ def test_tokens_source_checks_vocab_and_length(tmp_path: Path) -> None:
     ok = TrainerConfig.model_validate(
         {"data": {"source": "tokens", "path": str(path)}, "model": {"vocab_size": 1000}}
     )
-    batch = sampler(ok, 0, 1).batch(5, range(3), torch.device("cpu"))
+    batch = sampler(ok).take(range(15, 18), torch.device("cpu"))
     assert torch.all(batch.targets - batch.inputs == 1)  # consecutive ids
     small = ok.model_copy(update={"model": ok.model.model_copy(update={"vocab_size": 10})})
     with pytest.raises(ConfigError, match=r"data\.path"):
-        sampler(small, 0, 1)
+        sampler(small)
     path.write_bytes(b"\x00\x01\x02")  # not a whole number of uint16
     with pytest.raises(ConfigError, match="token_dtype"):
-        sampler(ok, 0, 1)
+        sampler(ok)
