@@ -105,7 +105,7 @@ class TokenWindows:
             )
         self.tokens = tokens
         self.length = length
-        self.starts = tokens.shape[0] - length  # valid window starts: 0 .. starts-1
+        self.starts = tokens.shape[0] - length + 1  # valid window starts: 0 .. starts-1
 
     def window(self, index: int) -> np.ndarray:
         start = (index * (self.length - 1)) % self.starts

@@ -14,6 +14,7 @@ import signal
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.harness import (
@@ -26,6 +27,7 @@ from tests.harness import (
     start_daemon,
     wait_for,
 )
+from trainer.data import TokenWindows
 from trainer.shares import Quorum, group_share
 
 pytestmark = pytest.mark.integration
@@ -141,3 +143,43 @@ def test_losses_with_a_kill_and_heal_match_a_failure_free_run(
     worst = max(abs(killed[s] - clean[s]) / abs(clean[s]) for s in clean)
     assert worst <= 1e-3, f"largest relative loss difference {worst:.2e}"
     print(f"largest relative loss difference over {STEPS} steps: {worst:.2e}")
+
+
+def test_two_nodes_at_the_default_max_replicas_read_a_tokens_file_in_full_and_in_order(
+    tmp_path: Path, etcd_endpoint: str
+) -> None:
+    """job.max_replicas at its default (8 slots, 2 used) no longer leaves 6 slots' data
+    unread: every token position of the file is read, window after window."""
+    seq, steps, batch = 16, 30, 8
+    length = steps * batch * seq + 1  # the windows of steps*batch items end at its end
+    tokens = tmp_path / "tokens.bin"
+    (np.arange(length, dtype=np.uint16) % 61).tofile(tokens)
+    spec = [
+        "job.max_replicas=8",
+        f"train.steps={steps}",
+        f"train.seq_len={seq}",
+        "train.batch_size=4",
+        f"train.global_batch_size={batch}",
+        'data.source="tokens"',
+        f'data.path="{tokens}"',
+        "model.max_seq_len=16",
+    ]
+    pair = [start_daemon(tmp_path, n, [etcd_endpoint], overrides=spec) for n in ("a", "b")]
+    run_to_end(pair)
+    windows = TokenWindows(np.fromfile(tokens, dtype=np.uint16), seq + 1, str(tokens))
+    starts: list[int] = []  # token position of each item's window, in step order
+    by_step: dict[int, list[Event]] = {}
+    for d in pair:
+        for e in accounting(d.events()):
+            by_step.setdefault(int(e["step"]), []).append(e)
+    assert sorted(by_step) == list(range(1, steps + 1))
+    for step, logged in sorted(by_step.items()):
+        items = sorted(i for e in logged for i in range(*e["items"]))
+        assert items == list(range((step - 1) * batch, step * batch)), (step, logged)
+        starts += [(i * seq) % windows.starts for i in items]  # WindowTokens, seed 0
+    assert starts == sorted(starts), "windows were not read in order"
+    read = np.zeros(length, dtype=bool)
+    for start in starts:
+        read[start : start + seq + 1] = True
+    assert read.all(), f"{int((~read).sum())} of {length} token positions never read"
+    assert len({int(e["participants"]) for es in by_step.values() for e in es} - {1}) == 1
