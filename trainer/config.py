@@ -203,7 +203,7 @@ class CheckpointConfig(Section):
     dir: str | None = Field(
         None,
         description="Directory for DCP checkpoints (unset = off); a run keeps its own in "
-        "<dir>/<job>/run-<id>, the id a hash of model, data, train.seed, batch_size and seq_len.",
+        "<dir>/<job>/run-<id>, the id a hash of model, data, train.seed, the global batch and seq_len.",
     )
     interval_steps: int = Field(
         500,

@@ -64,7 +64,7 @@ class WorkloadContext:
     options: Mapping[str, Any]  # [workload.options]
     seed: int  # train.seed
     seq_len: int  # train.seq_len (for sequence workloads)
-    batch_size: int  # train.batch_size: items per step in one replica group
+    batch_size: int  # train.batch_size: items per micro-batch of one replica group
 
 
 @dataclass(frozen=True)

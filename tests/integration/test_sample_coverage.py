@@ -51,14 +51,14 @@ def accounting(events: list[Event]) -> list[Event]:
     return [e for e in events if e["event"] in ("train_step", "step_items")]
 
 
-def check_step(step: int, logged: list[Event]) -> set[int]:
+def check_step(step: int, logged: list[Event], batch: int = BATCH) -> set[int]:
     """The items committed step `step` trained on, from the groups that logged it: each
     group's range is its share under the step's quorum; a share nobody logged (its group
     died after the step's all-reduce, before it could log) is taken from that quorum."""
     participants = {int(e["participants"]) for e in logged}
     assert len(participants) == 1, (step, logged)
     (count,) = participants
-    shares = [group_share(step - 1, BATCH, Quorum(count, r)) for r in range(count)]
+    shares = [group_share(step - 1, batch, Quorum(count, r)) for r in range(count)]
     ranges = [range(*e["items"]) for e in logged if e["items"][0] != e["items"][1]]
     assert all(r in shares for r in ranges), (step, ranges, shares)
     assert len(set(ranges)) == len(ranges), f"step {step}: a share was trained twice"
@@ -183,3 +183,66 @@ def test_two_nodes_at_the_default_max_replicas_read_a_tokens_file_in_full_and_in
         read[start : start + seq + 1] = True
     assert read.all(), f"{int((~read).sum())} of {length} token positions never read"
     assert len({int(e["participants"]) for es in by_step.values() for e in es} - {1}) == 1
+
+
+def test_a_third_group_joins_a_running_job_and_takes_a_third(
+    tmp_path: Path, etcd_endpoint: str
+) -> None:
+    """Growth: node-c starts while node-a and node-b train; it gets slot 2, heals, and
+    from then on every group trains 4 of the 12 items of each step instead of 6."""
+    steps, batch = 220, 12
+    spec = [
+        "job.max_replicas=3",
+        f"train.steps={steps}",
+        "train.batch_size=4",
+        f"train.global_batch_size={batch}",
+    ]
+    a, b = (start_daemon(tmp_path, n, [etcd_endpoint], overrides=spec) for n in ("a", "b"))
+    daemons = [a, b]
+    try:
+        wait_for(
+            lambda: len([e for e in b.events("train_step") if e["participants"] == 2]) >= 10,
+            120,
+            "node-a and node-b to train together",
+        )
+        c = start_daemon(tmp_path, "c", [etcd_endpoint], overrides=spec)
+        daemons.append(c)
+    finally:
+        run_to_end(daemons)
+    assert len(c.events("heal_done")) >= 1, "node-c did not heal from its peers"
+    assert {d.events("train_done")[0]["params_sha256"] for d in daemons} == {
+        a.events("train_done")[0]["params_sha256"]
+    }
+    by_step: dict[int, list[Event]] = {}
+    for d in daemons:
+        for e in accounting(d.events()):
+            by_step.setdefault(int(e["step"]), []).append(e)
+    assert sorted(by_step) == list(range(1, steps + 1))
+    seen = [
+        i
+        for step, logged in sorted(by_step.items())
+        for i in sorted(check_step(step, logged, batch))
+    ]
+    assert seen == list(range(steps * batch))
+    joined = min(int(e["step"]) for e in c.events("train_step") if e["items"][0] != e["items"][1])
+    report = []
+    for d in daemons:
+        share = {
+            int(e["participants"]): e["items"][1] - e["items"][0]
+            for e in d.events("train_step")
+            if e["items"][0] != e["items"][1]
+        }
+        assert share.get(3) == 4, (d.node_id, share)
+        if d is not c:
+            assert share.get(2) == 6, (d.node_id, share)
+        for count in (2, 3):
+            times = sorted(
+                float(e["step_seconds"])
+                for e in d.events("train_step")
+                if e["participants"] == count and int(e["step"]) > 3
+            )
+            if times:
+                report.append(
+                    f"{d.node_id}: {count} groups, median step {times[len(times) // 2]:.3f} s over {len(times)}"
+                )
+    print(f"node-c's first share at step {joined}; " + "; ".join(report))
