@@ -18,7 +18,8 @@ import torch
 from torch import nn
 
 from trainer.data import Sampler
-from trainer.loop import StepReport, group_mean, run_schedule
+from trainer.group_ops import group_mean, run_schedule
+from trainer.loop import StepReport
 from trainer.mesh import Layout
 from trainer.parallelize import autocast
 from trainer.workload import LossFn

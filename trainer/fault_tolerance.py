@@ -53,6 +53,7 @@ class Replication(Protocol):
     def current_step(self) -> int: ...
     def participants(self) -> int: ...
     def quorum(self) -> Quorum: ...
+    def last_quorum(self) -> Quorum | None: ...
     def quorum_id(self) -> int | None: ...
     def is_writer(self) -> bool: ...
     def fresh_start(self) -> bool: ...
@@ -97,6 +98,9 @@ class SingleGroup:
         return 1
 
     def quorum(self) -> Quorum:
+        return Quorum(participants=1, rank=0)
+
+    def last_quorum(self) -> Quorum | None:
         return Quorum(participants=1, rank=0)
 
     def quorum_id(self) -> int | None:
@@ -233,6 +237,7 @@ class TorchFTGroup:
         self._writer: bool | None = None
         self.stop_requested: Callable[[], bool] = lambda: False
         self.on_heal: list[Callable[[int, float], None]] = []
+        self._last_quorum: Quorum | None = None
 
     def _healed(self, step: int, load_seconds: float) -> None:
         seconds = time.monotonic() - self._step_started
@@ -258,7 +263,13 @@ class TorchFTGroup:
         self._quorum_or_drain()
         participants = max(1, int(self.manager.num_participants()))
         rank = self.manager.participating_rank() if self.manager.is_participating() else None
-        return Quorum(participants, None if rank is None else int(rank))
+        self._last_quorum = Quorum(participants, None if rank is None else int(rank))
+        return self._last_quorum
+
+    def last_quorum(self) -> Quorum | None:
+        """The quorum of the previous step (None before the first): without a membership
+        change, this step's is the same."""
+        return self._last_quorum
 
     def quorum_id(self) -> int | None:
         return ft.quorum_id(self.manager)

@@ -33,10 +33,11 @@ from torch import nn
 from trainer import logs
 from trainer.chaos import Chaos
 from trainer.config import TrainerConfig
-from trainer.data import Sampler, StepData
+from trainer.data import Sampler
 from trainer.divergence import ReplicasDiverged, compare_groups
 from trainer.env import RankEnv
 from trainer.fault_tolerance import DRAIN_QUORUM_WAIT_S, Replication, StepAbandoned
+from trainer.group_ops import group_sum, run_schedule
 from trainer.mesh import Layout
 from trainer.optim import clip_grad_norm
 from trainer.parallelize import autocast, autocast_dtype
@@ -107,6 +108,8 @@ class Loop:
             per_rank if self.schedule is not None else per_rank // self.cfg.train.grad_accum
         )
         self.share = range(0)  # this group's items in the step under way
+        # Whether a step may start on the previous step's quorum (see _forward_backward).
+        self.may_guess = not self.sharded and self.schedule is None
         self._healed = False
         self.state.on_load.append(self._note_heal)
         self.log = logs.get()
@@ -260,19 +263,34 @@ class Loop:
 
     def _forward_backward(self, step: int) -> float:
         """Run this rank's part of its group's share of the step; return the step's mean
-        loss over all its items (every participating group's)."""
-        quorum = self.replication.quorum()
-        share = group_share(step, self.global_batch, quorum, self.unit)
+        loss over all its items (every participating group's).
+
+        The share needs the step's quorum. Where no collective across groups runs inside
+        the backward (no FSDP hook, no pipeline), the previous step's quorum is assumed
+        so the forward overlaps torchft's quorum; if the quorum turns out different (a
+        group left, joined or heals), the share is computed again."""
+        guess = self.replication.last_quorum() if self.may_guess else None
+        quorum = guess or self.replication.quorum()
+        mine = self._run_share(step, quorum)
+        if guess is not None:
+            actual = self.replication.quorum()
+            if actual != guess:
+                for p in self.params:
+                    p.grad = None
+                mine, quorum = self._run_share(step, actual), actual
+        return self._step_mean(mine, quorum)
+
+    def _run_share(self, step: int, quorum: Quorum) -> float:
+        """Forward and backward of this rank's micro-batches of the group's share under
+        `quorum`; the sum of this rank's per-item losses."""
+        self.share = group_share(step, self.global_batch, quorum, self.unit)
         plan = rank_plan(
-            share, self.layout.dp_shard, self.layout.dp_rank, self.micro,
+            self.share, self.layout.dp_shard, self.layout.dp_rank, self.micro,
             quorum.participants, self.global_batch, self.unit,
         )  # fmt: skip
-        self.share = share
         if self.schedule is not None:
-            mine = self._pipeline(step, plan)
-        else:
-            mine = self._accumulate(step, plan)
-        return self._step_mean(mine, quorum)
+            return self._pipeline(step, plan)
+        return self._accumulate(step, plan)
 
     def _filler(self, step: int) -> range:
         """Items for a zero-weight pass (a rank with nothing left to train on in a step
@@ -338,51 +356,6 @@ class Loop:
         t = torch.tensor([total * scale], dtype=torch.float64, device=self.layout.device)
         across = self.replication.average_across_groups(t)
         return float(total * scale if across is None else across[0])
-
-
-def group_mean(
-    layout: Layout, last: bool, mine: float, flags: list[bool] | None = None
-) -> tuple[float, list[bool]]:
-    """One all-reduce inside the group: the mean of the losses that the ranks on the last
-    pipeline stage with tp_rank 0 hold (one data shard's mean each), and each flag, true
-    if it is true on any rank."""
-    flags = flags or []
-    if layout.mesh is None:
-        return mine, flags
-    contributes = last and layout.tp_rank == 0
-    t = torch.tensor(
-        [mine if contributes else 0.0, 1.0 if contributes else 0.0, *map(float, flags)],
-        dtype=torch.float64,
-    )
-    dist.all_reduce(t)
-    return float(t[0] / t[1]), [bool(v > 0) for v in t[2:].tolist()]
-
-
-def group_sum(
-    layout: Layout, last: bool, mine: float, flags: list[bool] | None = None
-) -> tuple[float, list[bool]]:
-    """One all-reduce inside the group: the sum of `mine` over the ranks on the last
-    pipeline stage with tp_rank 0 (each data shard's once), and each flag, true if it is
-    true on any rank."""
-    flags = flags or []
-    if layout.mesh is None:
-        return mine, flags
-    contributes = last and layout.tp_rank == 0
-    t = torch.tensor([mine if contributes else 0.0, *map(float, flags)], dtype=torch.float64)
-    dist.all_reduce(t)
-    return float(t[0]), [bool(v > 0) for v in t[1:].tolist()]
-
-
-def run_schedule(call: Callable[..., object], batch: StepData, first: bool, last: bool) -> float:
-    """One pipeline schedule call (a training step or an evaluation) over a batch: the
-    mean microbatch loss on the last stage, 0.0 on the others."""
-    losses: list[torch.Tensor] = []
-    args = (batch.inputs,) if first else ()
-    if last:
-        call(*args, target=batch.targets, losses=losses)
-    else:
-        call(*args)
-    return float(torch.stack(losses).mean()) if losses else 0.0
 
 
 def touch(path: Path | None) -> None:

@@ -139,23 +139,34 @@ def test_killing_one_rank_fails_its_group_and_the_other_goes_on(tmp_path: Path) 
     it fails at once; waiting in torchft's should_commit or quorum it fails when that
     call's configured timeout expires. So the bound is those timeouts (plus time to
     exit on a loaded machine), not a race. With a daemon, the group is stopped within a
-    tick of the rank's exit anyway."""
+    tick of the rank's exit anyway.
+
+    Until the victim's peer exits, its manager keeps the group's lighthouse heartbeat
+    alive, so the survivor's quorum waits for it: the survivor's quorum timeout must
+    outlast the victim's timeouts (with equal ones the survivor's quorum call, started
+    in the same step, timed out first in about 1 run in 5 and failed the survivor)."""
     timeout_s = 20
     lighthouse = start_lighthouse(tmp_path)
-    common = dict(
-        num_groups=2,
-        nproc=2,
-        lighthouse=lighthouse.address,
-        overrides=[
-            "parallel.dp_shard=2",
-            "train.steps=100000",
-            f"ft.timeout_s={timeout_s}",
-            f"ft.quorum_timeout_s={timeout_s}",
-        ],
-        env={"PHALANX_CHAOS_DELAY": "0.02"},
-    )
-    survivor = launch_group(CONFIG, tmp_path, group=0, **common)  # type: ignore[arg-type]
-    victim = launch_group(CONFIG, tmp_path, group=1, **common)  # type: ignore[arg-type]
+
+    def group(index: int, quorum_timeout_s: int) -> Group:
+        return launch_group(
+            CONFIG,
+            tmp_path,
+            group=index,
+            num_groups=2,
+            nproc=2,
+            lighthouse=lighthouse.address,
+            overrides=[
+                "parallel.dp_shard=2",
+                "train.steps=100000",
+                f"ft.timeout_s={timeout_s}",
+                f"ft.quorum_timeout_s={quorum_timeout_s}",
+            ],
+            env={"PHALANX_CHAOS_DELAY": "0.02"},
+        )
+
+    survivor = group(0, 3 * timeout_s)
+    victim = group(1, timeout_s)
     with cleanup(lighthouse, survivor, victim):
         wait_for(
             lambda: any(e["participants"] == 2 for e in victim.events("train_step")),
