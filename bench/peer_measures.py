@@ -24,6 +24,9 @@ class Commit:
     t: float  # wall time of the commit (time.time())
     step: int  # committed steps after it
     born: float = 0.0  # start of the process (or group start) that committed it
+    # New data trained, in rows-per-rank units (ROWS): 1 for a torchft group's step; a
+    # Phalanx group's share of the global batch (2 alone, 0 while it heals).
+    work: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -177,8 +180,10 @@ def goodput(
     """Useful steps over (a, b] / (failure-free rate x (b - a)).
 
     One group (the DDP world): the net progress of its position, so steps redone after
-    a restart do not count. Several groups: every commit of every group counts (each is
-    a group's step of new data), against the sum of the groups' failure-free rates.
+    a restart do not count. Several groups: the new data of every commit of every group
+    counts (Commit.work: a torchft group's step, or a Phalanx group's share of the global
+    batch, which is the whole batch while it trains alone), against the sum of the
+    groups' failure-free rates.
     """
     expected = sum(rates.values()) * (b - a)
     if expected <= 0:
@@ -186,7 +191,7 @@ def goodput(
     if len(timelines) == 1:
         (commits,) = timelines.values()
         return (step_at(commits, b) - step_at(commits, a)) / expected
-    return sum(count_between(c, a, b) for c in timelines.values()) / expected
+    return sum(c.work for cs in timelines.values() for c in cs if a < c.t <= b) / expected
 
 
 @dataclass

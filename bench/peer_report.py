@@ -43,8 +43,10 @@ How each measure is counted:
   goodput               useful steps in the chaos window / (failure-free rate x window).
                         torchrun: net progress of the world's step over the window (steps
                         redone do not count) / (its failure-free steps/s x window).
-                        torchft, phalanx: committed group-steps of both groups in the window
-                        / ((sum of the groups' failure-free steps/s) x window).
+                        torchft, phalanx: new data trained by both groups in the window, in
+                        group-steps of 8 rows (a torchft commit is one; a Phalanx commit is
+                        its share of the 16-row global batch: 1 with both groups up, 2 alone,
+                        0 while it heals) / ((sum of the groups' failure-free steps/s) x window).
   min/median/max        over repeats; for a per-kill measure, each repeat's median over its
                         kills; k.min/k.med/k.max/n pool every kill of every repeat."""
 

@@ -32,7 +32,7 @@ from bench.peer_procs import (
     spawn,
     wait_listening,
 )
-from bench.peer_settings import GROUPS, phalanx_job
+from bench.peer_settings import GROUPS, ROWS, phalanx_job
 from daemon.children import descendants, free_port, kill_tree
 from daemon.config import LighthouseConfig
 from daemon.etcd_server import EmbeddedEtcd
@@ -295,7 +295,8 @@ class Phalanx(System):
             self.pids[group] = [int(p) for p in e.get("pids", [])]
             self.born[group] = t
         if kind == "train_step":
-            commit = Commit(t, int(e["step"]), self.born.get(group, 0.0))
+            first, stop = e.get("items", [0, ROWS])
+            commit = Commit(t, int(e["step"]), self.born.get(group, 0.0), (stop - first) / ROWS)
             self.timelines[group].append(commit)
             if t > self.count_after and int(e.get("participants", 0)) < len(self.groups):
                 self.count("train_step with participants < 2")

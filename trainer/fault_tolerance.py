@@ -238,6 +238,7 @@ class TorchFTGroup:
         self.stop_requested: Callable[[], bool] = lambda: False
         self.on_heal: list[Callable[[int, float], None]] = []
         self._last_quorum: Quorum | None = None
+        self._steady = False  # see last_quorum
 
     def _healed(self, step: int, load_seconds: float) -> None:
         seconds = time.monotonic() - self._step_started
@@ -267,9 +268,10 @@ class TorchFTGroup:
         return self._last_quorum
 
     def last_quorum(self) -> Quorum | None:
-        """The quorum of the previous step (None before the first): without a membership
-        change, this step's is the same."""
-        return self._last_quorum
+        """The quorum of the previous step, if that step committed with every member taking
+        part: without a membership change, this step's is the same. None otherwise (a
+        peer failed, one heals or joins): guessing there would waste a forward."""
+        return self._last_quorum if self._steady else None
 
     def quorum_id(self) -> int | None:
         return ft.quorum_id(self.manager)
@@ -335,6 +337,16 @@ class TorchFTGroup:
         if committed:
             self.state.step = self.current_step()
             self._writer = bool(self.manager.participating_rank() == 0)  # quorum formed
+        # The next step's quorum is likely this one only if this step committed with every
+        # member taking part (none healing): otherwise the next step waits for it.
+        members = self.recorder.replica_ids
+        quorum = self._last_quorum
+        self._steady = (
+            committed
+            and quorum is not None
+            and members is not None
+            and len(members) == quorum.participants
+        )
         return committed
 
     def quorum_settles(self, seconds: float) -> bool:

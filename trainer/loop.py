@@ -323,7 +323,7 @@ class Loop:
         rank's per-item losses (0.0 off the last stage)."""
         assert self.schedule is not None and self.pipeline_loss is not None
         weighted = self.pipeline_loss
-        total = 0.0
+        total = torch.zeros((), dtype=torch.float64, device=self.layout.device)
         try:
             for items, weight in zip(plan.micro_batches, plan.weights, strict=True):
                 batch = self.sampler.take(items or self._filler(step), self.layout.device)
@@ -334,11 +334,11 @@ class Loop:
                 # while it infers shapes).
                 raw = weighted.raw[-self.cfg.parallel.microbatches :]
                 if items and raw:
-                    total += float(torch.stack(raw).double().mean()) * len(items)
+                    total += torch.stack(raw).double().mean() * len(items)
         finally:
             weighted.weight = 1.0  # an evaluation runs the schedule unweighted
             weighted.raw.clear()
-        return total
+        return float(total)  # read once per step, as in _accumulate
 
     def _quorum_settles(self) -> bool:
         """Whether every rank of the group saw this step's quorum form (the group leaves
