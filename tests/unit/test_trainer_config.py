@@ -83,6 +83,20 @@ def test_interleaved_needs_two_stages_per_rank() -> None:
         check_trainer(cfg, 2)
 
 
+def test_a_pipelined_global_batch_is_whole_schedule_batches() -> None:
+    def cfg(global_batch: int) -> TrainerConfig:
+        return TrainerConfig.model_validate(
+            {
+                "parallel": {"pp": 2, "pp_schedule": "GPipe", "pp_microbatches": 2},
+                "train": {"batch_size": 8, "global_batch_size": global_batch},
+            }
+        )
+
+    check_trainer(cfg(24), 2)  # three schedule batches of 8
+    with pytest.raises(ConfigError, match=r"train\.global_batch_size \(20\) must be a multiple"):
+        check_trainer(cfg(20), 2)
+
+
 def test_daemon_sections_are_skipped_by_the_trainer(tmp_path: Path) -> None:
     job = tmp_path / "job.toml"
     job.write_text('[job]\nname = "x"\n[node]\nnproc = 1\n[train]\nsteps = 7\n')
