@@ -58,10 +58,6 @@ class RankPlan:
     micro_batches: list[range]  # item indices; an empty range is a zero-weight pass
     weights: list[float]  # multiply the micro-batch's mean loss by this before backward
 
-    @property
-    def items(self) -> int:
-        return sum(len(m) for m in self.micro_batches)
-
 
 def rank_plan(
     share: range, dp: int, dp_rank: int, micro: int, participants: int, global_batch: int,
