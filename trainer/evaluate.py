@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from trainer.data import Sampler
-from trainer.group_ops import group_mean, run_schedule
+from trainer.group_ops import group_sum, run_schedule
 from trainer.loop import StepReport
 from trainer.mesh import Layout
 from trainer.parallelize import autocast
@@ -60,7 +60,8 @@ class Evaluator:
         finally:
             for m in self.models:
                 m.train()
-        return group_mean(self.layout, self.last, total / self.batches)[0]
+        # One mean per data shard (each evaluates equal rows): their mean.
+        return group_sum(self.layout, self.last, total / self.batches)[0] / self.layout.dp_shard
 
     def _batch(self, index: int) -> float:
         first = index * self.batch_size

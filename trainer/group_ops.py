@@ -11,24 +11,6 @@ from trainer.data import StepData
 from trainer.mesh import Layout
 
 
-def group_mean(
-    layout: Layout, last: bool, mine: float, flags: list[bool] | None = None
-) -> tuple[float, list[bool]]:
-    """One all-reduce inside the group: the mean of the losses that the ranks on the last
-    pipeline stage with tp_rank 0 hold (one data shard's mean each), and each flag, true
-    if it is true on any rank."""
-    flags = flags or []
-    if layout.mesh is None:
-        return mine, flags
-    contributes = last and layout.tp_rank == 0
-    t = torch.tensor(
-        [mine if contributes else 0.0, 1.0 if contributes else 0.0, *map(float, flags)],
-        dtype=torch.float64,
-    )
-    dist.all_reduce(t)
-    return float(t[0] / t[1]), [bool(v > 0) for v in t[2:].tolist()]
-
-
 def group_sum(
     layout: Layout, last: bool, mine: float, flags: list[bool] | None = None
 ) -> tuple[float, list[bool]]:
