@@ -83,8 +83,11 @@ def test_dashboard_and_alerts_on_a_live_pair_through_a_rank_failure(
         f'checkpoint.dir="{tmp_path / "checkpoints"}"',
         "checkpoint.interval_steps=10",
         "train.eval_every=10",  # the Loss panel's evaluation series has data too
-        # Node-a trains alone for at least this long after the kill: a few scrapes.
-        "node.restart_backoff_s=2",
+        # Node-b's group restarts this long after the kill. Node-a trains alone from when
+        # the lighthouse drops node-b (its heartbeat timeout, 2 s in daemon_job.toml)
+        # until node-b's new rank joins: about 3 s, a few scrapes (with 2 s it was
+        # 0.8 s at times, and the scrapes missed it).
+        "node.restart_backoff_s=5",
     ]
     a = start_daemon(tmp_path, "node-a", [etcd_endpoint], overrides=overrides)
     b = start_daemon(tmp_path, "node-b", [etcd_endpoint], overrides=overrides)
@@ -124,10 +127,16 @@ def check_live_pair(prom: Prometheus, a: Daemon, b: Daemon, began: float) -> Non
         interval=0.5,
     )
     heals_before = prom.by(f"phalanx_ft_heals_total{{{job}}}", "node")
+    healed_before = len(b.events("heal_done"))  # node-b may have healed at startup
     victim = b.rank_pids()[0]
     os.kill(victim, signal.SIGKILL)
     killed = time.time()
-    wait_for(lambda: b.events("heal_done"), 60, "node-b's new rank to heal", interval=0.5)
+    wait_for(
+        lambda: len(b.events("heal_done")) > healed_before,
+        60,
+        "node-b's new rank to heal",
+        interval=0.5,
+    )
     try:
         wait_for(
             lambda: (
