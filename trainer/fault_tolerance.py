@@ -60,7 +60,7 @@ class Replication(Protocol):
     def ft_state(self) -> dict[str, int]: ...
     def restore(self, step: int, ft_state: dict[str, int]) -> None: ...
     def hook_fsdp(self, modules: Iterable[torch.nn.Module]) -> None: ...
-    def sync_gradients(self, grads: list[torch.Tensor]) -> None: ...
+    def sync_gradients(self, grads: list[torch.Tensor]) -> bool: ...
     def should_commit(self, vote: bool = True) -> bool: ...
     def quorum_settles(self, seconds: float) -> bool: ...
     def across_groups(self, values: list[int]) -> tuple[list[int], list[int]]: ...
@@ -121,8 +121,8 @@ class SingleGroup:
     def hook_fsdp(self, modules: Iterable[torch.nn.Module]) -> None:
         pass
 
-    def sync_gradients(self, grads: list[torch.Tensor]) -> None:
-        pass
+    def sync_gradients(self, grads: list[torch.Tensor]) -> bool:
+        return False
 
     def should_commit(self, vote: bool = True) -> bool:
         if vote:
@@ -313,8 +313,10 @@ class TorchFTGroup:
             if isinstance(module, FSDPModule):
                 module.set_all_reduce_hook(hook)
 
-    def sync_gradients(self, grads: list[torch.Tensor]) -> None:
-        """Average unsharded gradients across groups, one flat all-reduce per bucket."""
+    def sync_gradients(self, grads: list[torch.Tensor]) -> bool:
+        """Average unsharded gradients across groups, one flat all-reduce per bucket; True
+        if the tensors now hold the participating groups' average (False when this group
+        only heals in this step or the exchange failed)."""
         self._quorum_or_drain()
         pending = []
         for bucket in buckets(grads):
@@ -327,6 +329,7 @@ class TorchFTGroup:
             for g in bucket:
                 g.copy_(flat[offset : offset + g.numel()].view_as(g))
                 offset += g.numel()
+        return self.manager.errored() is None and bool(self.manager.is_participating())
 
     def should_commit(self, vote: bool = True) -> bool:
         """Commit the step unless any rank of any participating group failed it; `vote`

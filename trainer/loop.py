@@ -9,7 +9,8 @@ A step:
    (gradient accumulation, or one pipeline schedule run per micro-batch), each loss
    weighted so that the update is the mean over the step's items;
 3. gradients averaged across replica groups (FSDP hook during backward, or the
-   bucketed all-reduce);
+   bucketed all-reduce, whose last bucket also carries the group's part of the
+   step's mean loss);
 4. the total gradient norm (and clipping), then ``should_commit``: a rank whose
    loss or norm is NaN or infinite votes the step down; if every rank of every
    participating group succeeded, step the optimizer and the LR schedule;
@@ -189,9 +190,11 @@ class Loop:
         )
 
     def _gradients(self, step: int) -> float:
-        """Forward and backward, gradients averaged across groups; return the group's mean
-        loss. Raises StepAbandoned when a drain leaves a step whose quorum does not form."""
-        loss = self._forward_backward(step)
+        """Forward and backward, gradients averaged across groups; return the step's mean
+        loss over all its items (every participating group's). Raises StepAbandoned when
+        a drain leaves a step whose quorum does not form."""
+        mine, quorum = self._forward_backward(step)
+        total = self._group_total(mine)
         if self.drained and not self._quorum_settles():
             raise StepAbandoned(
                 f"draining, and the step's quorum did not form in {DRAIN_QUORUM_WAIT_S} s"
@@ -200,11 +203,19 @@ class Loop:
             for p in self.params:
                 if p.grad is not None:
                     local(p.grad).fill_(float("nan"))
-        if not self.sharded:
-            self.replication.sync_gradients(
-                [local(p.grad) for p in self.params if p.grad is not None]
-            )
-        return loss
+        # The group's part of the step's mean loss, averaged across groups like the
+        # gradients: the mean over the step's items.
+        part = (total * (quorum.participants / self.global_batch)).reshape(1)
+        if self.sharded:  # the gradients crossed groups in FSDP's hook, during backward
+            across = self.replication.average_across_groups(part.clone())
+            return float(part if across is None else across[0])
+        # The part rides at the end of the gradients' last bucket: no all-reduce of its
+        # own, and nothing is read from the device before the gradients are sent.
+        grads = [local(p.grad) for p in self.params if p.grad is not None]
+        part = part.to(grads[-1].dtype if grads else part.dtype)
+        own = part.clone()  # a failed or healing exchange leaves this group's own part
+        averaged = self.replication.sync_gradients([*grads, part])
+        return float(part if averaged else own)
 
     def _compare_replicas(self) -> bool:
         """Every ft.digest_every steps, before the commit: do the groups' parameters match?
@@ -261,9 +272,9 @@ class Loop:
                 "committed. Lower train.lr or check the data, then resume from the checkpoint."
             )
 
-    def _forward_backward(self, step: int) -> float:
-        """Run this rank's part of its group's share of the step; return the step's mean
-        loss over all its items (every participating group's).
+    def _forward_backward(self, step: int) -> tuple[torch.Tensor, Quorum]:
+        """Run this rank's part of its group's share of the step; return the sum of this
+        rank's per-item losses (a device scalar) and the step's quorum.
 
         The share needs the step's quorum. Where no collective across groups runs inside
         the backward (no FSDP hook, no pipeline), the previous step's quorum is assumed
@@ -278,9 +289,9 @@ class Loop:
                 for p in self.params:
                     p.grad = None
                 mine, quorum = self._run_share(step, actual), actual
-        return self._step_mean(mine, quorum)
+        return mine, quorum
 
-    def _run_share(self, step: int, quorum: Quorum) -> float:
+    def _run_share(self, step: int, quorum: Quorum) -> torch.Tensor:
         """Forward and backward of this rank's micro-batches of the group's share under
         `quorum`; the sum of this rank's per-item losses."""
         self.share = group_share(step, self.global_batch, quorum, self.unit)
@@ -298,7 +309,7 @@ class Loop:
         first = step * self.global_batch
         return range(first, first + self.unit)
 
-    def _accumulate(self, step: int, plan: RankPlan) -> float:
+    def _accumulate(self, step: int, plan: RankPlan) -> torch.Tensor:
         """Forward and backward of each micro-batch; return the sum of this rank's
         per-item losses."""
         model = self.models[0]
@@ -316,9 +327,9 @@ class Loop:
             (loss * weight).backward()  # type: ignore[no-untyped-call]
             if items:
                 total += loss.detach().double() * len(items)
-        return float(total)
+        return total
 
-    def _pipeline(self, step: int, plan: RankPlan) -> float:
+    def _pipeline(self, step: int, plan: RankPlan) -> torch.Tensor:
         """One schedule run per micro-batch (whole schedule batches); return the sum of this
         rank's per-item losses (0.0 off the last stage)."""
         assert self.schedule is not None and self.pipeline_loss is not None
@@ -338,7 +349,7 @@ class Loop:
         finally:
             weighted.weight = 1.0  # an evaluation runs the schedule unweighted
             weighted.raw.clear()
-        return float(total)  # read once per step, as in _accumulate
+        return total
 
     def _quorum_settles(self) -> bool:
         """Whether every rank of the group saw this step's quorum form (the group leaves
@@ -346,16 +357,17 @@ class Loop:
         pending = not self.replication.quorum_settles(DRAIN_QUORUM_WAIT_S)
         return not self._group_any([pending])[0]
 
-    def _step_mean(self, mine: float, quorum: Quorum) -> float:
-        """The mean loss over the step's items, from each rank's sum of per-item losses:
-        summed inside the group (one all-reduce that also agrees on the stop flag, so
-        every rank leaves after the same step), then averaged across the participating
-        groups like the gradients."""
-        total, (self.drained,) = group_sum(self.layout, self.last, mine, [self.stop_requested()])
-        scale = quorum.participants / self.global_batch
-        t = torch.tensor([total * scale], dtype=torch.float64, device=self.layout.device)
-        across = self.replication.average_across_groups(t)
-        return float(total * scale if across is None else across[0])
+    def _group_total(self, mine: torch.Tensor) -> torch.Tensor:
+        """The group's sum of per-item losses, from each rank's: one all-reduce inside the
+        group that also agrees on the stop flag, so every rank leaves after the same step.
+        A one-rank group reads nothing from the device here."""
+        if self.layout.mesh is None:
+            self.drained = self.stop_requested()
+            return mine
+        total, (self.drained,) = group_sum(
+            self.layout, self.last, float(mine), [self.stop_requested()]
+        )
+        return torch.tensor(total, dtype=torch.float64, device=self.layout.device)
 
 
 def touch(path: Path | None) -> None:
