@@ -183,13 +183,15 @@ class LighthouseConfig(Section):
     """Quorum settings every node's lighthouse must share (where it listens is per node)."""
 
     join_timeout_ms: int = Field(
-        100,
+        10000,
         ge=0,
-        description="How long a quorum that lost a member waits for groups that heartbeat but "
-        "have not asked to join (a replacement still starting); torchft's default is 60000.",
+        description="How long a new quorum waits for groups that heartbeat but have not asked "
+        "to join; keep it above the longest step including a heal, or with three or more "
+        "groups a late one is left out, heals, and leaves out the next (torchft: 60000). A "
+        "dead group stops heartbeating, so it is waited for only heartbeat_timeout_ms.",
     )
     heartbeat_timeout_ms: int = Field(
-        1000,
+        500,
         ge=100,
         description="A replica silent this long is dead (groups heartbeat every 100 ms); "
         "torchft's default is 5000.",

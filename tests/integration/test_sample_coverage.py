@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from daemon.config import LighthouseConfig
 from tests.harness import (
     Daemon,
     Event,
@@ -31,6 +33,8 @@ from trainer.data import TokenWindows
 from trainer.shares import Quorum, group_share
 
 pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
 
 STEPS = 150
 BATCH = 10  # global; a micro-batch is 4, so a group runs 2 (5 items) or 3 (10 items)
@@ -196,19 +200,40 @@ def test_two_nodes_at_the_default_max_replicas_read_a_tokens_file_in_full_and_in
     assert len({int(e["participants"]) for es in by_step.values() for e in es} - {1}) == 1
 
 
+def stopped(pid: int) -> bool:
+    """Whether the process is stopped by a signal (state T in /proc)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] == "T"
+
+
 def test_a_third_group_joins_a_running_job_and_takes_a_third(
     tmp_path: Path, etcd_endpoint: str
 ) -> None:
     """Growth: node-c starts while node-a and node-b train; it gets slot 2, heals, and
-    from then on every group trains 4 of the 12 items of each step instead of 6."""
-    steps, batch = 220, 12
+    from then on every step's quorum holds all three and each trains 4 of the 12 items
+    instead of 6.
+
+    The workload holds each rank 20 ms per item (bench/fixed_rate_workload.py: each
+    group's own accelerator, in effect), and the lighthouse runs at the default join
+    timeout. Once the three train together, node-a's rank stops itself (SIGSTOP) for
+    0.5 s after committing step 120, before it asks for the next quorum: a late group
+    must be waited for, not left out. With the old default (100 ms) it was left out,
+    healed in the next step while the third waited, that one was left out in turn,
+    and the groups never trained together again."""
+    steps, batch = 200, 12
     spec = [
         "job.max_replicas=3",
         f"train.steps={steps}",
-        "train.batch_size=4",
+        "train.batch_size=2",
         f"train.global_batch_size={batch}",
+        'workload.spec="bench.fixed_rate_workload:spec"',
+        f'workload.python_path=["{ROOT}"]',
+        "workload.options.ms_per_item=20",
+        f"lighthouse.join_timeout_ms={LighthouseConfig().join_timeout_ms}",
     ]
-    a, b = (start_daemon(tmp_path, n, [etcd_endpoint], overrides=spec) for n in ("a", "b"))
+    late = {"PHALANX_CHAOS": "optimizer@120:stop"}
+    a = start_daemon(tmp_path, "a", [etcd_endpoint], overrides=spec, env=late)
+    b = start_daemon(tmp_path, "b", [etcd_endpoint], overrides=spec)
     daemons = [a, b]
     try:
         wait_for(
@@ -218,6 +243,10 @@ def test_a_third_group_joins_a_running_job_and_takes_a_third(
         )
         c = start_daemon(tmp_path, "c", [etcd_endpoint], overrides=spec)
         daemons.append(c)
+        (rank,) = a.rank_pids()
+        wait_for(lambda: stopped(rank), 120, "node-a's rank to stop after step 120")
+        time.sleep(0.5)
+        os.kill(rank, signal.SIGCONT)
     finally:
         run_to_end(daemons)
     assert len(c.events("heal_done")) >= 1, "node-c did not heal from its peers"
@@ -233,7 +262,11 @@ def test_a_third_group_joins_a_running_job_and_takes_a_third(
     seen = [i for items, _ in checked for i in sorted(items)]
     assert sum(missing for _, missing in checked) == 0, "a share unlogged without a kill"
     assert seen == list(range(steps * batch))
+    # Once node-c trained a share, every later step had all three groups in its quorum.
     joined = min(int(e["step"]) for e in c.events("train_step") if e["items"][0] != e["items"][1])
+    after = {s: {int(e["participants"]) for e in es} for s, es in by_step.items() if s >= joined}
+    assert set().union(*after.values()) == {3}, {s: p for s, p in after.items() if p != {3}}
+    assert joined < 110, f"node-c took its first share only at step {joined}"
     report = []
     for d in daemons:
         share = {
