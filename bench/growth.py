@@ -22,15 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.peer_procs import ROOT, Event, Tail, child_env, spawn
+from bench.peer_procs import ROOT, Event, Tail, child_env, scratch, spawn
 from daemon.children import free_port, kill_tree
 from daemon.etcd_server import EmbeddedEtcd
 
@@ -128,32 +126,34 @@ def run(
 
 
 def report(workload: str, steps: dict[str, list[Event]]) -> list[str]:
-    lines = [f"{workload}:"]
-    lines.append(
-        f"  {'group':8} {'items/step 2 -> 3':>18} {'median step s 2 -> 3':>22} {'ratio':>7} {'expected':>9}"
-    )
+    """Per group: items per step and median step time with two and with three groups in
+    the quorum (steps with a share; the first three of each leave out the change)."""
+    lines = [
+        f"{workload}:",
+        f"  {'group':8} {'steps 2 / 3':>12} {'items/step 2 -> 3':>18} "
+        f"{'median step s 2 -> 3':>22} {'ratio':>7} {'expected':>9}",
+    ]
     for node, es in steps.items():
         by_count: dict[int, list[Event]] = {}
         for e in es:
             if e["items"][0] != e["items"][1] and int(e["step"]) > 3:
                 by_count.setdefault(int(e["participants"]), []).append(e)
-        # Leave out the steps around the change: the first ones after a quorum change
-        # include the newcomer's heal or the survivors' reconfiguration.
         share = {
-            c: statistics.median(e["items"][1] - e["items"][0] for e in v)
+            c: int(statistics.median(e["items"][1] - e["items"][0] for e in v))
             for c, v in by_count.items()
         }
-        time_ = {
+        median = {
             c: statistics.median(float(e["step_seconds"]) for e in v[3:])
             for c, v in by_count.items()
             if len(v) > 6
         }
-        two, three = time_.get(2), time_.get(3)
+        two, three = median.get(2), median.get(3)
+        counts = f"{len(by_count.get(2, []))} / {len(by_count.get(3, []))}"
         shares = f"{share.get(2, '-')} -> {share.get(3, '-')}"
-        times = f"{two:.3f} -> {three:.3f}" if two and three else f"{two} -> {three}"
+        times = " -> ".join("-" if t is None else f"{t:.3f}" for t in (two, three))
         ratio = f"{three / two:.3f}" if two and three else "-"
         expected = f"{share[3] / share[2]:.3f}" if 2 in share and 3 in share else "-"
-        lines.append(f"  {node:8} {shares:>18} {times:>22} {ratio:>7} {expected:>9}")
+        lines.append(f"  {node:8} {counts:>12} {shares:>18} {times:>22} {ratio:>7} {expected:>9}")
     return lines
 
 
@@ -175,16 +175,10 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"machine: {platform.machine()}, {platform.python_version()}, global batch {BATCH}, micro-batch {MICRO}"
     )
-    tmp = Path(tempfile.mkdtemp(prefix="phalanx-growth-"))
-    try:
+    with scratch("phalanx-growth-", args.keep) as tmp:
         for name in names:
             steps = run(tmp / name, name, args.steps, args.before, args.settings)
             print("\n".join(report(name, steps)), flush=True)
-    finally:
-        if args.keep:
-            print(f"kept {tmp}")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 

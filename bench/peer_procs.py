@@ -6,12 +6,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,19 @@ from daemon.children import die_with_parent
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 Event = dict[str, Any]
+
+
+@contextlib.contextmanager
+def scratch(prefix: str, keep: bool) -> Iterator[Path]:
+    """A temporary directory for a benchmark's runs: removed at the end unless `keep`."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield root
+    finally:
+        if keep:
+            print(f"kept {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def child_env(**extra: str) -> dict[str, str]:
