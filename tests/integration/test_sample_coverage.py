@@ -9,6 +9,7 @@ the run with failures must reproduce.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -202,7 +203,10 @@ def test_two_nodes_at_the_default_max_replicas_read_a_tokens_file_in_full_and_in
 
 def stopped(pid: int) -> bool:
     """Whether the process is stopped by a signal (state T in /proc)."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
     return stat.rsplit(")", 1)[1].split()[0] == "T"
 
 
@@ -217,9 +221,10 @@ def test_a_third_group_joins_a_running_job_and_takes_a_third(
     group's own accelerator, in effect), and the lighthouse runs at the default join
     timeout. Once the three train together, node-a's rank stops itself (SIGSTOP) for
     0.5 s after committing step 120, before it asks for the next quorum: a late group
-    must be waited for, not left out. With the old default (100 ms) it was left out,
-    healed in the next step while the third waited, that one was left out in turn,
-    and the groups never trained together again."""
+    must be waited for, not left out. With the old default (100 ms) it was left out
+    and healed (steps 122-125 had two groups), and in bench/growth.py such a start
+    never ended: the group left out healed while the third waited, that one was left
+    out in turn, and no step had three groups again."""
     steps, batch = 200, 12
     spec = [
         "job.max_replicas=3",
@@ -244,9 +249,12 @@ def test_a_third_group_joins_a_running_job_and_takes_a_third(
         c = start_daemon(tmp_path, "c", [etcd_endpoint], overrides=spec)
         daemons.append(c)
         (rank,) = a.rank_pids()
-        wait_for(lambda: stopped(rank), 120, "node-a's rank to stop after step 120")
-        time.sleep(0.5)
-        os.kill(rank, signal.SIGCONT)
+        try:
+            wait_for(lambda: stopped(rank), 120, "node-a's rank to stop after step 120")
+            time.sleep(0.5)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(rank, signal.SIGCONT)  # never left stopped, even after a failed wait
     finally:
         run_to_end(daemons)
     assert len(c.events("heal_done")) >= 1, "node-c did not heal from its peers"
