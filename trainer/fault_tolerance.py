@@ -41,11 +41,10 @@ from trainer import torchft_adapter as ft
 from trainer.chaos import Chaos
 from trainer.config import FaultToleranceConfig
 from trainer.env import RankEnv
+from trainer.grad_buckets import buckets
 from trainer.shares import Quorum
 from trainer.state import TrainState
 from trainer.transport import advertise_host, bind_host, checkpoint_transport
-
-BUCKET_BYTES = 25 * 1024 * 1024
 
 
 class Replication(Protocol):
@@ -145,27 +144,6 @@ class SingleGroup:
         pass
 
 
-def buckets(tensors: list[torch.Tensor], cap_bytes: int = BUCKET_BYTES) -> list[list[torch.Tensor]]:
-    """Group tensors (in order, same dtype and device per bucket) into buckets of at most cap_bytes."""
-    out: list[list[torch.Tensor]] = []
-    size = 0
-    for t in tensors:
-        nbytes = t.numel() * t.element_size()
-        last = out[-1] if out else None
-        if (
-            last is None
-            or size + nbytes > cap_bytes
-            or last[0].dtype != t.dtype
-            or last[0].device != t.device
-        ):
-            out.append([t])
-            size = nbytes
-        else:
-            last.append(t)
-            size += nbytes
-    return out
-
-
 def membership_token(replica_ids: Iterable[str]) -> str:
     """A short name for a quorum's exact members (replica ids carry a per-process uuid)."""
     return hashlib.sha256("\n".join(sorted(replica_ids)).encode()).hexdigest()[:16]
@@ -238,7 +216,7 @@ class TorchFTGroup:
         self.stop_requested: Callable[[], bool] = lambda: False
         self.on_heal: list[Callable[[int, float], None]] = []
         self._last_quorum: Quorum | None = None
-        self._steady = False  # see last_quorum
+        self._next: Quorum | None = None  # see last_quorum
 
     def _healed(self, step: int, load_seconds: float) -> None:
         seconds = time.monotonic() - self._step_started
@@ -268,10 +246,11 @@ class TorchFTGroup:
         return self._last_quorum
 
     def last_quorum(self) -> Quorum | None:
-        """The quorum of the previous step, if that step committed with every member taking
-        part: without a membership change, this step's is the same. None otherwise (a
-        peer failed, one heals or joins): guessing there would waste a forward."""
-        return self._last_quorum if self._steady else None
+        """This step's likely quorum, before it forms: the previous step's if that step
+        committed with every member taking part, or this group alone if a two-group
+        step failed because the other group did (a replacement joins healing and takes
+        no share). None otherwise: one heals or joins, and guessing would waste a forward."""
+        return self._next
 
     def quorum_id(self) -> int | None:
         return ft.quorum_id(self.manager)
@@ -340,17 +319,18 @@ class TorchFTGroup:
         if committed:
             self.state.step = self.current_step()
             self._writer = bool(self.manager.participating_rank() == 0)  # quorum formed
-        # The next step's quorum is likely this one only if this step committed with every
-        # member taking part (none healing): otherwise the next step waits for it.
-        members = self.recorder.replica_ids
-        quorum = self._last_quorum
-        self._steady = (
-            committed
-            and quorum is not None
-            and members is not None
-            and len(members) == quorum.participants
-        )
+        self._next = self._likely_next(vote, committed)
         return committed
+
+    def _likely_next(self, vote: bool, committed: bool) -> Quorum | None:
+        """The next step's quorum, when this step's says it (see last_quorum)."""
+        members, quorum = self.recorder.replica_ids, self._last_quorum
+        if quorum is None or members is None or len(members) != quorum.participants:
+            return None  # a member healed in this step: the next quorum differs
+        if committed:
+            return quorum
+        lost_peer = vote and quorum.participants == 2 and self.manager.errored() is not None
+        return Quorum(1, 0) if lost_peer and quorum.rank is not None else None
 
     def quorum_settles(self, seconds: float) -> bool:
         """Wait up to `seconds` for this step's quorum; True if it formed (not pending or failed)."""

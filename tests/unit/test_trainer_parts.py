@@ -13,7 +13,7 @@ from torchft.checkpointing.http_transport import HTTPTransport
 from trainer.chaos import Chaos, InjectedCrash, parse, parse_ranks
 from trainer.config import TrainConfig, TrainerConfig
 from trainer.digest import params_sha256
-from trainer.fault_tolerance import buckets
+from trainer.grad_buckets import buckets
 from trainer.llama import llama_workload, split_layers
 from trainer.materialize import build_materialized
 from trainer.optim import build_optimizer, build_scheduler, init_optimizer_state, lr_at

@@ -1,0 +1,28 @@
+"""Gradients packed into flat buckets for the all-reduce across replica groups."""
+
+from __future__ import annotations
+
+import torch
+
+BUCKET_BYTES = 25 * 1024 * 1024
+
+
+def buckets(tensors: list[torch.Tensor], cap_bytes: int = BUCKET_BYTES) -> list[list[torch.Tensor]]:
+    """Group tensors (in order, same dtype and device per bucket) into buckets of at most cap_bytes."""
+    out: list[list[torch.Tensor]] = []
+    size = 0
+    for t in tensors:
+        nbytes = t.numel() * t.element_size()
+        last = out[-1] if out else None
+        if (
+            last is None
+            or size + nbytes > cap_bytes
+            or last[0].dtype != t.dtype
+            or last[0].device != t.device
+        ):
+            out.append([t])
+            size = nbytes
+        else:
+            last.append(t)
+            size += nbytes
+    return out
