@@ -277,9 +277,10 @@ class Loop:
         rank's per-item losses (a device scalar) and the step's quorum.
 
         The share needs the step's quorum. Where no collective across groups runs inside
-        the backward (no FSDP hook, no pipeline), the previous step's quorum is assumed
-        so the forward overlaps torchft's quorum; if the quorum turns out different (a
-        group left, joined or heals), the share is computed again."""
+        the backward (no FSDP hook, no pipeline), the likely quorum is assumed (the
+        previous step's, or this group alone after its one peer failed) so the forward
+        overlaps torchft's quorum; if the quorum turns out different, the share is
+        computed again."""
         guess = self.replication.last_quorum() if self.may_guess else None
         quorum = guess or self.replication.quorum()
         mine = self._run_share(step, quorum)
