@@ -20,7 +20,6 @@ expected from the shares.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import sys
@@ -29,7 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.peer_procs import ROOT, Event, Tail, child_env, scratch, spawn
-from daemon.children import free_port, kill_tree
+from bench.peer_settings import job_toml
+from bench.peer_systems import daemon_argv
+from daemon.children import kill_tree
 from daemon.etcd_server import EmbeddedEtcd
 
 NODES = ("node-a", "node-b", "node-c")
@@ -59,25 +60,11 @@ def job_file(workload: str, steps: int) -> str:
             "log_every": 1,
         },
     }
-    lines = ["# Written by bench/growth.py."]
-    for name, values in sections.items():
-        lines.append(f"\n[{name}]")
-        lines += [f"{key} = {json.dumps(value)}" for key, value in values.items()]
-    return "\n".join(lines) + "\n"
+    return job_toml("bench/growth.py", sections)
 
 
 def start(workdir: Path, node: str, job: Path, etcd: str, extra: list[str]) -> Any:
-    settings = {
-        "etcd.endpoints": json.dumps([etcd]),
-        "node.http_port": str(free_port()),
-        "node.lighthouse_port": str(free_port()),
-        "node.run_dir": json.dumps(str(workdir / node)),
-    }
-    argv = [sys.executable, "-m", "daemon.cli", "run", "--config", str(job), "--node-id", node]
-    for key, value in settings.items():
-        argv += ["--set", f"{key}={value}"]
-    for setting in extra:
-        argv += ["--set", setting]
+    argv = daemon_argv(job, node, etcd, workdir / node, extra)
     return spawn(argv, workdir / f"{node}.log", child_env())
 
 

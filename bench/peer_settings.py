@@ -9,6 +9,7 @@ optimizer from :func:`trainer_config`.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from trainer.config import TrainerConfig, validate
@@ -40,12 +41,14 @@ def trainer_config() -> TrainerConfig:
     return validate(TrainerConfig, {"model": MODEL, "train": TRAIN}, "bench/peer_settings.py")
 
 
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return f'"{value}"'
-    return str(value)
+def job_toml(writer: str, sections: dict[str, dict[str, Any]]) -> str:
+    """A job file of these sections (values are numbers, booleans, strings or lists of
+    them, written as JSON, which TOML reads the same)."""
+    lines = [f"# Written by {writer}."]
+    for name, values in sections.items():
+        lines.append(f"\n[{name}]")
+        lines += [f"{key} = {json.dumps(value)}" for key, value in values.items()]
+    return "\n".join(lines) + "\n"
 
 
 def phalanx_job() -> str:
@@ -58,8 +61,4 @@ def phalanx_job() -> str:
         "model": MODEL,
         "train": TRAIN,
     }
-    lines = ["# Written by bench/peers.py."]
-    for name, values in sections.items():
-        lines.append(f"\n[{name}]")
-        lines += [f"{key} = {_toml_value(value)}" for key, value in values.items()]
-    return "\n".join(lines) + "\n"
+    return job_toml("bench/peers.py", sections)

@@ -18,6 +18,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from bench.peer_measures import Commit, Kill, iso_time
@@ -37,6 +38,23 @@ from daemon.children import descendants, free_port, kill_tree
 from daemon.config import LighthouseConfig
 from daemon.etcd_server import EmbeddedEtcd
 from daemon.lighthouse import lighthouse_binary
+
+
+def daemon_argv(
+    job: Path, node: str, etcd: str, run_dir: Path, extra: Sequence[str] = ()
+) -> list[str]:
+    """`phalanx run` of `job` as `node`: its own ports and run directory, the given etcd,
+    and any further KEY=VALUE settings."""
+    settings = {
+        "etcd.endpoints": json.dumps([etcd]),
+        "node.http_port": str(free_port()),
+        "node.lighthouse_port": str(free_port()),
+        "node.run_dir": json.dumps(str(run_dir)),
+    }
+    argv = [sys.executable, "-m", "daemon.cli", "run", "--config", str(job), "--node-id", node]
+    for setting in [*(f"{k}={v}" for k, v in settings.items()), *extra]:
+        argv += ["--set", setting]
+    return argv
 
 
 class System:
@@ -260,21 +278,11 @@ class Phalanx(System):
         job.parent.mkdir(parents=True, exist_ok=True)
         job.write_text(phalanx_job())
         self.etcd = EmbeddedEtcd(self.workdir / "etcd").start()
+        extra = [] if self.standby else ["node.standby=false"]
+        if self.max_restarts is not None:
+            extra.append(f"node.max_restarts={self.max_restarts}")
         for g, node in enumerate(self.NODES):
-            settings = {
-                "etcd.endpoints": json.dumps([self.etcd.endpoint]),
-                "node.http_port": str(free_port()),
-                "node.lighthouse_port": str(free_port()),
-                "node.run_dir": json.dumps(str(self.workdir / node)),
-            }
-            if self.max_restarts is not None:
-                settings["node.max_restarts"] = str(self.max_restarts)
-            if not self.standby:
-                settings["node.standby"] = "false"
-            argv = [sys.executable, "-m", "daemon.cli", "run", "--config", str(job)]
-            argv += ["--node-id", node]
-            for key, value in settings.items():
-                argv += ["--set", f"{key}={value}"]
+            argv = daemon_argv(job, node, self.etcd.endpoint, self.workdir / node, extra)
             self.daemons[g] = spawn(argv, self.log(g), child_env())
 
     def poll(self) -> None:

@@ -28,6 +28,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from bench.peer_measures import rate
 from bench.peer_procs import BIN, scratch
 from bench.peer_systems import Phalanx, System, Torchrun
 
@@ -79,14 +80,6 @@ def read_raw(path: Path, loop: str) -> Counter[str]:
     return out
 
 
-def step_rate(system: System, since: float, until: float) -> float:
-    """Committed steps per second of the system's first timeline within [since, until]."""
-    commits = [c for c in system.timelines[system.groups[0]] if since <= c.t <= until]
-    if len(commits) < 2:
-        return float("nan")
-    return (len(commits) - 1) / (commits[-1].t - commits[0].t)
-
-
 def profile(system: System, loop: str, args: argparse.Namespace) -> tuple[Counter[str], float]:
     """Samples per phase over every rank, and the steps per second while sampling."""
     system.start()
@@ -125,7 +118,10 @@ def profile(system: System, loop: str, args: argparse.Namespace) -> tuple[Counte
         samples: Counter[str] = Counter()
         for out in outs:
             samples.update(read_raw(out, loop))
-        return samples, step_rate(system, t0, t1)
+        steps_per_s = rate(system.timelines[system.groups[0]], t0, t1)
+        if steps_per_s <= 0:
+            raise RuntimeError(f"{system.name}: no step committed while sampled")
+        return samples, steps_per_s
     finally:
         system.stop()
 
@@ -133,9 +129,9 @@ def profile(system: System, loop: str, args: argparse.Namespace) -> tuple[Counte
 def table(results: dict[str, tuple[Counter[str], float]]) -> list[str]:
     names = list(results)
     ms: dict[str, dict[str, float]] = {}
-    for name, (samples, rate) in results.items():
+    for name, (samples, steps_per_s) in results.items():
         total = sum(samples.values()) or 1
-        ms[name] = {p: 1000 / rate * n / total for p, n in samples.items()}
+        ms[name] = {p: 1000 / steps_per_s * n / total for p, n in samples.items()}
     lines = [f"{'phase':28}" + "".join(f"{n + ' ms':>14}" for n in names) + f"{'difference':>12}"]
     order = [p for p, _ in PHASES] + [OTHER]
     for phase in order:
