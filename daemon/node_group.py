@@ -18,6 +18,7 @@ from daemon.standby import REFILL_DELAY_S, StandbyPool
 from daemon.view import NodeView
 from daemon.workers import ExitKind, GroupExit, GroupSpec, WorkerGroup
 from trainer import logs
+from trainer.scheduling import may_leave_idle
 
 
 class NodeGroup:
@@ -36,6 +37,8 @@ class NodeGroup:
         self.standbys = (
             StandbyPool(cfg.node.nproc, self._on_rank_event, wake) if cfg.node.standby else None
         )
+        # Standbys that warm at idle priority refill at once (see tend_standbys).
+        self.refill_delay_s = 0.0 if may_leave_idle() else REFILL_DELAY_S
         self.current: WorkerGroup | None = None
         self.attempt = 0
         self.cause: GroupExit | str | None = None  # why it is being stopped
@@ -62,15 +65,18 @@ class NodeGroup:
 
     def tend_standbys(self, live: bool) -> None:
         """Once per tick: keep a standby per local rank while the node is `live` (holds or
-        seeks a slot, not draining), none otherwise. Standbys a start used are replaced
-        REFILL_DELAY_S after it, so their imports do not slow the new group's heal."""
+        seeks a slot, not draining), none otherwise. Standbys a start used are replaced at
+        once where they warm up at idle priority (they take only CPU the ranks leave, as
+        the survivors wait out the heal), else REFILL_DELAY_S after the start, so their
+        imports do not slow the new group's heal."""
         pool = self.standbys
         if pool is None:
             return
         if not live:
             pool.kill()
         elif (
-            self.current is not None and time.monotonic() - self.current.started_at < REFILL_DELAY_S
+            self.current is not None
+            and time.monotonic() - self.current.started_at < self.refill_delay_s
         ):
             pool.reap()
         else:  # the start's own values (slot, lighthouse, store port) come on takeover

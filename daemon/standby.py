@@ -4,9 +4,12 @@ A standby is ``python -m trainer --standby``: it imports torch, torchft and the
 trainer (about 2 s of a rank's 3 s start here), says ``standby_ready`` and blocks on
 its stdin. A group start hands local rank r to standby r by writing the start's
 environment to it as one JSON line; from then on it is that rank, its output relayed
-like any rank's. The pool refills in the background: a new standby is spawned once the
-group that took the last one has had :data:`REFILL_DELAY_S` to start (so the imports
-do not compete with a heal for the CPU), or at once when no group runs.
+like any rank's. The pool refills in the background. Where standbys warm at idle
+priority (SCHED_IDLE, see trainer/scheduling.py) a new one is spawned at once: its
+imports then take the CPU the ranks leave while the survivors wait out the heal,
+instead of slowing training later. Where they would warm at normal priority, it is
+spawned once the group that took the last one has had :data:`REFILL_DELAY_S` to start
+(so the imports do not compete with the heal), or at once when no group runs.
 
 Failure handling: a standby that exits before it is used is reaped and replaced; if
 standbys keep dying young (:data:`MAX_EARLY_DEATHS` in a row before ever being ready),
@@ -27,7 +30,9 @@ from daemon.rank_process import Output, RankEvent, spawn
 from daemon.workers import RANK_ARGV, GroupSpec, rank_env
 from trainer import logs
 
-REFILL_DELAY_S = 5.0  # after a group start, before spawning the standbys it used up
+# After a group start, before spawning the standbys it used up, where standbys warm at
+# normal priority (trainer/scheduling.py); at idle priority they are spawned at once.
+REFILL_DELAY_S = 5.0
 MAX_EARLY_DEATHS = 3  # standbys in a row that die before ready: stop spawning them
 
 

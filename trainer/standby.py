@@ -19,17 +19,15 @@ import contextlib
 import importlib
 import json
 import os
-import resource
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 from trainer import logs
 from trainer.config import TrainerConfig, load_trainer_config
+from trainer.scheduling import may_leave_idle, set_policy
 
-CAP_SYS_NICE = 23
 # What every rank imports before it trains (torch alone is about 1.3 s here).
 WARM_MODULES = (
     "torch",
@@ -85,28 +83,6 @@ def _first_use() -> None:
     optimizer.step()
 
 
-def _may_leave_idle() -> bool:
-    """Whether this process may go back from SCHED_IDLE to normal scheduling: that needs
-    CAP_SYS_NICE or an RLIMIT_NICE that allows nice 0 (sched(7))."""
-    if not hasattr(os, "SCHED_IDLE"):
-        return False
-    soft = resource.getrlimit(resource.RLIMIT_NICE)[0]
-    if soft == resource.RLIM_INFINITY or soft >= 20:
-        return True
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("CapEff:"):
-                return bool(int(line.split()[1], 16) >> CAP_SYS_NICE & 1)
-    return False
-
-
-def _scheduling(policy: int) -> None:
-    """Set every thread of this process to `policy` (Linux schedules threads, not processes)."""
-    for tid in os.listdir("/proc/self/task"):
-        with contextlib.suppress(OSError):
-            os.sched_setscheduler(int(tid), policy, os.sched_param(0))
-
-
 class _Assignment:
     """Reads the start's line on a thread, so a start that comes while the standby still
     warms up (at idle priority) lifts it to normal priority at once."""
@@ -120,7 +96,7 @@ class _Assignment:
     def _read(self) -> None:
         self.line = sys.stdin.readline()
         if self.idle:
-            _scheduling(os.SCHED_OTHER)
+            set_policy(os.SCHED_OTHER)
 
     def wait(self) -> str:
         self.thread.join()
@@ -137,9 +113,9 @@ def wait_for_start(config_path: str) -> tuple[bool, tuple[TrainerConfig, Any] | 
     started = time.monotonic()
     logs.configure()
     log = logs.get()
-    idle = _may_leave_idle()
+    idle = may_leave_idle()
     if idle:
-        _scheduling(os.SCHED_IDLE)
+        set_policy(os.SCHED_IDLE)
     assignment = _Assignment(idle)
     prepared = None
     try:
@@ -151,7 +127,7 @@ def wait_for_start(config_path: str) -> tuple[bool, tuple[TrainerConfig, Any] | 
     log.info("standby_ready", pid=os.getpid(), seconds=seconds, idle_priority=idle)
     line = assignment.wait()
     if idle:  # threads the warm-up started after the start's line lifted the others
-        _scheduling(os.SCHED_OTHER)
+        set_policy(os.SCHED_OTHER)
     if not line:
         return False, None
     env: dict[str, str] = json.loads(line)["env"]

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import Daemon, Event, alive, children, start_daemon, wait_for
+from daemon.standby import REFILL_DELAY_S
+from tests.harness import Daemon, Event, alive, children, event_time, start_daemon, wait_for
+from trainer.scheduling import may_leave_idle
 
 pytestmark = pytest.mark.integration
 
@@ -74,6 +76,11 @@ def test_standbys_replace_killed_ranks_and_are_replaced_when_they_die(
         assert restarted["reason"] == "rank_exit"
         assert restarted["standbys_used"] == 1 and restarted["pids"] == [replacement]
         wait_for(lambda: heals(a) > healed_before, 90, "node-a's new rank to heal")
+        # As root the standbys warm at idle priority, so the one the start used is
+        # replaced at once (trainer/scheduling.py), not REFILL_DELAY_S later.
+        assert may_leave_idle()
+        refill = [e for e in a.events("standby_spawned") if event_time(e) > event_time(restarted)]
+        assert refill and event_time(refill[0]) - event_time(restarted) < REFILL_DELAY_S
 
         # node.standby = false: node-b never spawns one and restarts its rank cold.
         healed_before = heals(b)
