@@ -188,10 +188,43 @@ def goodput(
     expected = sum(rates.values()) * (b - a)
     if expected <= 0:
         return 0.0
+    return useful(timelines, a, b) / expected
+
+
+def useful(timelines: dict[int, list[Commit]], a: float, b: float) -> float:
+    """Useful work over (a, b], counted as :func:`goodput` counts it (in steps)."""
     if len(timelines) == 1:
         (commits,) = timelines.values()
-        return (step_at(commits, b) - step_at(commits, a)) / expected
-    return sum(c.work for cs in timelines.values() for c in cs if a < c.t <= b) / expected
+        return float(step_at(commits, b) - step_at(commits, a))
+    return sum(c.work for cs in timelines.values() for c in cs if a < c.t <= b)
+
+
+def after_kills(
+    timelines: dict[int, list[Commit]],
+    rates: dict[int, float],
+    kills: Sequence[Kill],
+    span: float,
+    bin_s: float = 2.0,
+) -> list[float]:
+    """Where goodput goes: for each `bin_s` bin of the `span` seconds after a kill, the
+    useful work in it over the failure-free rate's, averaged over the kills (1.0: as
+    fast as without failures). Kills whose span runs past the last commit are left out."""
+    expected = sum(rates.values()) * bin_s
+    end = max((c.t for cs in timelines.values() for c in cs), default=0.0)
+    measured = [k for k in kills if k.t + span <= end]
+    if expected <= 0 or not measured:
+        return []
+    bins = int(span // bin_s)
+    return [
+        round(
+            statistics.fmean(
+                useful(timelines, k.t + i * bin_s, k.t + (i + 1) * bin_s) for k in measured
+            )
+            / expected,
+            3,
+        )
+        for i in range(bins)
+    ]
 
 
 @dataclass
@@ -224,6 +257,7 @@ class RunResult:
     kills: list[KillMeasure]
     phases: dict[str, float]  # wall times of the phase boundaries
     notes: list[str] = field(default_factory=list)
+    after_kills: list[float] = field(default_factory=list)  # see after_kills()
 
     @property
     def steps_per_s(self) -> float:

@@ -169,14 +169,35 @@ def print_results(runs: dict[str, list[RunResult]]) -> dict[str, Any]:
         rec = median_or_none(k.recovery_s for r in runs[name] for k in r.kills)
         steps = ", ".join(f"{label} {seconds:.2f}" for label, seconds in marks.items())
         print(f"  {name:<9} {steps or '-'}; first commit {_f(rec)}")
+    profiles = print_after_kills(runs)
     print()
     print(COUNTING)
     return {
         "ratios": ratios,
         "table": table,
         "recovery_breakdown": breakdown,
+        "after_kills": profiles,
         "runs": {name: [r.as_json() for r in rs] for name, rs in runs.items()},
     }
+
+
+def print_after_kills(runs: dict[str, list[RunResult]], bin_s: float = 2.0) -> dict[str, Any]:
+    """Where goodput goes: useful work per bin after a kill over the failure-free rate's
+    (mean over every kill of every repeat), and the seconds of work lost per kill."""
+    print(
+        f"\nwhere goodput goes (useful work per {bin_s:g} s after a kill / failure-free; mean over kills):"
+    )
+    out: dict[str, Any] = {}
+    for name, rs in runs.items():
+        profiles = [r.after_kills for r in rs if r.after_kills]
+        if not profiles:
+            continue
+        width = min(len(p) for p in profiles)
+        mean = [round(sum(p[i] for p in profiles) / len(profiles), 2) for i in range(width)]
+        lost = round(sum((1 - x) * bin_s for x in mean), 2)
+        out[name] = {"bins": mean, "lost_s_per_kill": lost}
+        print(f"  {name:<9} {' '.join(f'{x:.2f}' for x in mean)}; lost {lost:.2f} s per kill")
+    return out
 
 
 def print_soak(doc: dict[str, Any]) -> None:

@@ -39,7 +39,16 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from bench import peer_report
-from bench.peer_measures import Kill, RunResult, goodput, measure_kill, net_rate, rate, settled
+from bench.peer_measures import (
+    Kill,
+    RunResult,
+    after_kills,
+    goodput,
+    measure_kill,
+    net_rate,
+    rate,
+    settled,
+)
 from bench.peer_systems import BareTorchft, Phalanx, System, Torchrun
 
 SYSTEMS = ("torchrun", "torchft", "phalanx", "phalanx-cold")  # cold: node.standby = false
@@ -134,6 +143,7 @@ def run_once(name: str, workdir: Path, args: argparse.Namespace, tag: str) -> Ru
     measures = [measure_kill(lines, k, horizon, system.milestones) for k in kills]
     phases = {"ready": ready, "window": w0, "chaos": w1, "chaos_end": c1, "horizon": horizon}
     result = RunResult(name, rates, goodput(lines, rates, w1, c1), measures, phases, system.notes)
+    result.after_kills = after_kills(lines, rates, kills, args.kill_every)
     say(f"  [{tag}] {peer_report.one_line(result)}")
     return result
 

@@ -1,0 +1,31 @@
+"""bench/peer_measures.py's kill profile: where goodput goes after a kill (pure logic)."""
+
+from __future__ import annotations
+
+from bench.peer_measures import Commit, Kill, after_kills, goodput
+
+
+def steady(start: float, end: float, every: float, work: float = 1.0) -> list[Commit]:
+    n = round((end - start) / every)
+    return [Commit(start + (i + 1) * every, i + 1, 0.0, work) for i in range(n)]
+
+
+def test_a_group_that_stops_for_two_seconds_costs_half_of_the_first_bin() -> None:
+    survivor = steady(0, 40, 0.5)
+    # The killed group commits nothing for the 2 s after the kill at t=10, then goes on.
+    killed = [c for c in steady(0, 40, 0.5) if not 10 < c.t <= 12]
+    lines = {0: survivor, 1: killed}
+    rates = {0: 2.0, 1: 2.0}
+    profile = after_kills(lines, rates, [Kill(10.0, 1, (1,))], span=10, bin_s=2)
+    assert profile == [0.5, 1.0, 1.0, 1.0, 1.0]
+    assert goodput(lines, rates, 10, 20) == 0.9
+
+
+def test_one_world_counts_its_net_progress_and_a_kill_past_the_end_is_left_out() -> None:
+    # Restart the world: back from step 20 to 16 at t=11, then on at the old rate.
+    before = steady(0, 10, 0.5)
+    after = [Commit(11 + 0.5 * i, 16 + i) for i in range(40)]
+    lines = {0: [*before, *after]}
+    profile = after_kills(lines, {0: 2.0}, [Kill(10.0, 0, (1,)), Kill(100.0, 0, (1,))], 4, 2)
+    # Step 20 at the kill, 18 at t=12: -2 steps against 4 expected; then 18 -> 22.
+    assert profile == [-0.5, 1.0]
