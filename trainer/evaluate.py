@@ -19,9 +19,9 @@ from torch import nn
 
 from trainer.data import Sampler
 from trainer.group_ops import group_sum, run_schedule
-from trainer.loop import StepReport
 from trainer.mesh import Layout
 from trainer.parallelize import autocast
+from trainer.step_report import StepReport
 from trainer.workload import LossFn
 
 if TYPE_CHECKING:

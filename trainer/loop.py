@@ -44,6 +44,7 @@ from trainer.optim import clip_grad_norm
 from trainer.parallelize import autocast, autocast_dtype
 from trainer.shares import Quorum, RankPlan, group_share, rank_plan
 from trainer.state import TrainState, local
+from trainer.step_report import Attempt, StepReport
 from trainer.workload import LossFn
 
 if TYPE_CHECKING:  # torch.distributed.pipelining is imported only by pipelined runs
@@ -52,22 +53,6 @@ if TYPE_CHECKING:  # torch.distributed.pipelining is imported only by pipelined 
 
 class NonFiniteTraining(RuntimeError):
     """train.max_skipped_steps steps in a row were not finite: the job stops."""
-
-
-@dataclass
-class StepReport:
-    step: int  # committed steps after this one (1 for the first step)
-    committed: bool
-    loss: float | None  # None when the group healed after this step's forward (stale parameters)
-    lr: float
-    grad_norm: float
-    participants: int
-    quorum_id: int | None
-    seconds: float
-    tokens: int  # tokens this group trained on in the step
-    items: range = range(0)  # the step's items this group trained on (empty unless committed)
-    finite: bool = True  # False: a NaN/inf loss or gradient norm voted the step down
-    diverged: bool = False  # the groups' parameters differed (this group is in the majority)
 
 
 @dataclass
@@ -111,12 +96,18 @@ class Loop:
         self.share = range(0)  # this group's items in the step under way
         # Whether a step may start on the previous step's quorum (see _forward_backward).
         self.may_guess = not self.sharded and self.schedule is None
+        # Whether a failed attempt's gradients may be reused (see _reuse): one rank per
+        # group, so no collective inside the group depends on how many items it computes.
+        self.may_reuse = self.may_guess and self.layout.mesh is None
         self._healed = False
+        # This rank's gradients of the last attempt, if its exchange failed (see _reuse).
+        self._failed: Attempt | None = None
         self.state.on_load.append(self._note_heal)
         self.log = logs.get()
 
     def _note_heal(self, step: int, seconds: float) -> None:
         self._healed = True
+        self._failed = None  # the parameters changed
 
     def run(self) -> None:
         while self.replication.current_step() < self.cfg.train.steps and not self.drained:
@@ -140,8 +131,10 @@ class Loop:
         if step >= self.cfg.train.steps:
             return None
         self.chaos.begin_step(step)
-        for p in self.params:
-            p.grad = None
+        if self._failed is None or self._failed.step != step:
+            self._failed = None
+            for p in self.params:
+                p.grad = None
         self.chaos.at("forward")
         try:
             loss = self._gradients(step)
@@ -154,13 +147,15 @@ class Loop:
         self.state.before_mutation()  # healing (in should_commit) and the optimizer write next
         # The averaged gradients are the same on every group, so every group sees a
         # non-finite norm if any group's gradients were: all vote the step down.
-        grad_norm = clip_grad_norm(
-            self.params, self.cfg.train.max_grad_norm, self.layout.group("pp")
-        )
+        # A failed exchange leaves this rank's own gradients, kept unclipped for the retry.
+        clip = self.cfg.train.max_grad_norm if self._failed is None else 0.0
+        grad_norm = clip_grad_norm(self.params, clip, self.layout.group("pp"))
         finite = math.isfinite(loss) and math.isfinite(grad_norm)
         committed = self.replication.should_commit(finite)
         if not finite:
             self._non_finite(step, loss, grad_norm)
+        if committed or not finite or self._healed or step == 0:
+            self._failed = None  # step 0 may load a checkpoint before its next attempt
         reported: float | None = None if self._healed else loss
         lr = float(self.state.scheduler.get_last_lr()[0])
         items = self.share if committed else range(0)
@@ -194,6 +189,7 @@ class Loop:
         loss over all its items (every participating group's). Raises StepAbandoned when
         a drain leaves a step whose quorum does not form."""
         mine, quorum = self._forward_backward(step)
+        own = self.share
         total = self._group_total(mine)
         if self.drained and not self._quorum_settles():
             raise StepAbandoned(
@@ -213,9 +209,11 @@ class Loop:
         # own, and nothing is read from the device before the gradients are sent.
         grads = [local(p.grad) for p in self.params if p.grad is not None]
         part = part.to(grads[-1].dtype if grads else part.dtype)
-        own = part.clone()  # a failed or healing exchange leaves this group's own part
+        kept = part.clone()  # a failed or healing exchange leaves this group's own part
         averaged = self.replication.sync_gradients([*grads, part])
-        return float(part if averaged else own)
+        if not averaged and quorum.rank is not None and self.may_reuse:
+            self._failed = Attempt(step, quorum, own, mine)  # the exchange failed
+        return float(part if averaged else kept)
 
     def _compare_replicas(self) -> bool:
         """Every ft.digest_every steps, before the commit: do the groups' parameters match?
@@ -283,7 +281,8 @@ class Loop:
         computed again."""
         guess = self.replication.last_quorum() if self.may_guess else None
         quorum = guess or self.replication.quorum()
-        mine = self._run_share(step, quorum)
+        failed, self._failed = self._failed, None
+        mine = self._reuse(step, quorum, failed) if failed else self._run_share(step, quorum)
         if guess is not None:
             actual = self.replication.quorum()
             if actual != guess:
@@ -291,6 +290,34 @@ class Loop:
                     p.grad = None
                 mine, quorum = self._run_share(step, actual), actual
         return mine, quorum
+
+    def _reuse(self, step: int, quorum: Quorum, failed: Attempt) -> torch.Tensor:
+        """This group alone after its peer failed the exchange: the failed attempt's
+        gradients (same parameters, same step) cover its old share, so only the rest of
+        the step's items are computed. Its micro-batches were weighted for its old
+        quorum, so they are rescaled to this one's (1 / old participants). Any other
+        quorum computes the whole share again."""
+        if quorum != Quorum(1, 0) or failed.step != step:
+            for p in self.params:
+                p.grad = None
+            return self._run_share(step, quorum)
+        for p in self.params:
+            if p.grad is not None:
+                local(p.grad).div_(failed.quorum.participants)
+        whole = group_share(step, self.global_batch, quorum, self.unit)
+        total = failed.losses
+        for rest in (range(whole.start, failed.share.start), range(failed.share.stop, whole.stop)):
+            if rest:
+                plan = rank_plan(rest, 1, 0, self.micro, 1, self.global_batch, self.unit)
+                total = total + self._accumulate(step, plan)
+        self.share = whole
+        self.log.info(
+            "gradients_reused",
+            step=step + 1,  # numbered as train_step numbers it
+            items=[failed.share.start, failed.share.stop],
+            computed=len(whole) - len(failed.share),
+        )
+        return total
 
     def _run_share(self, step: int, quorum: Quorum) -> torch.Tensor:
         """Forward and backward of this rank's micro-batches of the group's share under

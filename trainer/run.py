@@ -23,15 +23,17 @@ from trainer.data import Sampler
 from trainer.digest import params_sha256
 from trainer.env import RankEnv
 from trainer.evaluate import Evaluator
-from trainer.fault_tolerance import Replication, SingleGroup, TorchFTGroup
+from trainer.fault_tolerance import Replication, SingleGroup
 from trainer.lease_fence import LeaseFence
-from trainer.loop import Loop, StepReport, touch
+from trainer.loop import Loop, touch
 from trainer.materialize import materialize
 from trainer.mesh import Layout, init_distributed
 from trainer.metrics import TrainMetrics
 from trainer.optim import build_optimizer, build_scheduler, init_optimizer_state
 from trainer.parallelize import parallelize
 from trainer.state import TrainState
+from trainer.step_report import StepReport
+from trainer.torchft_group import TorchFTGroup
 
 EXIT_DRAINED = 128 + signal.SIGTERM
 

@@ -82,6 +82,12 @@ REACH_INS: tuple[ReachIn, ...] = (
     ),
     ReachIn("torch.distributed._serialization", "_streaming_load", "function", "SafeHTTPTransport"),
     ReachIn(
+        "torchft.checkpointing.http_transport:HTTPTransport",
+        "_state_dict",
+        "instance attribute",
+        "SnapshotTransport",
+    ),
+    ReachIn(
         "torchft.process_group",
         "create_store_client",
         "function",

@@ -26,8 +26,8 @@ from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, 
 from torchft.process_group import create_store_client
 
 from tests.harness import ROOT
-from trainer.fault_tolerance import membership_token
 from trainer.torchft_adapter import scoped_process_group
+from trainer.torchft_group import membership_token
 
 pytestmark = pytest.mark.integration
 

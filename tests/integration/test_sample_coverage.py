@@ -142,8 +142,9 @@ def test_losses_with_a_kill_and_heal_match_a_failure_free_run(
     """Each step's loss is the mean over its items, whoever computed them: a run in which
     node-a trains some steps alone (all 10 items, 3 micro-batches) and a run in which
     every step is split 5/5 agree within 1e-3 relative at every step (fp32; what differs
-    is the order in which per-item gradients are summed)."""
-    runs = []
+    is the order in which per-item gradients are summed, and in a retry that reuses the
+    failed attempt's own half, a halving of that half's gradients)."""
+    runs, reused = [], []
     for name, during in (("clean", None), ("killed", kill_b_twice)):
         spec = job(tmp_path / name, f'job.name="cover-{name}"', "checkpoint.interval_steps=1000")
         pair = [
@@ -154,7 +155,12 @@ def test_losses_with_a_kill_and_heal_match_a_failure_free_run(
             during(pair)
         run_to_end(pair)
         runs.append(losses(pair))
+        reused.append([e for d in pair for e in d.events("gradients_reused")])
     clean, killed = runs
+    # A survivor whose exchange failed with its peer kept its own half of the step and
+    # computed only the other half alone (Loop._reuse) at least once in the killed run.
+    assert not reused[0] and reused[1], reused
+    assert all(e["computed"] == 5 and e["items"][1] - e["items"][0] == 5 for e in reused[1])
     assert sorted(clean) == sorted(killed) == list(range(1, STEPS + 1))
     worst = max(abs(killed[s] - clean[s]) / abs(clean[s]) for s in clean)
     assert worst <= 1e-3, f"largest relative loss difference {worst:.2e}"

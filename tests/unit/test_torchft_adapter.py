@@ -33,7 +33,7 @@ from torchft.process_group import ProcessGroupGloo, ProcessGroupNCCL
 from daemon.children import free_port
 from tests.sockets import listeners
 from trainer import torchft_adapter as ft
-from trainer.fault_tolerance import membership_token
+from trainer.torchft_group import membership_token
 from trainer.transport import checkpoint_transport
 
 TIMEOUT = timedelta(seconds=10)
@@ -74,6 +74,7 @@ def test_every_reach_in_is_checked() -> None:
         ("torchft.process_group", "create_store_client"),
         ("HTTPTransport", "_load_from_address"),
         ("HTTPTransport", "_server"),
+        ("HTTPTransport", "_state_dict"),
         ("torch.distributed._serialization", "_streaming_load"),
         ("torchft.manager", "ManagerServer"),
         ("torchft.checkpointing.http_transport", "_IPv6HTTPServer"),
@@ -104,6 +105,29 @@ def test_manager_healing() -> None:
     assert "self._healing = False" in source(Manager.__init__)
     assert "self._healing = True" in source(Manager._async_quorum)
     assert "self._healing = False" in source(Manager.start_quorum)
+
+
+def test_manager_healing_comes_after_configure_and_before_the_fetch() -> None:
+    """TorchFTGroup._heals_now reads the healing flag as 'the process group is configured
+    for this quorum and the state is still on its way': the quorum thread configures,
+    then sets the flag, then fetches; and the public waits (allreduce, num_participants)
+    wait for the fetch too, which is why the healing exchange goes to the process group."""
+    body = source(Manager._async_quorum)
+    configure, flag = body.index("self._pg.configure("), body.index("self._healing = True")
+    assert configure < flag < body.index("recv_checkpoint(")
+    assert "self.wait_quorum()" in source(Manager.allreduce)
+    assert "self.wait_quorum()" in source(Manager.num_participants)
+
+
+def test_http_transport_state_dict() -> None:
+    """SnapshotTransport counts reads through HTTPTransport._state_dict: the request
+    handler streams it on the unchunked path, send_checkpoint assigns it."""
+    assert "self._state_dict: Optional[T] = None" in source(HTTPTransport.__init__)
+    assert "self._state_dict = tree_unflatten(values, spec)" in source(
+        HTTPTransport.send_checkpoint
+    )
+    module = inspect.getsource(importlib.import_module("torchft.checkpointing.http_transport"))
+    assert "state_dict = ckpt_server._state_dict" in module
 
 
 def test_manager_quorum_future() -> None:

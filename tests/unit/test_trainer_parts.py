@@ -183,7 +183,7 @@ def test_digest_changes_with_any_bit() -> None:
 
 
 def test_membership_token_names_exactly_the_members() -> None:
-    from trainer.fault_tolerance import membership_token
+    from trainer.torchft_group import membership_token
 
     a = membership_token(["phalanx_group_00000:uuid-1", "phalanx_group_00001:uuid-2"])
     assert a == membership_token(["phalanx_group_00001:uuid-2", "phalanx_group_00000:uuid-1"])
