@@ -45,7 +45,7 @@ def test_a_healer_reads_the_sent_state_while_the_sender_commits_and_steps() -> N
             )
         late.shutdown(wait=True)
     finally:
-        sender.shutdown(wait=False)
+        sender.shutdown(wait=True)
         receiver.shutdown(wait=True)
 
 
@@ -74,4 +74,7 @@ def test_torchfts_transport_serves_the_live_tensors_and_its_commit_waits_for_the
         assert done.wait(5)
         committer.join()
     finally:
-        sender.shutdown(wait=False)
+        sender.shutdown(wait=True)
+        # torchft's server listens on every interface and shutdown leaves its socket
+        # open; later tests in this process check that nothing else does.
+        sender._server.server_close()
