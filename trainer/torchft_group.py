@@ -80,8 +80,8 @@ class TorchFTGroup:
             ProcessGroupNCCL if device.type == "cuda" else ProcessGroupGloo
         )(timeout=timeout)
         state.on_load.append(self._healed)
-        # Rank 0's manager server listens on the bind address only (torchft: every interface).
         self.transport = checkpoint_transport(timeout)
+        # Rank 0's manager server listens on the bind address only (torchft: every interface).
         with ft.manager_server_bound_to(bind_host()):
             self.manager = Manager(
                 pg=pg,
