@@ -133,8 +133,7 @@ class Loop:
         self.chaos.begin_step(step)
         if self._failed is None or self._failed.step != step:
             self._failed = None
-            for p in self.params:
-                p.grad = None
+            self._drop_grads()
         self.chaos.at("forward")
         try:
             loss = self._gradients(step)
@@ -286,20 +285,18 @@ class Loop:
         if guess is not None:
             actual = self.replication.quorum()
             if actual != guess:
-                for p in self.params:
-                    p.grad = None
+                self._drop_grads()
                 mine, quorum = self._run_share(step, actual), actual
         return mine, quorum
 
     def _reuse(self, step: int, quorum: Quorum, failed: Attempt) -> torch.Tensor:
         """This group alone after its peer failed the exchange: the failed attempt's
-        gradients (same parameters, same step) cover its old share, so only the rest of
-        the step's items are computed. Its micro-batches were weighted for its old
-        quorum, so they are rescaled to this one's (1 / old participants). Any other
-        quorum computes the whole share again."""
-        if quorum != Quorum(1, 0) or failed.step != step:
-            for p in self.params:
-                p.grad = None
+        gradients (same parameters; step() keeps them for the same step only) cover its
+        old share, so only the rest of the step's items are computed. Its micro-batches
+        were weighted for its old quorum, so they are rescaled to this one's (1 / old
+        participants). Any other quorum computes the whole share again."""
+        if quorum != Quorum(1, 0):
+            self._drop_grads()
             return self._run_share(step, quorum)
         for p in self.params:
             if p.grad is not None:
@@ -318,6 +315,10 @@ class Loop:
             computed=len(whole) - len(failed.share),
         )
         return total
+
+    def _drop_grads(self) -> None:
+        for p in self.params:
+            p.grad = None
 
     def _run_share(self, step: int, quorum: Quorum) -> torch.Tensor:
         """Forward and backward of this rank's micro-batches of the group's share under
