@@ -5,9 +5,8 @@ trainer (about 2 s of a rank's 3 s start here), says ``standby_ready`` and block
 its stdin. A group start hands local rank r to standby r by writing the start's
 environment to it as one JSON line; from then on it is that rank, its output relayed
 like any rank's. The pool refills in the background. Where standbys warm at idle
-priority (SCHED_IDLE, see trainer/scheduling.py) a new one is spawned at once: its
-imports then take the CPU the ranks leave while the survivors wait out the heal,
-instead of slowing training later. Where they would warm at normal priority, it is
+priority (SCHED_IDLE and a session group at nice 19, see trainer/scheduling.py) a
+new one is spawned at once: its imports then take only the CPU the ranks leave. Where they would warm at normal priority, it is
 spawned once the group that took the last one has had :data:`REFILL_DELAY_S` to start
 (so the imports do not compete with the heal), or at once when no group runs.
 

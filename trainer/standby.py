@@ -26,7 +26,13 @@ from typing import Any
 
 from trainer import logs
 from trainer.config import TrainerConfig, load_trainer_config
-from trainer.scheduling import may_leave_idle, set_policy
+from trainer.scheduling import (
+    IDLE_AUTOGROUP_NICE,
+    autogroup_nice,
+    may_leave_idle,
+    set_autogroup_nice,
+    set_policy,
+)
 
 # What every rank imports before it trains (torch alone is about 1.3 s here).
 WARM_MODULES = (
@@ -85,10 +91,15 @@ def _first_use() -> None:
 
 class _Assignment:
     """Reads the start's line on a thread, so a start that comes while the standby still
-    warms up (at idle priority) lifts it to normal priority at once."""
+    warms up (at idle priority) lifts it to normal priority at once.
 
-    def __init__(self, idle: bool) -> None:
+    `group_nice` is the session group's nice value to put back (None: it was not
+    lowered); `restored` says whether that worked."""
+
+    def __init__(self, idle: bool, group_nice: int | None) -> None:
         self.idle = idle
+        self.group_nice = group_nice
+        self.restored = True
         self.line = ""
         self.thread = threading.Thread(target=self._read, daemon=True, name="standby-stdin")
         self.thread.start()
@@ -97,6 +108,8 @@ class _Assignment:
         self.line = sys.stdin.readline()
         if self.idle:
             set_policy(os.SCHED_OTHER)
+        if self.group_nice is not None:
+            self.restored = set_autogroup_nice(self.group_nice)
 
     def wait(self) -> str:
         self.thread.join()
@@ -107,16 +120,21 @@ def wait_for_start(config_path: str) -> tuple[bool, tuple[TrainerConfig, Any] | 
     """Warm up, report ready, read the start's environment into os.environ. Returns
     (False, None) at end of input, else (True, what :func:`warm` prepared).
 
-    Warming up runs at SCHED_IDLE where the process may leave it again (as root, or
-    with CAP_SYS_NICE): a standby refilled next to a training group then uses only CPU
-    time the ranks leave idle. Elsewhere it runs at normal priority."""
+    Warming up runs at SCHED_IDLE, in a session group lowered to nice 19, where the
+    process may leave SCHED_IDLE again (as root, or with CAP_SYS_NICE): a standby
+    refilled next to a training group then uses only CPU time the ranks leave idle
+    (trainer/scheduling.py says why both). Elsewhere it runs at normal priority."""
     started = time.monotonic()
     logs.configure()
     log = logs.get()
     idle = may_leave_idle()
+    group_nice: int | None = None
     if idle:
         set_policy(os.SCHED_IDLE)
-    assignment = _Assignment(idle)
+        group_nice = autogroup_nice()
+        if group_nice is not None and not set_autogroup_nice(IDLE_AUTOGROUP_NICE):
+            group_nice = None
+    assignment = _Assignment(idle, group_nice)
     prepared = None
     try:
         world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -124,10 +142,22 @@ def wait_for_start(config_path: str) -> tuple[bool, tuple[TrainerConfig, Any] | 
     except Exception as e:  # the rank will meet it again and report it properly
         log.warning("standby_warmup_failed", error=f"{type(e).__name__}: {e}")
     seconds = round(time.monotonic() - started, 3)
-    log.info("standby_ready", pid=os.getpid(), seconds=seconds, idle_priority=idle)
+    log.info(
+        "standby_ready",
+        pid=os.getpid(),
+        seconds=seconds,
+        idle_priority=idle,
+        group_nice=IDLE_AUTOGROUP_NICE if group_nice is not None else autogroup_nice(),
+    )
     line = assignment.wait()
     if idle:  # threads the warm-up started after the start's line lifted the others
         set_policy(os.SCHED_OTHER)
+    if not assignment.restored:
+        log.warning(
+            "standby_priority_kept",
+            reason=f"the kernel refused to put the session group's nice value back to "
+            f"{group_nice}; this rank shares the CPU at nice {IDLE_AUTOGROUP_NICE}",
+        )
     if not line:
         return False, None
     env: dict[str, str] = json.loads(line)["env"]

@@ -12,7 +12,7 @@ import pytest
 
 from daemon.standby import REFILL_DELAY_S
 from tests.harness import Daemon, Event, alive, children, event_time, start_daemon, wait_for
-from trainer.scheduling import may_leave_idle
+from trainer.scheduling import IDLE_AUTOGROUP_NICE, autogroup_nice, may_leave_idle
 
 pytestmark = pytest.mark.integration
 
@@ -40,6 +40,15 @@ def restart_after(d: Daemon, count: int, timeout: float = 60) -> Event:
     return event
 
 
+def group_nice(pid: int) -> int | None:
+    return autogroup_nice(Path(f"/proc/{pid}/autogroup"))
+
+
+def expect_nice(nice: int) -> int | None:
+    """`nice`, or None on a kernel built without session groups (no autogroup file)."""
+    return nice if Path("/proc/self/autogroup").exists() else None
+
+
 def heals(d: Daemon) -> int:
     return len(d.events("heal_done"))
 
@@ -53,8 +62,14 @@ def test_standbys_replace_killed_ranks_and_are_replaced_when_they_die(
     try:
         wait_for(lambda: a.step() > 3 and b.step() > 3, 120, "both groups to train")
 
-        # A standby that dies while waiting is reaped and replaced.
+        # As root a standby waits at idle priority, its session group at nice 19 where
+        # the kernel groups by session (trainer/scheduling.py).
         spare = ready_standby(a)
+        assert may_leave_idle() and os.sched_getscheduler(spare) == os.SCHED_IDLE
+        assert group_nice(spare) == expect_nice(IDLE_AUTOGROUP_NICE)
+        assert next(e for e in a.events("standby_ready") if e["pid"] == spare)["idle_priority"]
+
+        # A standby that dies while waiting is reaped and replaced.
         os.kill(spare, signal.SIGKILL)
         exited = wait_for(
             lambda: [e for e in a.events("standby_exited") if e["pid"] == spare],
@@ -76,9 +91,11 @@ def test_standbys_replace_killed_ranks_and_are_replaced_when_they_die(
         assert restarted["reason"] == "rank_exit"
         assert restarted["standbys_used"] == 1 and restarted["pids"] == [replacement]
         wait_for(lambda: heals(a) > healed_before, 90, "node-a's new rank to heal")
+        # As a rank it schedules like one started cold.
+        assert os.sched_getscheduler(replacement) == os.SCHED_OTHER
+        assert group_nice(replacement) == expect_nice(0)
         # As root the standbys warm at idle priority, so the one the start used is
         # replaced at once (trainer/scheduling.py), not REFILL_DELAY_S later.
-        assert may_leave_idle()
         refill = [e for e in a.events("standby_spawned") if event_time(e) > event_time(restarted)]
         assert refill and event_time(refill[0]) - event_time(restarted) < REFILL_DELAY_S
 

@@ -38,3 +38,31 @@ def test_root_may_leave_idle_and_without_cap_sys_nice_or_rlimit_it_may_not() -> 
     if os.geteuid() == 0:  # CI and the shipped units run the daemon as root
         assert probe([])
     assert not probe([*DROP_CAP, "prlimit", "--nice=0"])
+
+
+GROUP_PROBE = (
+    "from trainer.scheduling import autogroup_nice, set_autogroup_nice\n"
+    "before = autogroup_nice()\n"
+    "lowered = set_autogroup_nice(19)\n"
+    "low = autogroup_nice()\n"
+    "restored = set_autogroup_nice(0 if before is None else before)\n"
+    "print(before, lowered, low, restored, autogroup_nice())\n"
+)
+
+
+def test_a_standby_session_group_goes_to_nice_19_and_back() -> None:
+    """A standby lowers its session group while it warms and puts it back as a rank; in a
+    session of its own (as the daemon starts it) that touches nothing else."""
+    out = subprocess.run(
+        [sys.executable, "-c", GROUP_PROBE],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        start_new_session=True,
+    ).stdout.split()
+    if not Path("/proc/self/autogroup").exists():  # a kernel built without autogroup
+        assert out == ["None", "False", "None", "False", "None"]
+        return
+    assert out == ["0", "True", "19", "True", "0"]
