@@ -131,7 +131,8 @@ def wait_for_start(config_path: str) -> tuple[bool, tuple[TrainerConfig, Any] | 
     group_nice: int | None = None
     if idle:
         set_policy(os.SCHED_IDLE)
-        group_nice = autogroup_nice()
+        # Only a session of its own (as the daemon starts it): never a shell's.
+        group_nice = autogroup_nice() if os.getsid(0) == os.getpid() else None
         if group_nice is not None and not set_autogroup_nice(IDLE_AUTOGROUP_NICE):
             group_nice = None
     assignment = _Assignment(idle, group_nice)
