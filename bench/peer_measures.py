@@ -75,6 +75,19 @@ def net_rate(commits: Sequence[Commit], a: float, b: float) -> float:
     return (step_at(commits, b) - step_at(commits, a)) / (b - a) if b > a else 0.0
 
 
+def pooled_rate(
+    commits: Sequence[Commit], windows: Sequence[tuple[float, float]], net: bool = False
+) -> float:
+    """Steps per second over several windows (a, b] taken together, as if one window of
+    their summed length: :func:`net_rate` with `net`, else :func:`rate`."""
+    per_window = net_rate if net else rate
+    spans = [(a, b) for a, b in windows if b > a]
+    seconds = sum(b - a for a, b in spans)
+    if seconds <= 0:
+        return 0.0
+    return sum(per_window(commits, a, b) * (b - a) for a, b in spans) / seconds
+
+
 def longest_gap(times: Sequence[float]) -> float:
     return max((y - x for x, y in itertools.pairwise(times)), default=0.0)
 
@@ -258,6 +271,7 @@ class RunResult:
     phases: dict[str, float]  # wall times of the phase boundaries
     notes: list[str] = field(default_factory=list)
     after_kills: list[float] = field(default_factory=list)  # see after_kills()
+    drift: float | None = None  # failure-free rate after the chaos / before it
 
     @property
     def steps_per_s(self) -> float:

@@ -26,7 +26,11 @@ from bench.peer_settings import GROUPS, MODEL, ROWS, TRAIN, trainer_config
 
 COUNTING = """\
 How each measure is counted:
-  failure-free steps/s  committed steps per second in the failure-free window. torchrun: the
+  failure-free steps/s  committed steps per second in the failure-free windows, the one
+                        before the chaos and the one after it taken together (the machine's
+                        speed drifts; "after/before" in each run's line shows by how much).
+                        Each starts once nothing is warming up (phalanx: every standby
+                        ready), as in a long job. torchrun: the
                         world's steps (each one 2 ranks x 8 rows). torchft, phalanx: each
                         replica group's committed steps (8 rows each; the two groups step
                         together), and the mean of the two groups; the throughput ratio
@@ -93,8 +97,9 @@ def workload_line() -> str:
 
 def phases_line(args: argparse.Namespace, kills: int) -> str:
     return (
-        f"phases: warm-up {args.warmup:g}s, failure-free {args.window:g}s, chaos {args.chaos:g}s "
-        f"with a SIGKILL every {args.kill_every:g}s ({kills} kills, alternating ranks/groups); "
+        f"phases: warm-up {args.warmup:g}s (and until nothing warms up), failure-free "
+        f"{args.window:g}s, chaos {args.chaos:g}s with a SIGKILL every {args.kill_every:g}s "
+        f"({kills} kills, alternating ranks/groups), failure-free {args.after:g}s once settled; "
         f"{args.repeats} repeat(s), systems interleaved"
     )
 
@@ -105,7 +110,8 @@ def one_line(r: RunResult) -> str:
         f"{k.label}: recovery {_f(k.recovery_s)}s redone {_f(k.redone, 0)} pause {_f(k.pause_s)}s"
         for k in r.kills
     )
-    return f"steps/s {rates}; goodput {_f(r.goodput, 3)}; {kills or 'no kills'}"
+    drift = f" (after/before {r.drift:.2f})" if r.drift is not None else ""
+    return f"steps/s {rates}{drift}; goodput {_f(r.goodput, 3)}; {kills or 'no kills'}"
 
 
 def _f(value: float | None, digits: int = 2) -> str:

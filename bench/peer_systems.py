@@ -69,9 +69,14 @@ class System:
         self.timelines: dict[int, list[Commit]] = {g: [] for g in self.groups}
         self.milestones: dict[int, list[tuple[float, str]]] = {g: [] for g in self.groups}
         self.notes: list[str] = []
+        self.t0 = 0.0  # when every group had committed
 
     def start(self) -> None:
         raise NotImplementedError
+
+    def quiet(self) -> bool:
+        """Nothing of the system is still warming up (for a failure-free window)."""
+        return True
 
     def poll(self) -> None:
         """Read new progress; relaunch what this system relaunches."""
@@ -269,6 +274,7 @@ class Phalanx(System):
         self.born: dict[int, float] = {}  # the group's latest start
         self.counts: dict[str, int] = {}  # soak: events that say a healthy group was evicted
         self.count_after = float("inf")
+        self.warming: set[int] = set()  # standbys spawned and not yet ready, used or gone
 
     def log(self, group: int) -> Path:
         return self.workdir / f"{self.NODES[group]}.log"
@@ -302,6 +308,11 @@ class Phalanx(System):
         if kind in ("group_started", "group_restarted"):
             self.pids[group] = [int(p) for p in e.get("pids", [])]
             self.born[group] = t
+            self.warming -= set(self.pids[group])  # standbys that became ranks
+        if kind == "standby_spawned":
+            self.warming.add(int(e["pid"]))
+        elif kind in ("standby_ready", "standby_exited"):
+            self.warming.discard(int(e.get("pid", 0)))
         if kind == "train_step":
             first, stop = e.get("items", [0, ROWS])
             commit = Commit(t, int(e["step"]), self.born.get(group, 0.0), (stop - first) / ROWS)
@@ -314,6 +325,11 @@ class Phalanx(System):
             self.milestones[group].append((t, f"state {e.get('to')}"))
         if t > self.count_after and kind in ("step_skipped", "group_failed", "group_restarted"):
             self.count(kind)
+
+    def quiet(self) -> bool:
+        """Every standby this system spawned is ready (or used, or gone): a standby warms
+        at idle priority but still takes some CPU from the ranks on a busy machine."""
+        return not self.warming
 
     def count(self, what: str) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1

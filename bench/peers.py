@@ -12,9 +12,13 @@ Systems (bench/peer_systems.py), each two ranks on this machine:
   the project's default lighthouse, node and ft settings.
 
 Each repeat of each system is one run: a warm-up (not measured) from the moment every
-group has committed, a failure-free window (steps/s), then a chaos window in which one
-rank, alternating between ranks/groups, is SIGKILLed every --kill-every seconds, and a
-tail that waits (up to --tail s) until the last kill can be measured. How each measure
+group has committed, and on until nothing is warming up (Phalanx: every standby ready),
+a failure-free window (steps/s), then a chaos window in which one rank, alternating
+between ranks/groups, is SIGKILLed every --kill-every seconds, a tail that waits (up to
+--tail s) until the last kill can be measured, and a second failure-free window (--after
+s) once nothing warms up again. The failure-free rate is that of both windows together:
+this machine's speed drifts by up to a quarter within minutes, and a rate measured on
+one side of the chaos window alone moved goodput by as much. How each measure
 is counted is printed with the results (see COUNTING).
 
     .venv/bin/python -m bench.peers [--repeats N] [--window S] [--kill-every S] \\
@@ -45,7 +49,7 @@ from bench.peer_measures import (
     after_kills,
     goodput,
     measure_kill,
-    net_rate,
+    pooled_rate,
     rate,
     settled,
 )
@@ -116,14 +120,30 @@ def chaos(system: System, start: float, args: argparse.Namespace, tag: str) -> l
     return kills
 
 
+def wait_quiet(system: System, not_before: float, args: argparse.Namespace, tag: str) -> float:
+    """Run until `not_before` and then until nothing of the system is still warming up
+    (Phalanx: every standby ready), at most --quiet-timeout seconds more; return when."""
+    run_until(system, not_before)
+    limit = time.time() + args.quiet_timeout
+    while not system.quiet() and time.time() < limit:
+        system.poll()
+        time.sleep(POLL_S)
+    if not system.quiet():
+        note = f"still warming up {args.quiet_timeout:.0f}s after {not_before - system.t0:.0f}s"
+        system.notes.append(note)
+        say(f"  [{tag}] {note}; measuring anyway")
+    return time.time()
+
+
 def run_once(name: str, workdir: Path, args: argparse.Namespace, tag: str) -> RunResult:
     system = make(name, workdir, args)
     launched = time.time()
     try:
         system.start()
         ready = wait_ready(system, args.start_timeout)
+        system.t0 = ready
         say(f"  [{tag}] every group committing {ready - launched:.1f}s after launch")
-        w0 = ready + args.warmup
+        w0 = wait_quiet(system, ready + args.warmup, args, tag)
         w1 = w0 + args.window
         run_until(system, w1)
         kills = chaos(system, w1, args, tag)
@@ -131,19 +151,32 @@ def run_once(name: str, workdir: Path, args: argparse.Namespace, tag: str) -> Ru
         while time.time() < c1 + args.tail and not settled(system.timelines, kills):
             system.poll()
             time.sleep(POLL_S)
+        a0 = wait_quiet(system, c1, args, tag) if args.after > 0 else time.time()
+        a1 = a0 + args.after
+        run_until(system, a1)
         system.poll()
         horizon = time.time()
     finally:
         system.stop()
     lines = system.timelines
-    if len(lines) == 1:
-        rates = {g: net_rate(c, w0, w1) for g, c in lines.items()}
-    else:
-        rates = {g: rate(c, w0, w1) for g, c in lines.items()}
+    net = len(lines) == 1  # one world: its net progress (steps redone do not count)
+    windows = [(w0, w1), (a0, a1)]
+    rates = {g: pooled_rate(c, windows, net) for g, c in lines.items()}
     measures = [measure_kill(lines, k, horizon, system.milestones) for k in kills]
-    phases = {"ready": ready, "window": w0, "chaos": w1, "chaos_end": c1, "horizon": horizon}
+    phases = {
+        "ready": ready,
+        "window": w0,
+        "chaos": w1,
+        "chaos_end": c1,
+        "after": a0,
+        "after_end": a1,
+        "horizon": horizon,
+    }
     result = RunResult(name, rates, goodput(lines, rates, w1, c1), measures, phases, system.notes)
     result.after_kills = after_kills(lines, rates, kills, args.kill_every)
+    before = sum(pooled_rate(c, windows[:1], net) for c in lines.values())
+    if args.after > 0 and before > 0:
+        result.drift = sum(pooled_rate(c, windows[1:], net) for c in lines.values()) / before
     say(f"  [{tag}] {peer_report.one_line(result)}")
     return result
 
@@ -184,7 +217,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--warmup", type=float, default=20.0, help="seconds, not measured")
-    parser.add_argument("--window", type=float, default=60.0, help="failure-free seconds")
+    parser.add_argument(
+        "--window", type=float, default=60.0, help="failure-free seconds before the chaos"
+    )
+    parser.add_argument(
+        "--after", type=float, default=60.0, help="failure-free seconds after the chaos (0: none)"
+    )
+    parser.add_argument(
+        "--quiet-timeout",
+        type=float,
+        default=120.0,
+        help="most seconds to wait for a system to finish warming up before a failure-free window",
+    )
     parser.add_argument("--chaos", type=float, default=240.0, help="seconds with kills")
     parser.add_argument("--kill-every", type=float, default=30.0, help="seconds between kills")
     parser.add_argument(
@@ -218,7 +262,7 @@ def interrupted(signum: int, _frame: object) -> NoReturn:
 
 def estimate_s(args: argparse.Namespace) -> float:
     """About how long the comparison takes (start-up ~10 s and a short tail per run)."""
-    per_run = 10 + args.warmup + args.window + args.chaos + min(args.tail, 10)
+    per_run = 10 + args.warmup + args.window + args.chaos + min(args.tail, 10) + args.after
     return float(per_run * args.repeats * len(args.systems))
 
 
