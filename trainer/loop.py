@@ -51,6 +51,9 @@ if TYPE_CHECKING:  # torch.distributed.pipelining is imported only by pipelined 
     from trainer.pipeline import Schedule, WeightedLoss
 
 
+ALONE = Quorum(1, 0)  # this group trains the whole step
+
+
 class NonFiniteTraining(RuntimeError):
     """train.max_skipped_steps steps in a row were not finite: the job stops."""
 
@@ -277,25 +280,32 @@ class Loop:
         the backward (no FSDP hook, no pipeline), the likely quorum is assumed (the
         previous step's, or this group alone after its one peer failed) so the forward
         overlaps torchft's quorum; if the quorum turns out different, the share is
-        computed again."""
+        computed again, or, where this group is left alone, only the rest of it."""
         guess = self.replication.last_quorum() if self.may_guess else None
         quorum = guess or self.replication.quorum()
         failed, self._failed = self._failed, None
         mine = self._reuse(step, quorum, failed) if failed else self._run_share(step, quorum)
         if guess is not None:
             actual = self.replication.quorum()
-            if actual != guess:
+            if actual != guess and failed is None and actual == ALONE and self.may_reuse:
+                # Its peer died between steps: what was computed for the guess stands.
+                kept = Attempt(step, guess, self.share, mine)
+                mine, quorum = self._reuse(step, actual, kept, "quorum_shrank"), actual
+            elif actual != guess:
                 self._drop_grads()
                 mine, quorum = self._run_share(step, actual), actual
         return mine, quorum
 
-    def _reuse(self, step: int, quorum: Quorum, failed: Attempt) -> torch.Tensor:
-        """This group alone after its peer failed the exchange: the failed attempt's
-        gradients (same parameters; step() keeps them for the same step only) cover its
-        old share, so only the rest of the step's items are computed. Its micro-batches
-        were weighted for its old quorum, so they are rescaled to this one's (1 / old
-        participants). Any other quorum computes the whole share again."""
-        if quorum != Quorum(1, 0):
+    def _reuse(
+        self, step: int, quorum: Quorum, failed: Attempt, why: str = "exchange_failed"
+    ) -> torch.Tensor:
+        """This group alone after its peer failed the exchange (or died before the step's
+        quorum, `why` = "quorum_shrank"): the earlier attempt's gradients (same
+        parameters; step() keeps them for the same step only) cover its old share, so
+        only the rest of the step's items are computed. Its micro-batches were weighted
+        for its old quorum, so they are rescaled to this one's (1 / old participants).
+        Any other quorum computes the whole share again."""
+        if quorum != ALONE:
             self._drop_grads()
             return self._run_share(step, quorum)
         for p in self.params:
@@ -313,6 +323,7 @@ class Loop:
             step=step + 1,  # numbered as train_step numbers it
             items=[failed.share.start, failed.share.stop],
             computed=len(whole) - len(failed.share),
+            why=why,
         )
         return total
 

@@ -105,6 +105,12 @@ def _kill_relaunch_heal(
     # The survivor's step count never went backwards: nothing committed was lost.
     committed = survivor.committed_steps()
     assert committed == sorted(committed) and committed[-1] == steps
+    if nproc == 1 and "allreduce" in moments and "optimizer" in moments:
+        # A one-rank survivor keeps the half it computed (trainer/loop.py, _reuse): after
+        # the all-reduce kill its exchange failed; after the optimizer kill its peer was
+        # gone before the next step's quorum, which it had guessed would hold both.
+        why = {e["why"] for e in survivor.events("gradients_reused")}
+        assert {"exchange_failed", "quorum_shrank"} <= why, why
 
 
 def test_sharded_groups_survive_kills_and_heal(tmp_path: Path) -> None:
