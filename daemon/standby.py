@@ -6,9 +6,10 @@ its stdin. A group start hands local rank r to standby r by writing the start's
 environment to it as one JSON line; from then on it is that rank, its output relayed
 like any rank's. The pool refills in the background. Where standbys warm at idle
 priority (SCHED_IDLE and a session group at nice 19, see trainer/scheduling.py) a
-new one is spawned at once: its imports then take only the CPU the ranks leave. Where they would warm at normal priority, it is
-spawned once the group that took the last one has had :data:`REFILL_DELAY_S` to start
-(so the imports do not compete with the heal), or at once when no group runs.
+new one is spawned at once: its imports then take mostly the CPU the ranks leave.
+Where they would warm at normal priority, it is spawned once the group that took the
+last one has had :data:`REFILL_DELAY_S` to start (so the imports do not compete with
+the heal), or at once when no group runs.
 
 Failure handling: a standby that exits before it is used is reaped and replaced; if
 standbys keep dying young (:data:`MAX_EARLY_DEATHS` in a row before ever being ready),
