@@ -287,8 +287,9 @@ class Loop:
         mine = self._reuse(step, quorum, failed) if failed else self._run_share(step, quorum)
         if guess is not None:
             actual = self.replication.quorum()
-            if actual != guess and failed is None and actual == ALONE and self.may_reuse:
-                # Its peer died between steps: what was computed for the guess stands.
+            if actual != guess and failed is None and self.may_reuse:
+                # Left alone (its peer died between steps), what was computed for the
+                # guess stands; _reuse computes any other quorum's share from scratch.
                 kept = Attempt(step, guess, self.share, mine)
                 mine, quorum = self._reuse(step, actual, kept, "quorum_shrank"), actual
             elif actual != guess:
