@@ -6,7 +6,8 @@ its stdin. A group start hands local rank r to standby r by writing the start's
 environment to it as one JSON line; from then on it is that rank, its output relayed
 like any rank's. The pool refills in the background. Where standbys warm at idle
 priority (SCHED_IDLE and a session group at nice 19, see trainer/scheduling.py) a
-new one is spawned at once: its imports then take mostly the CPU the ranks leave.
+new one is spawned at once: its imports then take mostly the CPU the ranks leave;
+one handed a start while it still warms is lifted to normal priority from here.
 Where they would warm at normal priority, it is spawned once the group that took the
 last one has had :data:`REFILL_DELAY_S` to start (so the imports do not compete with
 the heal), or at once when no group runs.
@@ -29,6 +30,7 @@ from daemon.children import kill_tree
 from daemon.rank_process import Output, RankEvent, spawn
 from daemon.workers import RANK_ARGV, GroupSpec, rank_env
 from trainer import logs
+from trainer.scheduling import leave_idle
 
 # After a group start, before spawning the standbys it used up, where standbys warm at
 # normal priority (trainer/scheduling.py); at idle priority they are spawned at once.
@@ -78,6 +80,9 @@ class Standby:
         except OSError:  # it died in the meantime
             self.kill()
             return False
+        # Lift it from here: if it still warms at idle priority, it may not get to run
+        # the thread that would lift it for a long time (trainer/scheduling.py).
+        leave_idle(self.pid)
         return True
 
     def kill(self) -> None:

@@ -13,6 +13,12 @@ sessions first, and SCHED_IDLE only yields to threads of the same session. A sta
 therefore also lowers its session's weight to nice 19 (/proc/self/autogroup) while it
 warms, and puts it back when it becomes a rank. Without that, on two busy cores a
 standby's imports took a third of the CPU and slowed both ranks by about 40 %.
+
+A standby handed its start while it warms cannot be trusted to lift itself quickly:
+its reader thread needs the interpreter lock, and the warm-up may hold it through a long
+C call (loading libtorch) that, at that weight next to busy ranks, takes tens of seconds
+(measured: 17-18 s with two busy sessions on two cores). So whoever hands it the start
+lifts it from outside as well (:func:`leave_idle`).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from pathlib import Path
 CAP_SYS_NICE = 23
 AUTOGROUP = Path("/proc/self/autogroup")  # "/autogroup-<id> nice <n>"; absent without autogroup
 IDLE_AUTOGROUP_NICE = 19
+NEW_SESSION_NICE = 0  # the kernel's nice value for a new session's group
 
 
 def may_leave_idle() -> bool:
@@ -44,11 +51,26 @@ def may_leave_idle() -> bool:
     return False
 
 
-def set_policy(policy: int) -> None:
-    """Set every thread of this process to `policy` (Linux schedules threads, not processes)."""
-    for tid in os.listdir("/proc/self/task"):
-        with contextlib.suppress(OSError):
-            os.sched_setscheduler(int(tid), policy, os.sched_param(0))
+def set_policy(policy: int, pid: int | str = "self", only_from: int | None = None) -> None:
+    """Set every thread of process `pid` (this one by default) to `policy`, or only those
+    at `only_from` (Linux schedules threads, not processes)."""
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError):
+                if only_from is None or os.sched_getscheduler(int(tid)) == only_from:
+                    os.sched_setscheduler(int(tid), policy, os.sched_param(0))
+
+
+def leave_idle(pid: int) -> None:
+    """Lift a standby that warms at idle priority from outside: its SCHED_IDLE threads to
+    SCHED_OTHER and its session group, where lowered to nice 19, back to a new session's
+    nice 0. Anything else is left as it is; errors (it exited) are ignored."""
+    if not hasattr(os, "SCHED_IDLE"):
+        return
+    set_policy(os.SCHED_OTHER, pid, only_from=os.SCHED_IDLE)
+    path = Path(f"/proc/{pid}/autogroup")
+    if autogroup_nice(path) == IDLE_AUTOGROUP_NICE:
+        set_autogroup_nice(NEW_SESSION_NICE, path=path)
 
 
 def autogroup_nice(path: Path = AUTOGROUP) -> int | None:
@@ -60,13 +82,13 @@ def autogroup_nice(path: Path = AUTOGROUP) -> int | None:
         return None
 
 
-def set_autogroup_nice(nice: int, tries: int = 20) -> bool:
-    """Set this session's group nice value; False where the kernel has no autogroup or
+def set_autogroup_nice(nice: int, tries: int = 20, path: Path = AUTOGROUP) -> bool:
+    """Set this session's group nice value (that of `path`'s process); False where the kernel has no autogroup or
     refuses. Without CAP_SYS_ADMIN the kernel takes one change per 100 ms system-wide
     and answers EAGAIN in between, so that is retried for up to about 0.2 s."""
     for _ in range(tries):
         try:
-            AUTOGROUP.write_text(str(nice))
+            path.write_text(str(nice))
             return True
         except OSError as e:
             if e.errno != errno.EAGAIN:

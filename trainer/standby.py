@@ -19,6 +19,7 @@ import contextlib
 import importlib
 import json
 import os
+import select
 import sys
 import threading
 import time
@@ -89,9 +90,19 @@ def _first_use() -> None:
     optimizer.step()
 
 
+def _start_waiting() -> bool:
+    """Whether the start's line (or end of input) is already there to read."""
+    try:
+        return bool(select.select([sys.stdin], [], [], 0)[0])
+    except (OSError, ValueError):
+        return False
+
+
 class _Assignment:
     """Reads the start's line on a thread, so a start that comes while the standby still
-    warms up (at idle priority) lifts it to normal priority at once.
+    warms up (at idle priority) lifts it to normal priority. The daemon lifts it from
+    outside too (trainer/scheduling.py:leave_idle): this thread needs the interpreter
+    lock, which the warm-up may hold for long at idle priority.
 
     `group_nice` is the session group's nice value to put back (None: it was not
     lowered); `restored` says whether that worked."""
@@ -135,6 +146,11 @@ def wait_for_start(config_path: str) -> tuple[bool, tuple[TrainerConfig, Any] | 
         group_nice = autogroup_nice() if os.getsid(0) == os.getpid() else None
         if group_nice is not None and not set_autogroup_nice(IDLE_AUTOGROUP_NICE):
             group_nice = None
+        if _start_waiting():  # handed (and lifted by the daemon) before it lowered itself
+            set_policy(os.SCHED_OTHER)
+            if group_nice is not None:
+                set_autogroup_nice(group_nice)
+            idle, group_nice = False, None
     assignment = _Assignment(idle, group_nice)
     prepared = None
     try:

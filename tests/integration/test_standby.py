@@ -4,14 +4,25 @@ standbys along. Real daemons, etcd, lighthouse and rank processes; real SIGKILL/
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from pathlib import Path
 
 import pytest
 
-from daemon.standby import REFILL_DELAY_S
-from tests.harness import Daemon, Event, alive, children, event_time, start_daemon, wait_for
+from daemon.standby import REFILL_DELAY_S, Standby
+from daemon.workers import GroupSpec, rank_env
+from tests.harness import (
+    Daemon,
+    Event,
+    alive,
+    children,
+    event_time,
+    free_port,
+    start_daemon,
+    wait_for,
+)
 from trainer.scheduling import IDLE_AUTOGROUP_NICE, autogroup_nice, may_leave_idle
 
 pytestmark = pytest.mark.integration
@@ -138,3 +149,52 @@ def test_sigterm_takes_the_standbys_along(tmp_path: Path, etcd_endpoint: str) ->
     assert a.events("group_drained") and not a.events("group_restarted")
     assert not [e for e in a.events("rank_started") if e["pid"] == spare]  # it never trained
     assert b.events("train_done")[0]["step"] == 300
+
+
+def test_a_standby_handed_its_start_while_it_warms_leaves_idle_priority_at_once(
+    tmp_path: Path,
+) -> None:
+    """A start that comes while the standby warms at idle priority lifts it from the
+    daemon's side: the standby's own thread may not run for a long time (it needs the
+    interpreter lock, which loading libtorch holds). The standby is stopped (SIGSTOP)
+    when the start comes, so only the daemon can lift it."""
+    spec = GroupSpec(
+        nproc=1,
+        slot=0,
+        num_slots=1,
+        lighthouse="http://127.0.0.1:9",  # never reached: the rank is killed first
+        config_path=Path(__file__).parents[2] / "examples" / "single.toml",
+        run_dir=tmp_path,
+        min_replicas=1,
+        job="itest",
+        node="node-a",
+        advertise_host="127.0.0.1",
+        bind_host="127.0.0.1",
+        extra_env={},
+        hang_timeout_s=30.0,
+        metrics_dir=None,
+        python_path=[],
+    )
+    events: list[dict[str, object]] = []
+    standby = Standby(0, spec, lambda rank, event: events.append(event), None)
+    pid = standby.pid
+    try:
+        assert may_leave_idle()  # as root (CI): it warms at idle priority
+        wait_for(
+            lambda: (
+                os.sched_getscheduler(pid) == os.SCHED_IDLE
+                and group_nice(pid) == expect_nice(IDLE_AUTOGROUP_NICE)
+            ),
+            30,
+            "the standby to lower itself",
+        )
+        os.kill(pid, signal.SIGSTOP)
+        assert standby.assign(rank_env(spec, 0, free_port(), 1), 0, lambda r, e: None)
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        assert {os.sched_getscheduler(t) for t in tids} == {os.SCHED_OTHER}
+        assert group_nice(pid) == expect_nice(0)
+        assert not standby.ready.is_set()  # it was handed its start while it warmed
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+        standby.kill()
