@@ -57,6 +57,10 @@ def daemon_argv(
     return argv
 
 
+# Events that end a standby's (or the standby zygote's) warm-up.
+WARMED = ("standby_ready", "standby_exited", "standby_zygote_ready", "standby_zygote_exited")
+
+
 class System:
     """What the benchmark needs of each system."""
 
@@ -309,9 +313,9 @@ class Phalanx(System):
             self.pids[group] = [int(p) for p in e.get("pids", [])]
             self.born[group] = t
             self.warming -= set(self.pids[group])  # standbys that became ranks
-        if kind == "standby_spawned":
+        if kind in ("standby_spawned", "standby_zygote_spawned"):
             self.warming.add(int(e["pid"]))
-        elif kind in ("standby_ready", "standby_exited"):
+        elif kind in WARMED:
             self.warming.discard(int(e.get("pid", 0)))
         if kind == "train_step":
             first, stop = e.get("items", [0, ROWS])
@@ -327,8 +331,8 @@ class Phalanx(System):
             self.count(kind)
 
     def quiet(self) -> bool:
-        """Every standby this system spawned is ready (or used, or gone): a standby warms
-        at idle priority but still takes some CPU from the ranks on a busy machine."""
+        """Every standby (and standby zygote) this system spawned is ready (or used, or
+        gone): one warms at idle priority but still takes some CPU from busy ranks."""
         return not self.warming
 
     def count(self, what: str) -> None:

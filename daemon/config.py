@@ -152,8 +152,9 @@ class NodeConfig(Section):
     )
     standby: bool = Field(
         True,
-        description="Keep a pre-started standby process per local rank (torch imported) that "
-        "replaces a failed rank at once; false saves its memory (a few hundred MB per rank).",
+        description="Keep a pre-started standby process per local rank (torch imported, forked "
+        "from one warm zygote per node) that replaces a failed rank at once; false saves their "
+        "memory (a few hundred MB).",
     )
     hang_timeout_s: float = Field(
         300.0,

@@ -18,7 +18,7 @@ import subprocess
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from prometheus_client.multiprocess import mark_process_dead
 
@@ -29,8 +29,25 @@ RankEvent = Callable[[int, dict[str, Any]], None]
 RUST_LINE = re.compile(r"^\S+ \[(?P<level>[A-Z]+)\] \[(?P<logger>[^\]]+)\] - (?P<message>.*)$")
 
 
+class ChildProcess(Protocol):
+    """What the daemon uses of a rank's process: a subprocess.Popen, or a standby forked
+    by the zygote and adopted by the daemon (daemon/zygote.py)."""
+
+    pid: int
+    returncode: int | None
+    stdin: IO[bytes] | None
+    stdout: IO[bytes] | None
+    stderr: IO[bytes] | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+
 def spawn(
-    argv: list[str], env: dict[str, str], stdin_pipe: bool = False
+    argv: list[str], env: dict[str, str], stdin_pipe: bool = False, pass_fds: tuple[int, ...] = ()
 ) -> subprocess.Popen[bytes]:
     """Start a rank (or standby) in its own session, killed by the kernel with the daemon.
 
@@ -43,6 +60,7 @@ def spawn(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,
+        pass_fds=pass_fds,
         preexec_fn=die_with_parent(os.getpid()),  # PR_SET_PDEATHSIG must run in the child
     )
 
@@ -56,7 +74,7 @@ class Output:
 
     def __init__(
         self,
-        popen: subprocess.Popen[bytes],
+        popen: ChildProcess,
         rank: int,
         group: int | None,
         sink: RankEvent,

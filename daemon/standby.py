@@ -27,8 +27,9 @@ import threading
 from typing import Any
 
 from daemon.children import kill_tree
-from daemon.rank_process import Output, RankEvent, spawn
+from daemon.rank_process import ChildProcess, Output, RankEvent, spawn
 from daemon.workers import RANK_ARGV, GroupSpec, rank_env
+from daemon.zygote import MAX_ZYGOTE_DEATHS, Zygote
 from trainer import logs
 from trainer.scheduling import leave_idle
 
@@ -42,7 +43,12 @@ class Standby:
     """One waiting rank process."""
 
     def __init__(
-        self, rank: int, spec: GroupSpec, sink: RankEvent, wake: threading.Event | None
+        self,
+        rank: int,
+        spec: GroupSpec,
+        sink: RankEvent,
+        wake: threading.Event | None,
+        zygote: Zygote | None = None,
     ) -> None:
         self.rank = rank
         self.sink = sink  # where its events go while it waits (the node's, like a rank's)
@@ -51,7 +57,10 @@ class Standby:
         argv = [*RANK_ARGV, "--standby", "--config", str(spec.config_path)]
         # Import-time settings (threads, PYTHONPATH, the metrics directory) are the
         # start's; the start's own values (store port, attempt) come with the assignment.
-        self.popen = spawn(argv, rank_env(spec, rank, 0, 0), stdin_pipe=True)
+        env = rank_env(spec, rank, 0, 0)
+        forked = zygote.fork(env) if zygote is not None else None
+        self.forked = forked is not None  # from the zygote, warm: else spawned
+        self.popen: ChildProcess = forked or spawn(argv, env, stdin_pipe=True)
         self.output = Output(self.popen, rank, None, self._relay, wake)
 
     @property
@@ -100,6 +109,8 @@ class StandbyPool:
         self.slots: list[Standby | None] = [None] * nproc
         self.early_deaths = 0
         self.disabled = False
+        self.zygote: Zygote | None = None
+        self.zygote_deaths = 0  # in a row, before ready
         self.log = logs.get()
 
     @property
@@ -133,18 +144,42 @@ class StandbyPool:
                 )
 
     def fill(self, spec: GroupSpec) -> None:
-        """Spawn a standby for every local rank that has none (from the supervisor's thread)."""
+        """Start a standby for every local rank that has none (from the supervisor's
+        thread): forked from the zygote once it is warm, spawned where there is none."""
         self.reap()
         if self.disabled:
             return
+        zygote = self._tend_zygote(spec)
+        if zygote is not None and not zygote.ready.is_set():
+            return  # its standbys come once it is warm (a start meanwhile spawns cold)
         for i, s in enumerate(self.slots):
             if s is None:
-                standby = Standby(i, spec, self.sink, self.wake)
+                standby = Standby(i, spec, self.sink, self.wake, zygote)
                 self.slots[i] = standby
-                self.log.info("standby_spawned", rank=i, pid=standby.pid)
+                self.log.info("standby_spawned", rank=i, pid=standby.pid, forked=standby.forked)
+
+    def _tend_zygote(self, spec: GroupSpec) -> Zygote | None:
+        """The zygote if it is ready to fork; one that exited is replaced (unless too
+        many in a row died before they were ready)."""
+        z = self.zygote
+        if z is not None and not z.alive():
+            code = z.popen.poll()
+            z.kill()
+            self.zygote = None
+            self.zygote_deaths = 0 if z.ready.is_set() else self.zygote_deaths + 1
+            if code == 0 and not z.ready.is_set():  # it refused to fork (standby_zygote_refused)
+                self.zygote_deaths = MAX_ZYGOTE_DEATHS
+            self.log.warning("standby_zygote_exited", pid=z.pid, code=code, ready=z.ready.is_set())
+        if self.zygote is None and self.zygote_deaths < MAX_ZYGOTE_DEATHS:
+            self.zygote = Zygote(spec, self.sink, self.wake)
+            self.log.info("standby_zygote_spawned", pid=self.zygote.pid)
+        return self.zygote
 
     def kill(self) -> None:
         for i, s in enumerate(self.slots):
             if s is not None:
                 s.kill()
                 self.slots[i] = None
+        if self.zygote is not None:
+            self.zygote.kill()
+            self.zygote = None

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -32,7 +31,7 @@ from daemon.config import DaemonConfig
 from daemon.exits import RANK_BAD_INPUT, RANK_DRAINED
 from daemon.fencing import LEASE_FILE
 from daemon.netif import interface_for
-from daemon.rank_process import Output, RankEvent, spawn
+from daemon.rank_process import ChildProcess, Output, RankEvent, spawn
 
 if TYPE_CHECKING:
     from daemon.standby import Standby
@@ -58,7 +57,7 @@ class GroupExit:
 @dataclass
 class Rank:
     rank: int
-    popen: subprocess.Popen[bytes]
+    popen: ChildProcess
     heartbeat: Path
     output: Output
     from_standby: bool = False

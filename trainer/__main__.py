@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from trainer import logs
 from trainer.config import ConfigError, add_override_option, load_trainer_config
@@ -36,17 +38,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="warm up, then wait for the start's environment as one JSON line on stdin "
         "(the daemon's hot spares)",
     )
+    parser.add_argument(
+        "--zygote",
+        action="store_true",
+        help="warm up once, then fork a standby per request on --control-fd (the daemon's)",
+    )
+    parser.add_argument("--control-fd", type=int, default=-1, help=argparse.SUPPRESS)
     add_override_option(parser)
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prepare: Callable[[str, int], Any] | None = None) -> int:
+    """Run one rank; `prepare` replaces a standby's warm-up (a standby forked warm)."""
     args = parse_args(argv)
     prepared = None
-    if args.standby:
-        from trainer.standby import wait_for_start
+    if args.zygote:
+        from trainer.zygote import serve
 
-        started, prepared = wait_for_start(args.config)
+        return serve(args.config, args.control_fd)
+    if args.standby:
+        from trainer.standby import wait_for_start, warm
+
+        started, prepared = wait_for_start(args.config, prepare or warm)
         if not started:
             return 0
     try:

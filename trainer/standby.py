@@ -23,6 +23,7 @@ import select
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from trainer import logs
@@ -46,7 +47,11 @@ WARM_MODULES = (
 )
 
 
-def warm(config_path: str, world_size: int) -> tuple[TrainerConfig, Any] | None:
+# What a standby builds before its start: the job file and the built-in workload.
+Prepared = tuple[TrainerConfig, Any] | None
+
+
+def warm(config_path: str, world_size: int) -> Prepared:
     """Import what a rank needs and build what depends only on the job file; return the
     job file and the built-in workload built from it when there is one (None otherwise,
     or when anything failed)."""
@@ -127,9 +132,12 @@ class _Assignment:
         return self.line
 
 
-def wait_for_start(config_path: str) -> tuple[bool, tuple[TrainerConfig, Any] | None]:
+def wait_for_start(
+    config_path: str, prepare: Callable[[str, int], Prepared] = warm
+) -> tuple[bool, Prepared]:
     """Warm up, report ready, read the start's environment into os.environ. Returns
-    (False, None) at end of input, else (True, what :func:`warm` prepared).
+    (False, None) at end of input, else (True, what :func:`warm` prepared). A standby
+    forked from a warm process (trainer/zygote.py) passes what that one prepared.
 
     Warming up runs at SCHED_IDLE, in a session group lowered to nice 19, where the
     process may leave SCHED_IDLE again (as root, or with CAP_SYS_NICE): a standby
@@ -155,7 +163,7 @@ def wait_for_start(config_path: str) -> tuple[bool, tuple[TrainerConfig, Any] | 
     prepared = None
     try:
         world = int(os.environ.get("WORLD_SIZE", "1"))
-        prepared = warm(config_path, world)
+        prepared = prepare(config_path, world)
     except Exception as e:  # the rank will meet it again and report it properly
         log.warning("standby_warmup_failed", error=f"{type(e).__name__}: {e}")
     seconds = round(time.monotonic() - started, 3)
@@ -164,6 +172,7 @@ def wait_for_start(config_path: str) -> tuple[bool, tuple[TrainerConfig, Any] | 
         pid=os.getpid(),
         seconds=seconds,
         idle_priority=idle,
+        forked=prepare is not warm,
         group_nice=IDLE_AUTOGROUP_NICE if group_nice is not None else autogroup_nice(),
     )
     line = assignment.wait()

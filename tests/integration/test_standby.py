@@ -13,6 +13,7 @@ import pytest
 
 from daemon.standby import REFILL_DELAY_S, Standby
 from daemon.workers import GroupSpec, rank_env
+from daemon.zygote import parent_of
 from tests.harness import (
     Daemon,
     Event,
@@ -68,7 +69,11 @@ def test_standbys_replace_killed_ranks_and_are_replaced_when_they_die(
     tmp_path: Path, etcd_endpoint: str
 ) -> None:
     steps = ["train.steps=400"]
-    a = start_daemon(tmp_path, "node-a", [etcd_endpoint], overrides=steps)
+    # Two threads per rank, as the daemon sets by default here: numpy's OpenBLAS then runs a
+    # thread of its own in the zygote when it forks (trainer/zygote.py).
+    a = start_daemon(
+        tmp_path, "node-a", [etcd_endpoint], overrides=steps, env={"OMP_NUM_THREADS": "2"}
+    )
     b = start_daemon(tmp_path, "node-b", [etcd_endpoint], overrides=[*steps, "node.standby=false"])
     try:
         wait_for(lambda: a.step() > 3 and b.step() > 3, 120, "both groups to train")
@@ -76,6 +81,9 @@ def test_standbys_replace_killed_ranks_and_are_replaced_when_they_die(
         # As root a standby waits at idle priority, its session group at nice 19 where
         # the kernel groups by session (trainer/scheduling.py).
         spare = ready_standby(a)
+        # Forked warm by the node's zygote, adopted by the daemon, in a session of its own.
+        assert next(e for e in a.events("standby_spawned") if e["pid"] == spare)["forked"]
+        assert parent_of(spare) == a.pid and os.getsid(spare) == spare
         assert may_leave_idle() and os.sched_getscheduler(spare) == os.SCHED_IDLE
         assert group_nice(spare) == expect_nice(IDLE_AUTOGROUP_NICE)
         assert next(e for e in a.events("standby_ready") if e["pid"] == spare)["idle_priority"]
@@ -87,7 +95,7 @@ def test_standbys_replace_killed_ranks_and_are_replaced_when_they_die(
             30,
             "node-a to notice its standby died",
         )
-        assert exited[0]["code"] == -signal.SIGKILL
+        assert exited[0]["code"] == -signal.SIGKILL  # the daemon reaped it: its exit status
         replacement = wait_for(
             lambda: [p for p in (a.status() or {}).get("standby_pids", []) if p != spare],
             30,
@@ -198,3 +206,37 @@ def test_a_standby_handed_its_start_while_it_warms_leaves_idle_priority_at_once(
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)
         standby.kill()
+
+
+def test_a_killed_zygote_is_replaced_and_everything_dies_with_the_daemon(
+    tmp_path: Path, etcd_endpoint: str
+) -> None:
+    """The zygote (trainer/zygote.py) is a child of the daemon like its standbys: one
+    that dies is replaced without touching the group or the standbys it forked, and a
+    SIGKILL of the daemon takes the zygote, the forked standby and the rank along."""
+    a = start_daemon(tmp_path, "node-a", [etcd_endpoint], overrides=["train.steps=100000"])
+    try:
+        spare = ready_standby(a)
+        zygote = a.events("standby_zygote_ready")[0]["pid"]
+        assert parent_of(zygote) == a.pid and a.rank_pids()
+        os.kill(zygote, signal.SIGKILL)
+        gone = wait_for(
+            lambda: [e for e in a.events("standby_zygote_exited") if e["pid"] == zygote],
+            30,
+            "node-a to notice its zygote died",
+        )
+        assert gone[0]["code"] == -signal.SIGKILL and gone[0]["ready"]
+        wait_for(
+            lambda: [e for e in a.events("standby_zygote_ready") if e["pid"] != zygote],
+            120,
+            "a new zygote",
+        )
+        assert alive(spare) and not a.events("group_restarted")
+        step = a.step()
+        wait_for(lambda: a.step() > step, 60, "node-a to go on training")
+        tree = children(a.pid)
+        assert spare in tree and set(a.rank_pids()) <= set(tree)
+        os.kill(a.pid, signal.SIGKILL)
+        wait_for(lambda: not [p for p in tree if alive(p)], 30, "node-a's processes to die with it")
+    finally:
+        a.stop()

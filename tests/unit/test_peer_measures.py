@@ -48,7 +48,7 @@ def test_the_failure_free_rate_pools_the_windows_before_and_after_the_chaos() ->
     assert pooled_rate(commits, [(0, 10), (105, 105)], net=True) == pytest.approx(2.0)
 
 
-def test_phalanx_is_quiet_once_every_standby_is_ready_used_or_gone() -> None:
+def test_phalanx_is_quiet_once_every_standby_and_zygote_is_ready_used_or_gone() -> None:
     system = Phalanx(Path("/nonexistent"), None)
     assert system.quiet()
 
@@ -63,4 +63,8 @@ def test_phalanx_is_quiet_once_every_standby_is_ready_used_or_gone() -> None:
     event("group_restarted", pids=[12])  # taken while still warming: it is a rank now
     assert not system.quiet()
     event("standby_exited", pid=13)
+    assert system.quiet()
+    event("standby_zygote_spawned", pid=14)  # the node's zygote warms up too
+    assert not system.quiet()
+    event("standby_zygote_ready", pid=14)
     assert system.quiet()
