@@ -66,9 +66,9 @@ class NodeGroup:
     def tend_standbys(self, live: bool) -> None:
         """Once per tick: keep a standby per local rank while the node is `live` (holds or
         seeks a slot, not draining), none otherwise. Standbys a start used are replaced at
-        once where they warm up at idle priority (they take only CPU the ranks leave, as
-        the survivors wait out the heal), else REFILL_DELAY_S after the start, so their
-        imports do not slow the new group's heal."""
+        once where they are forked warm or warm up at idle priority (they take only CPU
+        the ranks leave, as the survivors wait out the heal), else REFILL_DELAY_S after the
+        start, so their imports do not slow the new group's heal."""
         pool = self.standbys
         if pool is None:
             return
@@ -76,6 +76,7 @@ class NodeGroup:
             pool.kill()
         elif (
             self.current is not None
+            and not pool.forks
             and time.monotonic() - self.current.started_at < self.refill_delay_s
         ):
             pool.reap()

@@ -4,9 +4,11 @@ A standby is ``python -m trainer --standby``: it imports torch, torchft and the
 trainer (about 2 s of a rank's 3 s start here), says ``standby_ready`` and blocks on
 its stdin. A group start hands local rank r to standby r by writing the start's
 environment to it as one JSON line; from then on it is that rank, its output relayed
-like any rank's. The pool refills in the background. Where standbys warm at idle
-priority (SCHED_IDLE and a session group at nice 19, see trainer/scheduling.py) a
-new one is spawned at once: its imports then take mostly the CPU the ranks leave;
+like any rank's. The pool refills in the background, by forking a standby from the
+node's zygote (daemon/zygote.py: warm at once, almost no CPU) once that is warm.
+Before that, or where no zygote can be had, standbys are spawned. Where they warm at
+idle priority (SCHED_IDLE and a session group at nice 19, see trainer/scheduling.py)
+a new one is spawned at once: its imports then take mostly the CPU the ranks leave;
 one handed a start while it still warms is lifted to normal priority from here.
 Where they would warm at normal priority, it is spawned once the group that took the
 last one has had :data:`REFILL_DELAY_S` to start (so the imports do not compete with
@@ -112,6 +114,11 @@ class StandbyPool:
         self.zygote: Zygote | None = None
         self.zygote_deaths = 0  # in a row, before ready
         self.log = logs.get()
+
+    @property
+    def forks(self) -> bool:
+        """Whether a refill is forked from a warm zygote (costs the ranks nothing)."""
+        return self.zygote is not None and self.zygote.ready.is_set() and self.zygote.alive()
 
     @property
     def pids(self) -> list[int]:
