@@ -161,9 +161,9 @@ def _become_standby(
         for fd in fds:
             if fd > 2:
                 os.close(fd)
-        deadline = time.monotonic() + ADOPTION_TIMEOUT_S
-        while os.getppid() != daemon:  # the middle process is still exiting
-            if time.monotonic() > deadline:
+        middle, deadline = os.getppid(), time.monotonic() + ADOPTION_TIMEOUT_S
+        while (parent := os.getppid()) != daemon:  # the middle process is still exiting
+            if parent != middle or time.monotonic() > deadline:  # the daemon is gone
                 os._exit(1)
             time.sleep(0.001)
         libc = ctypes.CDLL(None, use_errno=True)
