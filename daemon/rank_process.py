@@ -46,6 +46,19 @@ class ChildProcess(Protocol):
     def send_signal(self, sig: int) -> None: ...
 
 
+class Watched:
+    """The pid and liveness of a process the daemon keeps (a standby, the zygote)."""
+
+    popen: ChildProcess
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+
 def spawn(
     argv: list[str], env: dict[str, str], stdin_pipe: bool = False, pass_fds: tuple[int, ...] = ()
 ) -> subprocess.Popen[bytes]:

@@ -29,7 +29,7 @@ import threading
 from typing import Any
 
 from daemon.children import kill_tree
-from daemon.rank_process import ChildProcess, Output, RankEvent, spawn
+from daemon.rank_process import ChildProcess, Output, RankEvent, Watched, spawn
 from daemon.workers import RANK_ARGV, GroupSpec, rank_env
 from daemon.zygote import MAX_ZYGOTE_DEATHS, Zygote
 from trainer import logs
@@ -41,7 +41,7 @@ REFILL_DELAY_S = 5.0
 MAX_EARLY_DEATHS = 3  # standbys in a row that die before ready: stop spawning them
 
 
-class Standby:
+class Standby(Watched):
     """One waiting rank process."""
 
     def __init__(
@@ -64,13 +64,6 @@ class Standby:
         self.forked = forked is not None  # from the zygote, warm: else spawned
         self.popen: ChildProcess = forked or spawn(argv, env, stdin_pipe=True)
         self.output = Output(self.popen, rank, None, self._relay, wake)
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
 
     def _relay(self, rank: int, event: dict[str, Any]) -> None:
         if event.get("event") == "standby_ready":

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from daemon.children import kill_tree
-from daemon.rank_process import Output, RankEvent, spawn
+from daemon.rank_process import Output, RankEvent, Watched, spawn
 from daemon.workers import RANK_ARGV, GroupSpec, rank_env
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -100,7 +100,7 @@ class ForkedProcess:
                 os.kill(self.pid, sig)
 
 
-class Zygote:
+class Zygote(Watched):
     """One warm process that forks this node's standbys."""
 
     def __init__(self, spec: GroupSpec, sink: RankEvent, wake: threading.Event | None) -> None:
@@ -117,13 +117,6 @@ class Zygote:
         ours.settimeout(FORK_TIMEOUT_S)
         self.control = ours
         self.output = Output(self.popen, 0, None, self._relay, wake)
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
 
     def _relay(self, rank: int, event: dict[str, Any]) -> None:
         if event.get("event") == "standby_zygote_ready":

@@ -39,6 +39,7 @@ import socket
 import sys
 import threading
 import time
+from dataclasses import dataclass
 
 from trainer import logs
 from trainer.scheduling import (
@@ -53,6 +54,19 @@ from trainer.standby import Prepared, warm
 PR_SET_PDEATHSIG = 1
 ADOPTION_TIMEOUT_S = 10.0  # a forked standby not adopted by the daemon by then exits
 MAX_REQUEST = 1 << 20  # bytes: the environment of a standby, as JSON
+
+
+@dataclass(frozen=True)
+class _Request:
+    """One standby to fork: its stdin, stdout and stderr, its environment, and what the
+    zygote passes on (its control socket to close, the daemon's pid, the warm-up)."""
+
+    fds: list[int]
+    env: dict[str, str]
+    control_fd: int
+    daemon: int
+    config_path: str
+    prepared: Prepared
 
 
 def serve(config_path: str, control_fd: int) -> int:
@@ -80,7 +94,7 @@ def serve(config_path: str, control_fd: int) -> int:
         try:
             if len(fds) == 3:
                 env: dict[str, str] = json.loads(data)["env"]
-                pid = _fork(fds, env, control.fileno(), daemon, config_path, prepared)
+                pid = _fork(_Request(fds, env, control.fileno(), daemon, config_path, prepared))
         except (OSError, ValueError, KeyError) as e:
             log.warning("standby_fork_failed", error=f"{type(e).__name__}: {e}")
         finally:
@@ -109,14 +123,7 @@ def _warm_at_idle(config_path: str) -> Prepared:
     return prepared
 
 
-def _fork(
-    fds: list[int],
-    env: dict[str, str],
-    control_fd: int,
-    daemon: int,
-    config_path: str,
-    prepared: Prepared,
-) -> int:
+def _fork(request: _Request) -> int:
     """Fork a standby through a child that exits at once; return the standby's pid."""
     read_end, write_end = os.pipe()
     sys.stdout.flush()
@@ -129,7 +136,7 @@ def _fork(
             standby = os.fork()
             if standby == 0:
                 os.close(write_end)
-                _become_standby(fds, env, control_fd, daemon, config_path, prepared)
+                _become_standby(request)
             os.write(write_end, str(standby).encode())
             code = 0
         finally:
@@ -143,41 +150,34 @@ def _fork(
     return int(answer) if answer else 0
 
 
-def _become_standby(
-    fds: list[int],
-    env: dict[str, str],
-    control_fd: int,
-    daemon: int,
-    config_path: str,
-    prepared: Prepared,
-) -> None:
+def _become_standby(r: _Request) -> None:
     """In the forked standby: never returns."""
     code = 1
     try:
         os.setsid()  # a session (and session group) of its own, like a spawned standby
-        os.close(control_fd)
-        for target, fd in enumerate(fds):
+        os.close(r.control_fd)
+        for target, fd in enumerate(r.fds):
             os.dup2(fd, target)
-        for fd in fds:
+        for fd in r.fds:
             if fd > 2:
                 os.close(fd)
         middle, deadline = os.getppid(), time.monotonic() + ADOPTION_TIMEOUT_S
-        while (parent := os.getppid()) != daemon:  # the middle process is still exiting
+        while (parent := os.getppid()) != r.daemon:  # the middle process is still exiting
             if parent != middle or time.monotonic() > deadline:  # the daemon is gone
                 os._exit(1)
             time.sleep(0.001)
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != daemon:  # the daemon died before prctl took effect
+        if os.getppid() != r.daemon:  # the daemon died before prctl took effect
             os._exit(1)
         os.environ.clear()
-        os.environ.update(env)
+        os.environ.update(r.env)
         from trainer.__main__ import main
 
         def given(path: str, world: int) -> Prepared:
-            return prepared
+            return r.prepared
 
-        code = main(["--standby", "--config", config_path], prepare=given)
+        code = main(["--standby", "--config", r.config_path], prepare=given)
     finally:
         with contextlib.suppress(Exception):
             sys.stdout.flush()
