@@ -53,6 +53,13 @@ def main(argv: list[str] | None = None, prepare: Callable[[str, int], Any] | Non
     args = parse_args(argv)
     prepared = None
     if args.zygote:
+        if args.control_fd < 0:
+            print(
+                "error: --zygote needs --control-fd (the daemon's socket); it is not "
+                "started by hand",
+                file=sys.stderr,
+            )
+            return EXIT_BAD_INPUT
         from trainer.zygote import serve
 
         return serve(args.config, args.control_fd)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -27,6 +29,8 @@ from tests.harness import (
 from trainer.scheduling import IDLE_AUTOGROUP_NICE, autogroup_nice, may_leave_idle
 
 pytestmark = pytest.mark.integration
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "single.toml"
 
 
 def ready_standby(d: Daemon, timeout: float = 90) -> int:
@@ -171,7 +175,7 @@ def test_a_standby_handed_its_start_while_it_warms_leaves_idle_priority_at_once(
         slot=0,
         num_slots=1,
         lighthouse="http://127.0.0.1:9",  # never reached: the rank is killed first
-        config_path=Path(__file__).parents[2] / "examples" / "single.toml",
+        config_path=EXAMPLE,
         run_dir=tmp_path,
         min_replicas=1,
         job="itest",
@@ -240,3 +244,16 @@ def test_a_killed_zygote_is_replaced_and_everything_dies_with_the_daemon(
         wait_for(lambda: not [p for p in tree if alive(p)], 30, "node-a's processes to die with it")
     finally:
         a.stop()
+
+
+def test_a_zygote_started_by_hand_without_its_socket_exits_2() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "trainer", "--zygote", "--config", str(EXAMPLE)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "error: --zygote needs --control-fd (the daemon's socket); it is not started by hand"
+    ]
