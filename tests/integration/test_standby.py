@@ -1,6 +1,8 @@
-"""Hot-spare ranks (daemon/standby.py): a pre-started standby replaces a killed rank; a
-dead standby is replaced; `node.standby = false` starts ranks cold; SIGTERM takes the
-standbys along. Real daemons, etcd, lighthouse and rank processes; real SIGKILL/SIGTERM."""
+"""Hot-spare ranks (daemon/standby.py): a standby forked by the node's zygote
+(daemon/zygote.py) replaces a killed rank; a dead standby or zygote is replaced;
+`node.standby = false` starts ranks cold; SIGTERM and a SIGKILL of the daemon take the
+standbys along; a standby handed its start while it warms leaves idle priority at once.
+Real daemons, etcd, lighthouse and rank processes; real SIGKILL/SIGSTOP/SIGTERM."""
 
 from __future__ import annotations
 
