@@ -29,7 +29,7 @@ import threading
 from typing import Any
 
 from daemon.children import kill_tree
-from daemon.rank_process import ChildProcess, Output, RankEvent, Watched, spawn
+from daemon.rank_process import Output, RankEvent, Watched, spawn
 from daemon.workers import RANK_ARGV, GroupSpec, rank_env
 from daemon.zygote import MAX_ZYGOTE_DEATHS, Zygote
 from trainer import logs
@@ -62,7 +62,7 @@ class Standby(Watched):
         env = rank_env(spec, rank, 0, 0)
         forked = zygote.fork(env) if zygote is not None else None
         self.forked = forked is not None  # from the zygote, warm: else spawned
-        self.popen: ChildProcess = forked or spawn(argv, env, stdin_pipe=True)
+        self.popen = forked or spawn(argv, env, stdin_pipe=True)
         self.output = Output(self.popen, rank, None, self._relay, wake)
 
     def _relay(self, rank: int, event: dict[str, Any]) -> None:
@@ -159,8 +159,8 @@ class StandbyPool:
                 self.log.info("standby_spawned", rank=i, pid=standby.pid, forked=standby.forked)
 
     def _tend_zygote(self, spec: GroupSpec) -> Zygote | None:
-        """The zygote if it is ready to fork; one that exited is replaced (unless too
-        many in a row died before they were ready)."""
+        """The zygote (warm or still warming), None where there is none to be had; one
+        that exited is replaced unless too many in a row died before they were warm."""
         z = self.zygote
         if z is not None and not z.alive():
             code = z.popen.poll()

@@ -28,6 +28,7 @@ import errno
 import os
 import resource
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 CAP_SYS_NICE = 23
@@ -61,6 +62,36 @@ def set_policy(policy: int, pid: int | str = "self", only_from: int | None = Non
                     os.sched_setscheduler(int(tid), policy, os.sched_param(0))
 
 
+@dataclass(frozen=True)
+class Lowered:
+    """What :func:`lower_to_idle` changed: `idle`, this process's threads went to
+    SCHED_IDLE; `group_nice`, its session group's nice value to put back (None: the
+    group was not lowered)."""
+
+    idle: bool = False
+    group_nice: int | None = None
+
+    def restore(self) -> bool:
+        """Put this process back to normal priority; False where the kernel refused the
+        session group's nice value."""
+        if self.idle:
+            set_policy(os.SCHED_OTHER)
+        return self.group_nice is None or set_autogroup_nice(self.group_nice)
+
+
+def lower_to_idle() -> Lowered:
+    """Warm up at idle priority where this process may leave it again: SCHED_IDLE, and
+    its session group at nice 19 when it leads a session of its own (as the daemon
+    starts it; never a shell's). Elsewhere nothing changes."""
+    if not may_leave_idle():
+        return Lowered()
+    set_policy(os.SCHED_IDLE)
+    nice = autogroup_nice() if os.getsid(0) == os.getpid() else None
+    if nice is not None and not set_autogroup_nice(IDLE_AUTOGROUP_NICE):
+        nice = None
+    return Lowered(True, nice)
+
+
 def leave_idle(pid: int) -> None:
     """Lift a standby that warms at idle priority from outside: its SCHED_IDLE threads to
     SCHED_OTHER and its session group, where lowered to nice 19, back to a new session's
@@ -83,8 +114,8 @@ def autogroup_nice(path: Path = AUTOGROUP) -> int | None:
 
 
 def set_autogroup_nice(nice: int, tries: int = 20, path: Path = AUTOGROUP) -> bool:
-    """Set this session's group nice value (that of `path`'s process); False where the kernel has no autogroup or
-    refuses. Without CAP_SYS_ADMIN the kernel takes one change per 100 ms system-wide
+    """Set this session's group nice value (that of `path`'s process); False where the
+    kernel has no autogroup or refuses. Without CAP_SYS_ADMIN the kernel takes one change per 100 ms system-wide
     and answers EAGAIN in between, so that is retried for up to about 0.2 s."""
     for _ in range(tries):
         try:

@@ -30,9 +30,9 @@ from trainer import logs
 from trainer.config import TrainerConfig, load_trainer_config
 from trainer.scheduling import (
     IDLE_AUTOGROUP_NICE,
+    Lowered,
     autogroup_nice,
-    may_leave_idle,
-    set_autogroup_nice,
+    lower_to_idle,
     set_policy,
 )
 
@@ -109,12 +109,10 @@ class _Assignment:
     outside too (trainer/scheduling.py:leave_idle): this thread needs the interpreter
     lock, which the warm-up may hold for long at idle priority.
 
-    `group_nice` is the session group's nice value to put back (None: it was not
-    lowered); `restored` says whether that worked."""
+    `restored` says whether the session group's nice value could be put back."""
 
-    def __init__(self, idle: bool, group_nice: int | None) -> None:
-        self.idle = idle
-        self.group_nice = group_nice
+    def __init__(self, lowered: Lowered) -> None:
+        self.lowered = lowered
         self.restored = True
         self.line = ""
         self.thread = threading.Thread(target=self._read, daemon=True, name="standby-stdin")
@@ -122,10 +120,7 @@ class _Assignment:
 
     def _read(self) -> None:
         self.line = sys.stdin.readline()
-        if self.idle:
-            set_policy(os.SCHED_OTHER)
-        if self.group_nice is not None:
-            self.restored = set_autogroup_nice(self.group_nice)
+        self.restored = self.lowered.restore()
 
     def wait(self) -> str:
         self.thread.join()
@@ -146,20 +141,11 @@ def wait_for_start(
     started = time.monotonic()
     logs.configure()
     log = logs.get()
-    idle = may_leave_idle()
-    group_nice: int | None = None
-    if idle:
-        set_policy(os.SCHED_IDLE)
-        # Only a session of its own (as the daemon starts it): never a shell's.
-        group_nice = autogroup_nice() if os.getsid(0) == os.getpid() else None
-        if group_nice is not None and not set_autogroup_nice(IDLE_AUTOGROUP_NICE):
-            group_nice = None
-        if _start_waiting():  # handed (and lifted by the daemon) before it lowered itself
-            set_policy(os.SCHED_OTHER)
-            if group_nice is not None:
-                set_autogroup_nice(group_nice)
-            idle, group_nice = False, None
-    assignment = _Assignment(idle, group_nice)
+    lowered = lower_to_idle()
+    if lowered.idle and _start_waiting():  # handed (and lifted) before it lowered itself
+        lowered.restore()
+        lowered = Lowered()
+    assignment = _Assignment(lowered)
     prepared = None
     try:
         world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -171,18 +157,18 @@ def wait_for_start(
         "standby_ready",
         pid=os.getpid(),
         seconds=seconds,
-        idle_priority=idle,
+        idle_priority=lowered.idle,
         forked=prepare is not warm,
-        group_nice=IDLE_AUTOGROUP_NICE if group_nice is not None else autogroup_nice(),
+        group_nice=IDLE_AUTOGROUP_NICE if lowered.group_nice is not None else autogroup_nice(),
     )
     line = assignment.wait()
-    if idle:  # threads the warm-up started after the start's line lifted the others
+    if lowered.idle:  # threads the warm-up started after the start's line lifted the others
         set_policy(os.SCHED_OTHER)
     if not assignment.restored:
         log.warning(
             "standby_priority_kept",
             reason=f"the kernel refused to put the session group's nice value back to "
-            f"{group_nice}; this rank shares the CPU at nice {IDLE_AUTOGROUP_NICE}",
+            f"{lowered.group_nice}; this rank shares the CPU at nice {IDLE_AUTOGROUP_NICE}",
         )
     if not line:
         return False, None

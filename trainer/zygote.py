@@ -42,13 +42,7 @@ import time
 from dataclasses import dataclass
 
 from trainer import logs
-from trainer.scheduling import (
-    IDLE_AUTOGROUP_NICE,
-    autogroup_nice,
-    may_leave_idle,
-    set_autogroup_nice,
-    set_policy,
-)
+from trainer.scheduling import lower_to_idle
 from trainer.standby import Prepared, warm
 
 PR_SET_PDEATHSIG = 1
@@ -107,19 +101,11 @@ def serve(config_path: str, control_fd: int) -> int:
 def _warm_at_idle(config_path: str) -> Prepared:
     """Warm up as a standby would (at idle priority where the daemon's standbys do),
     then go back to normal priority: forking is quick, and a request is waited for."""
-    idle = may_leave_idle()
-    group_nice = autogroup_nice() if idle and os.getsid(0) == os.getpid() else None
-    if idle:
-        set_policy(os.SCHED_IDLE)
-        if group_nice is not None and not set_autogroup_nice(IDLE_AUTOGROUP_NICE):
-            group_nice = None
+    lowered = lower_to_idle()
     prepared: Prepared = None
     with contextlib.suppress(Exception):  # the standbys (as ranks) report problems
         prepared = warm(config_path, int(os.environ.get("WORLD_SIZE", "1")))
-    if idle:
-        set_policy(os.SCHED_OTHER)
-    if group_nice is not None:
-        set_autogroup_nice(group_nice)
+    lowered.restore()
     return prepared
 
 
