@@ -6,7 +6,8 @@ its stdin. A group start hands local rank r to standby r by writing the start's
 environment to it as one JSON line; from then on it is that rank, its output relayed
 like any rank's. The pool refills in the background, by forking a standby from the
 node's zygote (daemon/zygote.py: warm at once, almost no CPU) once that is warm.
-Before that, or where no zygote can be had, standbys are spawned. Where they warm at
+Before that, or where no zygote can be had, standbys are spawned; a node starts its
+zygote once its first standbys are ready (see :meth:`StandbyPool.fill`). Where they warm at
 idle priority (SCHED_IDLE and a session group at nice 19, see trainer/scheduling.py)
 a new one is spawned at once: its imports then take mostly the CPU the ranks leave;
 one handed a start while it still warms is lifted to normal priority from here.
@@ -145,16 +146,21 @@ class StandbyPool:
 
     def fill(self, spec: GroupSpec) -> None:
         """Start a standby for every local rank that has none (from the supervisor's
-        thread): forked from the zygote once it is warm, spawned where there is none."""
+        thread): forked from the zygote once it is warm, spawned until then.
+
+        A node's first standbys are spawned, and its zygote is started once they are
+        ready: a start in the node's first minute (the zygote's warm-up, next to busy
+        ranks) then takes a standby that is warm, or half warm, instead of starting its
+        ranks cold; and the zygote does not share the idle CPU with them."""
         self.reap()
         if self.disabled:
             return
-        zygote = self._tend_zygote(spec)
-        if zygote is not None and not zygote.ready.is_set():
-            return  # its standbys come once it is warm (a start meanwhile spawns cold)
+        settled = all(s is not None and s.ready.is_set() for s in self.slots)
+        zygote = self._tend_zygote(spec) if self.zygote is not None or settled else None
+        warm = zygote if zygote is not None and zygote.ready.is_set() else None
         for i, s in enumerate(self.slots):
             if s is None:
-                standby = Standby(i, spec, self.sink, self.wake, zygote)
+                standby = Standby(i, spec, self.sink, self.wake, warm)
                 self.slots[i] = standby
                 self.log.info("standby_spawned", rank=i, pid=standby.pid, forked=standby.forked)
 

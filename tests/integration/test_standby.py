@@ -1,5 +1,6 @@
-"""Hot-spare ranks (daemon/standby.py): a standby forked by the node's zygote
-(daemon/zygote.py) replaces a killed rank; a dead standby or zygote is replaced;
+"""Hot-spare ranks (daemon/standby.py): a node's first standby is spawned and its zygote
+(daemon/zygote.py) started once that one is ready; a standby forked by the zygote
+replaces a killed rank; a dead standby or zygote is replaced;
 `node.standby = false` starts ranks cold; SIGTERM and a SIGKILL of the daemon take the
 standbys along; a standby handed its start while it warms leaves idle priority at once.
 Real daemons, etcd, lighthouse and rank processes; real SIGKILL/SIGSTOP/SIGTERM."""
@@ -84,29 +85,53 @@ def test_standbys_replace_killed_ranks_and_are_replaced_when_they_die(
     try:
         wait_for(lambda: a.step() > 3 and b.step() > 3, 120, "both groups to train")
 
-        # As root a standby waits at idle priority, its session group at nice 19 where
-        # the kernel groups by session (trainer/scheduling.py).
-        spare = ready_standby(a)
-        # Forked warm by the node's zygote, adopted by the daemon, in a session of its own.
+        # A node's first standby is spawned; as root it waits at idle priority, its
+        # session group at nice 19 where the kernel groups by session (trainer/scheduling.py).
+        first = ready_standby(a)
+        assert not next(e for e in a.events("standby_spawned") if e["pid"] == first)["forked"]
+        assert may_leave_idle() and os.sched_getscheduler(first) == os.SCHED_IDLE
+        assert group_nice(first) == expect_nice(IDLE_AUTOGROUP_NICE)
+        assert next(e for e in a.events("standby_ready") if e["pid"] == first)["idle_priority"]
+        # The zygote is started once the first standby is ready, so the two do not warm
+        # on the same idle CPU.
+        zygote = wait_for(lambda: a.events("standby_zygote_ready"), 120, "node-a's zygote")[0]
+        ready = next(e for e in a.events("standby_ready") if e["pid"] == first)
+        assert event_time(a.events("standby_zygote_spawned")[0]) >= event_time(ready)
+
+        # A standby that dies while waiting is reaped and replaced, now forked warm by the
+        # zygote, adopted by the daemon, in a session of its own.
+        os.kill(first, signal.SIGKILL)
+        wait_for(
+            lambda: [e for e in a.events("standby_exited") if e["pid"] == first],
+            30,
+            "node-a to notice its first standby died",
+        )
+        spare = wait_for(
+            lambda: [p for p in (a.status() or {}).get("standby_pids", []) if p != first],
+            30,
+            "a forked standby",
+        )[0]
         assert next(e for e in a.events("standby_spawned") if e["pid"] == spare)["forked"]
         assert parent_of(spare) == a.pid and os.getsid(spare) == spare
-        assert may_leave_idle() and os.sched_getscheduler(spare) == os.SCHED_IDLE
-        assert group_nice(spare) == expect_nice(IDLE_AUTOGROUP_NICE)
-        assert next(e for e in a.events("standby_ready") if e["pid"] == spare)["idle_priority"]
+        assert parent_of(zygote["pid"]) == a.pid
+        assert ready_standby(a) == spare and os.sched_getscheduler(spare) == os.SCHED_IDLE
 
-        # A standby that dies while waiting is reaped and replaced.
+        # The daemon reaps a forked standby too, and sees its exit status; the next is forked.
         os.kill(spare, signal.SIGKILL)
         exited = wait_for(
             lambda: [e for e in a.events("standby_exited") if e["pid"] == spare],
             30,
-            "node-a to notice its standby died",
+            "node-a to notice its forked standby died",
         )
-        assert exited[0]["code"] == -signal.SIGKILL  # the daemon reaped it: its exit status
+        assert exited[0]["code"] == -signal.SIGKILL
         replacement = wait_for(
-            lambda: [p for p in (a.status() or {}).get("standby_pids", []) if p != spare],
+            lambda: [
+                p for p in (a.status() or {}).get("standby_pids", []) if p not in (first, spare)
+            ],
             30,
             "a new standby",
         )[0]
+        assert next(e for e in a.events("standby_spawned") if e["pid"] == replacement)["forked"]
 
         # The rank dies (the replacement may still be importing): the standby becomes the rank.
         healed_before = heals(a)
@@ -222,8 +247,17 @@ def test_a_killed_zygote_is_replaced_and_everything_dies_with_the_daemon(
     SIGKILL of the daemon takes the zygote, the forked standby and the rank along."""
     a = start_daemon(tmp_path, "node-a", [etcd_endpoint], overrides=["train.steps=100000"])
     try:
-        spare = ready_standby(a)
-        zygote = a.events("standby_zygote_ready")[0]["pid"]
+        ready = wait_for(lambda: a.events("standby_zygote_ready"), 120, "node-a's zygote")
+        zygote = ready[0]["pid"]
+        first = ready_standby(a)  # spawned: the zygote starts once it is ready
+        os.kill(first, signal.SIGKILL)
+        spare = wait_for(
+            lambda: [
+                e["pid"] for e in a.events("standby_spawned") if e["forked"] and e["pid"] != first
+            ],
+            30,
+            "a standby forked by the zygote",
+        )[0]
         assert parent_of(zygote) == a.pid and a.rank_pids()
         os.kill(zygote, signal.SIGKILL)
         gone = wait_for(

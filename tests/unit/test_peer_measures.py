@@ -52,8 +52,8 @@ def test_phalanx_is_quiet_once_every_standby_and_zygote_is_ready_used_or_gone() 
     system = Phalanx(Path("/nonexistent"), None)
     assert system.quiet()
 
-    def event(kind: str, **fields: object) -> None:
-        system.event(0, {"event": kind, "time": "2026-11-24T01:00:00Z", **fields})
+    def event(kind: str, group: int = 0, **fields: object) -> None:
+        system.event(group, {"event": kind, "time": "2026-11-24T01:00:00Z", **fields})
 
     event("standby_spawned", pid=11)
     event("standby_spawned", pid=12)
@@ -63,8 +63,17 @@ def test_phalanx_is_quiet_once_every_standby_and_zygote_is_ready_used_or_gone() 
     event("group_restarted", pids=[12])  # taken while still warming: it is a rank now
     assert not system.quiet()
     event("standby_exited", pid=13)
-    assert system.quiet()
+    # Every standby is ready, used or gone, but the node starts its zygote only now.
+    assert not system.quiet()
     event("standby_zygote_spawned", pid=14)  # the node's zygote warms up too
     assert not system.quiet()
     event("standby_zygote_ready", pid=14)
+    assert system.quiet()
+    event("standby_spawned", pid=15)  # a refill: the zygote was started already
+    event("standby_ready", pid=15)
+    assert system.quiet()
+    event("standby_spawned", group=1, pid=21)  # another node whose pool gave up
+    event("standby_ready", group=1, pid=21)
+    assert not system.quiet()
+    event("standby_disabled", group=1)
     assert system.quiet()
