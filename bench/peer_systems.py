@@ -279,10 +279,10 @@ class Phalanx(System):
         self.counts: dict[str, int] = {}  # soak: events that say a healthy group was evicted
         self.count_after = float("inf")
         self.warming: set[int] = set()  # standbys spawned and not yet ready, used or gone
-        # Groups with standbys whose zygote has not been started yet (a node starts it once
-        # its first standbys are ready, daemon/standby.py).
-        self.zygote_due: set[int] = set()
-        self.zygote_seen: set[int] = set()
+        # Groups that spawned standbys, and those that started a zygote (or gave up on
+        # standbys): a node starts its zygote once its first standbys are ready.
+        self.with_standbys: set[int] = set()
+        self.zygote_started: set[int] = set()
 
     def log(self, group: int) -> Path:
         return self.workdir / f"{self.NODES[group]}.log"
@@ -317,11 +317,10 @@ class Phalanx(System):
             self.pids[group] = [int(p) for p in e.get("pids", [])]
             self.born[group] = t
             self.warming -= set(self.pids[group])  # standbys that became ranks
-        if kind == "standby_spawned" and group not in self.zygote_seen:
-            self.zygote_due.add(group)
+        if kind == "standby_spawned":
+            self.with_standbys.add(group)
         if kind in ("standby_zygote_spawned", "standby_disabled"):
-            self.zygote_seen.add(group)
-            self.zygote_due.discard(group)
+            self.zygote_started.add(group)
         if kind in ("standby_spawned", "standby_zygote_spawned"):
             self.warming.add(int(e["pid"]))
         elif kind in WARMED:
@@ -343,7 +342,7 @@ class Phalanx(System):
         """Every standby (and standby zygote) this system spawned is ready (or used, or
         gone), and every node with standbys has started its zygote: one warms at idle
         priority but still takes some CPU from busy ranks."""
-        return not self.warming and not self.zygote_due
+        return not self.warming and self.with_standbys <= self.zygote_started
 
     def count(self, what: str) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1

@@ -115,8 +115,9 @@ def autogroup_nice(path: Path = AUTOGROUP) -> int | None:
 
 def set_autogroup_nice(nice: int, tries: int = 20, path: Path = AUTOGROUP) -> bool:
     """Set this session's group nice value (that of `path`'s process); False where the
-    kernel has no autogroup or refuses. Without CAP_SYS_ADMIN the kernel takes one change per 100 ms system-wide
-    and answers EAGAIN in between, so that is retried for up to about 0.2 s."""
+    kernel has no autogroup or refuses. Without CAP_SYS_ADMIN the kernel takes one change
+    per 100 ms system-wide and answers EAGAIN in between, so that is retried for up to
+    about 0.2 s."""
     for _ in range(tries):
         try:
             path.write_text(str(nice))
