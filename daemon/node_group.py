@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,22 @@ from daemon.view import NodeView
 from daemon.workers import ExitKind, GroupExit, GroupSpec, WorkerGroup
 from trainer import logs
 from trainer.scheduling import may_leave_idle
+
+
+def keeps_replica_id(codes: list[int | None] | None) -> bool:
+    """Whether a group's next start may join the lighthouse under the replica id of the
+    start before, whose exit `codes` these are (every rank is reaped by then).
+
+    Only rank 0 counts: its torchft manager server is the group's one lighthouse client.
+    Killed by a signal (SIGKILL, the OOM killer, a crash, or the daemon ending a failed or
+    hung group), it is replaced under its id: the lighthouse counts the replacement's
+    heartbeats and quorum requests as the dead process's, so the others' next quorum
+    forms as soon as the replacement asks, not once the dead one's heartbeat times out.
+    Ended on its own (an exit code: a quorum timeout, a failed heal, a drain), it may have
+    died waiting for a quorum; the replacement's heartbeats would keep that request
+    alive, so the next start is a new replica (see Waiting.after_exit)."""
+    first = codes[0] if codes else None
+    return first is not None and first < 0
 
 
 class NodeGroup:
@@ -44,6 +61,9 @@ class NodeGroup:
         self.cause: GroupExit | str | None = None  # why it is being stopped
         self.restart_reason: str | None = None  # why the next start is a restart
         self.last_codes: list[int | None] | None = None  # the exit codes of the last group
+        # The uuid of the group's torchft replica id: a restart takes its predecessor's
+        # place at the lighthouse at once (see keeps_replica_id).
+        self.replica_uuid = str(uuid.uuid4())
 
     @property
     def running(self) -> bool:
@@ -51,7 +71,9 @@ class NodeGroup:
 
     def start(self, slot: int, lighthouse: str) -> None:
         self.attempt += 1
-        spec = GroupSpec.for_node(self.cfg, slot, lighthouse, self.rank_config)
+        if self.attempt > 1 and not keeps_replica_id(self.last_codes):
+            self.replica_uuid = str(uuid.uuid4())
+        spec = GroupSpec.for_node(self.cfg, slot, lighthouse, self.rank_config, self.replica_uuid)
         self.current = WorkerGroup(spec, self.attempt, self._on_rank_event, self.wake)
         self.current.start(self.standbys.take() if self.standbys is not None else None)
         self.view.pids = self.current.pids

@@ -101,10 +101,18 @@ class GroupSpec:
     hang_timeout_s: float
     metrics_dir: Path | None  # PROMETHEUS_MULTIPROC_DIR, or None when metrics are off
     python_path: list[str]  # workload.python_path, absolute: first on the ranks' PYTHONPATH
+    # The uuid of the group's torchft replica id (PHALANX_REPLICA_UUID), kept across the
+    # group's restarts by NodeGroup; "" lets torchft pick one per process.
+    replica_uuid: str = ""
 
     @classmethod
     def for_node(
-        cls, cfg: DaemonConfig, slot: int, lighthouse: str, config_path: Path
+        cls,
+        cfg: DaemonConfig,
+        slot: int,
+        lighthouse: str,
+        config_path: Path,
+        replica_uuid: str = "",
     ) -> GroupSpec:
         """The spec of this node's group in `slot`, from the daemon's config."""
         node = cfg.node
@@ -124,6 +132,7 @@ class GroupSpec:
             hang_timeout_s=node.hang_timeout_s,
             metrics_dir=cfg.metrics_dir if cfg.metrics.enabled else None,
             python_path=[str(Path(p).resolve()) for p in cfg.workload.python_path],
+            replica_uuid=replica_uuid,
         )
 
 
@@ -159,6 +168,10 @@ def rank_env(spec: GroupSpec, rank: int, master_port: int, attempt: int) -> dict
         "PHALANX_ATTEMPT": str(attempt),
         "PYTHONUNBUFFERED": "1",
     }
+    if s.replica_uuid:
+        env["PHALANX_REPLICA_UUID"] = s.replica_uuid
+    else:
+        env.pop("PHALANX_REPLICA_UUID", None)
     if s.metrics_dir is not None:
         env["PROMETHEUS_MULTIPROC_DIR"] = str(s.metrics_dir)
     if s.python_path:

@@ -8,6 +8,7 @@ Phalanx ones. Torch-free.
 from __future__ import annotations
 
 import os
+import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,6 +34,9 @@ class RankEnv:
     job: str | None = None
     node: str | None = None
     torchelastic: bool = False  # launched by torchrun (its agent hosts the store)
+    # PHALANX_REPLICA_UUID: the uuid of the group's torchft replica id, kept by the daemon
+    # across the group's restarts; unset: torchft's fresh one per process.
+    replica_uuid: str | None = None
 
     @property
     def fault_tolerant(self) -> bool:
@@ -91,7 +95,20 @@ class RankEnv:
             job=env.get("PHALANX_JOB") or None,
             node=env.get("PHALANX_NODE") or None,
             torchelastic=bool(env.get("TORCHELASTIC_RUN_ID")),
+            replica_uuid=replica_uuid(env.get("PHALANX_REPLICA_UUID")),
         )
+
+
+def replica_uuid(raw: str | None) -> str | None:
+    """PHALANX_REPLICA_UUID, checked: lowercase hex and dashes (a uuid), or unset."""
+    if not raw:
+        return None
+    if not re.fullmatch(r"[0-9a-f-]{8,64}", raw):
+        raise ConfigError(
+            f"environment variable PHALANX_REPLICA_UUID={raw!r} must be a uuid (lowercase hex "
+            "and dashes); unset it to let torchft pick one."
+        )
+    return raw
 
 
 def advertise_host() -> str:

@@ -21,11 +21,12 @@ import pkgutil
 import socket
 import textwrap
 import threading
+import types
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 from http.server import ThreadingHTTPServer
@@ -33,7 +34,7 @@ from typing import Any, Literal
 
 from torchft.checkpointing.http_transport import HTTPTransport
 
-Kind = Literal["instance attribute", "method", "classmethod", "function", "class"]
+Kind = Literal["instance attribute", "method", "classmethod", "function", "class", "module"]
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,8 @@ REACH_INS: tuple[ReachIn, ...] = (
         ("store_addr", "timeout"),
     ),
     ReachIn("torchft.manager", "ManagerServer", "class", "manager_server_bound_to"),
+    ReachIn("torchft.manager", "uuid", "module", "replica_uuid"),
+    ReachIn("torchft.manager:Manager", "_commit_failures", "instance attribute", "count_as_new"),
     ReachIn(
         "torchft.checkpointing.http_transport", "_IPv6HTTPServer", "class", "SafeHTTPTransport"
     ),
@@ -144,6 +147,12 @@ def _problem(reach: ReachIn) -> str | None:
         return "missing"
     if reach.kind == "class":
         return None if isinstance(found, type) else f"not a class but {type(found).__name__}"
+    if reach.kind == "module":
+        return (
+            None
+            if isinstance(found, types.ModuleType)
+            else f"not a module but {type(found).__name__}"
+        )
     if reach.kind == "classmethod" and not isinstance(found, classmethod):
         return f"not a classmethod but {type(found).__name__}"
     if reach.kind in ("method", "function") and (
@@ -217,8 +226,13 @@ class QuorumRecorder:
 
     @property
     def replica_ids(self) -> list[str] | None:
-        """The members of the last quorum (replica id and process uuid), None before any."""
+        """The members of the last quorum (replica id and uuid), None before any."""
         return None if self.last is None else list(self.last.replica_ids)
+
+    @property
+    def max_step(self) -> int:
+        """The step of the last quorum's most advanced members (the same on every member)."""
+        return -1 if self.last is None else int(self.last.max_step)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)
@@ -231,6 +245,26 @@ def record_quorums(manager: Any) -> QuorumRecorder:
     recorder = QuorumRecorder(manager._client)
     manager._client = recorder
     return recorder
+
+
+def replica_uuid(value: str | None) -> AbstractContextManager[None]:
+    """A Manager built inside the block joins the lighthouse as ``<replica_id>:<value>``
+    rather than under a fresh uuid4 (None: torchft's own)."""
+    if value is None:
+        return nullcontext()
+    # torchft.manager.uuid: the module Manager.__init__ calls uuid4() from, once, to name
+    # the replica that rank 0's manager server heartbeats and asks for quorums as.
+    return _replaced("torchft.manager", "uuid", types.SimpleNamespace(uuid4=lambda: value))
+
+
+def count_as_new(manager: Any) -> None:
+    """Have the lighthouse number this process's first quorum anew even where it kept its
+    predecessor's replica id: a quorum whose members' ids did not change keeps its id,
+    and the other members would not rebuild their process groups for the new process."""
+    # Manager._commit_failures: the failed commits in a row the quorum thread reports with
+    # each request; the first commit resets it. The lighthouse gives a quorum a new id
+    # when its members changed or any of them reports a failed commit.
+    manager._commit_failures = max(1, int(manager._commit_failures))
 
 
 # --- Process group ---------------------------------------------------------------------

@@ -48,9 +48,15 @@ from trainer.state import TrainState
 from trainer.transport import advertise_host, bind_host, checkpoint_transport
 
 
-def membership_token(replica_ids: Iterable[str]) -> str:
-    """A short name for a quorum's exact members (replica ids carry a per-process uuid)."""
-    return hashlib.sha256("\n".join(sorted(replica_ids)).encode()).hexdigest()[:16]
+def membership_token(replica_ids: Iterable[str], *, step: int) -> str:
+    """A short name for a quorum's exact members and its members' `step` (max_step).
+
+    A replica id names a group and its daemon (a restarted rank keeps its predecessor's,
+    see :func:`~trainer.torchft_adapter.replica_uuid`), so the ids alone repeat after a
+    restart; the quorum id tells such quorums apart until a lighthouse restart numbers
+    from 1 again, and the step then still does."""
+    names = "\n".join(sorted(replica_ids))
+    return hashlib.sha256(f"{names}\n@{step}".encode()).hexdigest()[:16]
 
 
 class TorchFTGroup:
@@ -82,7 +88,7 @@ class TorchFTGroup:
         state.on_load.append(self._healed)
         self.transport = checkpoint_transport(timeout)
         # Rank 0's manager server listens on the bind address only (torchft: every interface).
-        with ft.manager_server_bound_to(bind_host()):
+        with ft.manager_server_bound_to(bind_host()), ft.replica_uuid(env.replica_uuid):
             self.manager = Manager(
                 pg=pg,
                 load_state_dict=state.load_healing_state_dict,
@@ -109,10 +115,17 @@ class TorchFTGroup:
                 # each time, rides out a leader change behind the daemon's forwarder.
                 quorum_retries=cfg.quorum_retries,
             )
+        if env.replica_uuid is not None:
+            # The daemon keeps a group's replica id across its restarts: the replacement
+            # takes the place of the process it replaces at the lighthouse at once, where
+            # a new id would wait out the dead one's heartbeat timeout (DESIGN.md).
+            ft.count_as_new(self.manager)
         self.pg = pg  # configured by each quorum for this rank's peers in every group
         self.recorder = recorder = ft.record_quorums(self.manager)
         pg.membership = lambda: (
-            membership_token(recorder.replica_ids) if recorder.replica_ids is not None else "0"
+            membership_token(recorder.replica_ids, step=recorder.max_step)
+            if recorder.replica_ids is not None
+            else "0"
         )
         self.managed_pg = ManagedProcessGroup(self.manager)
         # Whether this group was the writer in the quorum of its last committed step; a

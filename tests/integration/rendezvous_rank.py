@@ -27,7 +27,7 @@ def main() -> None:
         timeout=timedelta(seconds=5)
     )
     if scoped:
-        pg.membership = lambda: membership_token(ids)
+        pg.membership = lambda: membership_token(ids, step=0)
     try:
         # The prefix torchft builds for quorum 2, group rank 0, on this store.
         pg.configure(f"127.0.0.1:{port}/torchft/2/0", ids[rank], rank, 2)

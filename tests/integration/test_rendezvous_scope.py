@@ -80,7 +80,7 @@ def address(port: int, scoped: bool, ids: list[str]) -> str:
     if not scoped:
         return unscoped
     pg = scoped_process_group(_AddressOnly)()
-    pg.membership = lambda: membership_token(ids)
+    pg.membership = lambda: membership_token(ids, step=0)
     pg.configure(unscoped, ids[0], 0, len(ids))
     return str(pg.address)
 

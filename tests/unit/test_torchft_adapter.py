@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,8 @@ def test_every_reach_in_is_checked() -> None:
         ("HTTPTransport", "_state_dict"),
         ("torch.distributed._serialization", "_streaming_load"),
         ("torchft.manager", "ManagerServer"),
+        ("torchft.manager", "uuid"),
+        ("Manager", "_commit_failures"),
         ("torchft.checkpointing.http_transport", "_IPv6HTTPServer"),
     }
 
@@ -243,6 +246,12 @@ def test_streaming_load() -> None:
 
 @pytest.fixture
 def lighthouse() -> Iterator[str]:
+    with running_lighthouse() as url:
+        yield url
+
+
+@contextmanager
+def running_lighthouse(*flags: str) -> Iterator[str]:
     port = free_port()
     proc = subprocess.Popen(
         [
@@ -255,6 +264,7 @@ def lighthouse() -> Iterator[str]:
             "100",
             "--quorum_tick_ms",
             "50",
+            *flags,
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -314,7 +324,7 @@ def test_accessors_on_a_live_manager(lighthouse: str) -> None:
         tokens: list[str] = []
 
         def membership() -> str:
-            tokens.append(membership_token(recorder.replica_ids or []))
+            tokens.append(membership_token(recorder.replica_ids or [], step=recorder.max_step))
             return tokens[-1]
 
         pg.membership = membership
@@ -331,9 +341,82 @@ def test_accessors_on_a_live_manager(lighthouse: str) -> None:
         replica_ids = recorder.replica_ids
         assert replica_ids is not None and replica_ids == [store.get(REPLICA_ID_KEY).decode()]
         # The scoped process group was configured once, for those members, and works.
-        assert tokens == [membership_token(replica_ids)]
+        assert tokens == [membership_token(replica_ids, step=0)]
         tensor = torch.ones(2)
         manager.allreduce(tensor).wait()
         assert tensor.tolist() == [1.0, 1.0] and manager.num_participants() == 1
     finally:
         manager.shutdown(wait=True)
+
+
+def solo_manager(lighthouse: str, store: Any, replica_uuid: str) -> Manager:
+    """A one-rank group's Manager named phalanx_group_00000:<replica_uuid>."""
+    with ft.manager_server_bound_to("127.0.0.1"), ft.replica_uuid(replica_uuid):
+        return Manager(
+            pg=ft.scoped_process_group(ProcessGroupGloo)(timeout=TIMEOUT),
+            load_state_dict=lambda _: None,
+            state_dict=lambda: {},
+            min_replica_size=1,
+            use_async_quorum=False,
+            timeout=TIMEOUT,
+            quorum_timeout=TIMEOUT,
+            connect_timeout=TIMEOUT,
+            rank=0,
+            world_size=1,
+            store_addr="127.0.0.1",
+            store_port=store.port,
+            lighthouse_addr=lighthouse,
+            replica_id="phalanx_group_00000",
+            hostname="127.0.0.1",
+            checkpoint_transport=checkpoint_transport(TIMEOUT),
+            init_sync=False,
+        )
+
+
+def test_replica_uuid_and_count_as_new() -> None:
+    """replica_uuid replaces the uuid module Manager.__init__ draws the replica's uuid from,
+    for the block only; count_as_new sets the failure count each quorum request carries."""
+    import torchft.manager
+
+    init = source(Manager.__init__)
+    assert "new_uuid = str(uuid.uuid4())" in init
+    assert 'replica_id = f"{replica_id}:{new_uuid}"' in init
+    assert "commit_failures=self._commit_failures" in source(Manager._async_quorum)
+    assert "self._commit_failures = 0" in source(Manager.should_commit)
+    with ft.replica_uuid("0123abcd-ef"):
+        assert torchft.manager.uuid.uuid4() == "0123abcd-ef"
+    assert torchft.manager.uuid.uuid4() != torchft.manager.uuid.uuid4()
+    with ft.replica_uuid(None):
+        assert torchft.manager.uuid.uuid4() != torchft.manager.uuid.uuid4()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(90)
+def test_a_replacement_under_its_predecessors_id_is_a_new_quorum_at_once() -> None:
+    """A group's process dies and a new one joins under the same replica id: the real
+    lighthouse forms the new process's quorum without waiting out the dead one's
+    heartbeat (here 10 minutes, so the quorum timeout would fire first), and, because
+    the new process reports a failed commit, numbers it anew: other members would
+    rebuild their process groups for it."""
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    name = "phalanx_group_00000:5eed0000-aaaa"
+    with running_lighthouse("--heartbeat_timeout_ms", "600000") as lighthouse:
+        first = solo_manager(lighthouse, store, "5eed0000-aaaa")
+        recorder = ft.record_quorums(first)
+        first.start_quorum()
+        first.wait_quorum()
+        assert recorder.replica_ids == [name] and store.get(REPLICA_ID_KEY).decode() == name
+        before = ft.quorum_id(first)
+        first.shutdown(wait=True)  # its manager server stops heartbeating, as a dead one's
+
+        second = solo_manager(lighthouse, store, "5eed0000-aaaa")
+        try:
+            ft.count_as_new(second)
+            recorder = ft.record_quorums(second)
+            second.start_quorum()
+            second.wait_quorum()  # raises at the quorum timeout (10 s) if it waits
+            assert second.errored() is None
+            assert recorder.replica_ids == [name]
+            assert ft.quorum_id(second) > before
+        finally:
+            second.shutdown(wait=True)

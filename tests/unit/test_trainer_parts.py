@@ -185,6 +185,14 @@ def test_digest_changes_with_any_bit() -> None:
 def test_membership_token_names_exactly_the_members() -> None:
     from trainer.torchft_group import membership_token
 
-    a = membership_token(["phalanx_group_00000:uuid-1", "phalanx_group_00001:uuid-2"])
-    assert a == membership_token(["phalanx_group_00001:uuid-2", "phalanx_group_00000:uuid-1"])
-    assert a != membership_token(["phalanx_group_00000:uuid-1", "phalanx_group_00001:uuid-3"])
+    a = membership_token(["phalanx_group_00000:uuid-1", "phalanx_group_00001:uuid-2"], step=7)
+    assert a == membership_token(
+        ["phalanx_group_00001:uuid-2", "phalanx_group_00000:uuid-1"], step=7
+    )
+    assert a != membership_token(
+        ["phalanx_group_00000:uuid-1", "phalanx_group_00001:uuid-3"], step=7
+    )
+    # The same members (a restart keeps its replica id) at another step: another name.
+    assert a != membership_token(
+        ["phalanx_group_00000:uuid-1", "phalanx_group_00001:uuid-2"], step=8
+    )
