@@ -2,8 +2,9 @@
 
 torchft 0.2.0 offers no public way to read the quorum id or the healing flag,
 to see a quorum's members, to choose the process group's rendezvous prefix, to
-harden the checkpoint transport's loader or to choose the address its manager
-and checkpoint servers listen on, so Phalanx reaches in. Each
+harden the checkpoint transport's loader, to choose the address its manager
+and checkpoint servers listen on, or to name a replica after its predecessor
+and have the lighthouse number its quorum anew, so Phalanx reaches in. Each
 reach-in is written once, below, with what it is and why it is needed.
 :func:`check_torchft` verifies that all of them still exist with the expected
 kind, so a torchft upgrade fails loudly here, at startup, naming what changed,
