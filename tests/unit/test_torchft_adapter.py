@@ -290,26 +290,7 @@ def test_accessors_on_a_live_manager(lighthouse: str) -> None:
     """One quorum on a real Manager: every accessor returns the right kind of value."""
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     pg = ft.scoped_process_group(ProcessGroupGloo)(timeout=TIMEOUT)
-    with ft.manager_server_bound_to("127.0.0.1"):
-        manager = Manager(
-            pg=pg,
-            load_state_dict=lambda _: None,
-            state_dict=lambda: {},
-            min_replica_size=1,
-            use_async_quorum=False,
-            timeout=TIMEOUT,
-            quorum_timeout=TIMEOUT,
-            connect_timeout=TIMEOUT,
-            rank=0,
-            world_size=1,
-            store_addr="127.0.0.1",
-            store_port=store.port,
-            lighthouse_addr=lighthouse,
-            replica_id="phalanx_group_00000",
-            hostname="127.0.0.1",
-            checkpoint_transport=checkpoint_transport(TIMEOUT),
-            init_sync=False,
-        )
+    manager = solo_manager(lighthouse, store, None, pg)
     try:
         # Nothing of this process but the test's own store listens on every interface;
         # the manager server listens on the address it was bound to.
@@ -349,11 +330,12 @@ def test_accessors_on_a_live_manager(lighthouse: str) -> None:
         manager.shutdown(wait=True)
 
 
-def solo_manager(lighthouse: str, store: Any, replica_uuid: str) -> Manager:
-    """A one-rank group's Manager named phalanx_group_00000:<replica_uuid>."""
+def solo_manager(lighthouse: str, store: Any, replica_uuid: str | None, pg: Any = None) -> Manager:
+    """A one-rank group's Manager named phalanx_group_00000:<replica_uuid> (None: torchft's
+    uuid), serving on the loopback address, with a scoped Gloo process group."""
     with ft.manager_server_bound_to("127.0.0.1"), ft.replica_uuid(replica_uuid):
         return Manager(
-            pg=ft.scoped_process_group(ProcessGroupGloo)(timeout=TIMEOUT),
+            pg=pg if pg is not None else ft.scoped_process_group(ProcessGroupGloo)(timeout=TIMEOUT),
             load_state_dict=lambda _: None,
             state_dict=lambda: {},
             min_replica_size=1,
