@@ -61,9 +61,9 @@ class NodeGroup:
         self.cause: GroupExit | str | None = None  # why it is being stopped
         self.restart_reason: str | None = None  # why the next start is a restart
         self.last_codes: list[int | None] | None = None  # the exit codes of the last group
-        # The uuid of the group's torchft replica id: a restart takes its predecessor's
-        # place at the lighthouse at once (see keeps_replica_id).
-        self.replica_uuid = str(uuid.uuid4())
+        # The uuid of the group's torchft replica id, drawn by the first start: a restart
+        # takes its predecessor's place at the lighthouse at once (see keeps_replica_id).
+        self.replica_uuid = ""
 
     @property
     def running(self) -> bool:
@@ -71,7 +71,7 @@ class NodeGroup:
 
     def start(self, slot: int, lighthouse: str) -> None:
         self.attempt += 1
-        if self.attempt > 1 and not keeps_replica_id(self.last_codes):
+        if not keeps_replica_id(self.last_codes):  # also the first start (no codes yet)
             self.replica_uuid = str(uuid.uuid4())
         spec = GroupSpec.for_node(self.cfg, slot, lighthouse, self.rank_config, self.replica_uuid)
         self.current = WorkerGroup(spec, self.attempt, self._on_rank_event, self.wake)
