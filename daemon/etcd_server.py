@@ -137,6 +137,11 @@ class EmbeddedEtcd:
         return f"127.0.0.1:{self._client_port}"
 
     @property
+    def metrics_url(self) -> str:
+        """``http://127.0.0.1:PORT`` of the metrics listener (``/metrics``, ``/health``)."""
+        return f"http://127.0.0.1:{self._metrics_port}"
+
+    @property
     def client_url(self) -> str:
         scheme = "https" if self.tls is not None else "http"
         return f"{scheme}://{self.endpoint}"
@@ -280,7 +285,7 @@ class EmbeddedEtcd:
             time.sleep(0.05)
 
     def _healthy(self) -> bool:
-        url = f"http://127.0.0.1:{self._metrics_port}/health"
+        url = f"{self.metrics_url}/health"
         try:
             with urllib.request.urlopen(url, timeout=1.0) as response:
                 body = json.loads(response.read())

@@ -45,6 +45,15 @@ def fence_margin_s(ttl_s: float) -> float:
     return max(1.0, ttl_s / 5.0)
 
 
+def refresh_every_s(ttl_s: float) -> float:
+    """How old the lease's last confirmation may get before the daemon's round refreshes it
+    (on top of the keepalive thread's refresh every ttl/3): at most once a second, and four
+    times within the time the confirmation may age before the node fences itself (ttl less
+    the margin), so a slow answer or two never fences a node. A refresh on every 0.25 s round
+    cost more CPU (a keepalive stream each) than the rest of the round."""
+    return min(1.0, (ttl_s - fence_margin_s(ttl_s)) / 4.0)
+
+
 def after_fence(
     *,
     node_id: str,

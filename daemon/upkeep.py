@@ -43,7 +43,7 @@ from daemon.coordination import (
     NodeIdHeld,
     SpecMismatch,
 )
-from daemon.fencing import LEASE_FILE, Fence, after_fence, fence_margin_s
+from daemon.fencing import LEASE_FILE, Fence, after_fence, fence_margin_s, refresh_every_s
 from daemon.leadership import Leadership
 from daemon.lighthouse import Forwarder, parse_address
 from daemon.preflight import node_device
@@ -203,9 +203,11 @@ class EtcdUpkeep:
             self.leadership.fence(self.view)
         if not self._due():
             return
-        ok, renewed = self._attempt("session", self.coord.ensure_session)
-        if not ok:
-            return
+        renewed: bool | None = False
+        if not self._lease_fresh():
+            ok, renewed = self._attempt("session", self.coord.ensure_session)
+            if not ok:
+                return
         if renewed:
             self.lease_lost = True  # our ranks are judged once etcd has our new keys
         if renewed and not self._rejoin():
@@ -215,6 +217,8 @@ class EtcdUpkeep:
             self.fenced, self.answered_at = False, time.monotonic()
             self.log.info("unfenced", lease="new" if self.lease_lost else "kept")
         self._attempt("leadership", lambda: self.leadership.update(self.view))
+        if not self.view.etcd_up:  # one request's timeout per round while etcd is away
+            return
         ok, job = self._attempt("snapshot", self.coord.snapshot)
         if not ok or job is None:
             return
@@ -223,6 +227,14 @@ class EtcdUpkeep:
         self._follow_lighthouse(job.lighthouse)
         self._publish_checkpoint()
         self._attempt("record", self._update_record)
+
+    def _lease_fresh(self) -> bool:
+        """The session lives and etcd confirmed it within ``refresh_every_s``: this round
+        need not refresh it (the leadership and snapshot reads still find etcd away)."""
+        confirmed = self.coord.lease_confirmation()
+        if confirmed is None or not self.coord.session_alive:
+            return False
+        return time.monotonic() - confirmed[1] < refresh_every_s(self.cfg.etcd.lease_ttl_s)
 
     def _rejoin(self) -> bool:
         """A new lease: register and re-claim on it, then let the old lease go."""

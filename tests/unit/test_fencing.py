@@ -5,7 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from daemon.after_stop import FENCED_OUT, after_stop
-from daemon.fencing import AHEAD_BY, HOLD_S, Fence, after_fence, fence_margin_s
+from daemon.fencing import (
+    AHEAD_BY,
+    HOLD_S,
+    Fence,
+    after_fence,
+    fence_margin_s,
+    refresh_every_s,
+)
 from daemon.restarts import RestartBudget
 from daemon.states import State
 
@@ -81,3 +88,11 @@ def test_a_discarded_group_restarts_outside_the_budget() -> None:
     assert v.state == State.WAITING and v.reason == "fenced"
     assert after_stop(FENCED_OUT, slot_held=False, **common).state == State.CLAIMING
     assert budget.total == 0 and budget.allows(0.0)
+
+
+def test_the_round_refreshes_the_lease_at_most_once_a_second_and_well_before_the_fence() -> None:
+    assert refresh_every_s(10) == 1.0 and refresh_every_s(300) == 1.0
+    assert refresh_every_s(2) == 0.25  # the smallest lease: every round, as before
+    for ttl in range(2, 301):
+        # Four refreshes fit between a confirmation and the moment the node would fence.
+        assert 0 < 4 * refresh_every_s(ttl) <= ttl - fence_margin_s(ttl)
