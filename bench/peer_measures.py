@@ -272,6 +272,7 @@ class RunResult:
     notes: list[str] = field(default_factory=list)
     after_kills: list[float] = field(default_factory=list)  # see after_kills()
     drift: float | None = None  # failure-free rate after the chaos / before it
+    cpu: dict[str, float] = field(default_factory=dict)  # bench.peer_cpu.shares, failure-free
 
     @property
     def steps_per_s(self) -> float:

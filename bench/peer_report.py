@@ -7,11 +7,14 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import statistics
 from collections.abc import Sequence
 from dataclasses import asdict
 from importlib import metadata
 from typing import Any
 
+from bench import peer_cpu
+from bench.peer_cpu import IDLE, RANKS, STEAL
 from bench.peer_measures import (
     MEASURES,
     RunResult,
@@ -176,6 +179,7 @@ def print_results(runs: dict[str, list[RunResult]]) -> dict[str, Any]:
         steps = ", ".join(f"{label} {seconds:.2f}" for label, seconds in marks.items())
         print(f"  {name:<9} {steps or '-'}; first commit {_f(rec)}")
     profiles = print_after_kills(runs)
+    cpu = print_cpu(runs)
     print()
     print(COUNTING)
     return {
@@ -183,6 +187,7 @@ def print_results(runs: dict[str, list[RunResult]]) -> dict[str, Any]:
         "table": table,
         "recovery_breakdown": breakdown,
         "after_kills": profiles,
+        "cpu": cpu,
         "runs": {name: [r.as_json() for r in rs] for name, rs in runs.items()},
     }
 
@@ -203,6 +208,27 @@ def print_after_kills(runs: dict[str, list[RunResult]], bin_s: float = 2.0) -> d
         lost = round(sum((1 - x) * bin_s for x in mean), 2)
         out[name] = {"bins": mean, "lost_s_per_kill": lost}
         print(f"  {name:<9} {' '.join(f'{x:.2f}' for x in mean)}; lost {lost:.2f} s per kill")
+    return out
+
+
+def print_cpu(runs: dict[str, list[RunResult]]) -> dict[str, dict[str, float]]:
+    """Where the machine's CPU went in the failure-free windows (bench.peer_cpu), each
+    kind's median share over the repeats."""
+    print("\nwhere the CPU goes in the failure-free windows (share of the machine; median):")
+    out: dict[str, dict[str, float]] = {}
+    for name, rs in runs.items():
+        kinds = {k for r in rs for k in r.cpu}
+        med = {k: statistics.median(r.cpu.get(k, 0.0) for r in rs if r.cpu) for k in kinds}
+        if not med:
+            continue
+        outside = statistics.median(peer_cpu.outside_ranks(r.cpu) for r in rs if r.cpu)
+        out[name] = med | {"outside ranks": outside}
+        rest = (RANKS, IDLE, STEAL)
+        parts = ", ".join(f"{k} {v:.3f}" for k, v in med.items() if k not in rest and v >= 0.0005)
+        print(
+            f"  {name:<12} ranks {med.get(RANKS, 0):.3f}; outside the ranks {outside:.3f}"
+            f" ({parts or 'nothing'}); idle {med.get(IDLE, 0):.3f}; steal {med.get(STEAL, 0):.3f}"
+        )
     return out
 
 

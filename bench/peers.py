@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
-from bench import peer_report
+from bench import peer_cpu, peer_report
 from bench.peer_measures import (
     Kill,
     RunResult,
@@ -53,6 +53,7 @@ from bench.peer_measures import (
     rate,
     settled,
 )
+from bench.peer_settings import GROUPS
 from bench.peer_systems import BareTorchft, Phalanx, System, Torchrun
 
 SYSTEMS = ("torchrun", "torchft", "phalanx", "phalanx-cold")  # cold: node.standby = false
@@ -135,6 +136,11 @@ def wait_quiet(system: System, not_before: float, args: argparse.Namespace, tag:
     return time.time()
 
 
+def ranks(system: System) -> list[int]:
+    """Every live rank: kill targets 0 .. GROUPS - 1 cover each rank (DDP) or group once."""
+    return [p for index in range(GROUPS) for p in system.victim(index)[2]]
+
+
 def run_once(name: str, workdir: Path, args: argparse.Namespace, tag: str) -> RunResult:
     system = make(name, workdir, args)
     launched = time.time()
@@ -145,7 +151,9 @@ def run_once(name: str, workdir: Path, args: argparse.Namespace, tag: str) -> Ru
         say(f"  [{tag}] every group committing {ready - launched:.1f}s after launch")
         w0 = wait_quiet(system, ready + args.warmup, args, tag)
         w1 = w0 + args.window
+        cpu0 = peer_cpu.snapshot()
         run_until(system, w1)
+        cpu = [peer_cpu.window(cpu0, peer_cpu.snapshot(), ranks(system))]
         kills = chaos(system, w1, args, tag)
         c1 = w1 + args.chaos
         while time.time() < c1 + args.tail and not settled(system.timelines, kills):
@@ -153,7 +161,10 @@ def run_once(name: str, workdir: Path, args: argparse.Namespace, tag: str) -> Ru
             time.sleep(POLL_S)
         a0 = wait_quiet(system, c1, args, tag) if args.after > 0 else time.time()
         a1 = a0 + args.after
+        cpu0 = peer_cpu.snapshot()
         run_until(system, a1)
+        if args.after > 0:
+            cpu.append(peer_cpu.window(cpu0, peer_cpu.snapshot(), ranks(system)))
         system.poll()
         horizon = time.time()
     finally:
@@ -174,6 +185,7 @@ def run_once(name: str, workdir: Path, args: argparse.Namespace, tag: str) -> Ru
     }
     result = RunResult(name, rates, goodput(lines, rates, w1, c1), measures, phases, system.notes)
     result.after_kills = after_kills(lines, rates, kills, args.kill_every)
+    result.cpu = peer_cpu.shares(cpu)
     before = sum(pooled_rate(c, windows[:1], net) for c in lines.values())
     if args.after > 0 and before > 0:
         result.drift = sum(pooled_rate(c, windows[1:], net) for c in lines.values()) / before
