@@ -231,10 +231,10 @@ class EtcdUpkeep:
     def _lease_fresh(self) -> bool:
         """The session lives and etcd confirmed it within ``refresh_every_s``: this round
         need not refresh it (the leadership and snapshot reads still find etcd away)."""
-        confirmed = self.coord.lease_confirmation()
-        if confirmed is None or not self.coord.session_alive:
-            return False
-        return time.monotonic() - confirmed[1] < refresh_every_s(self.cfg.etcd.lease_ttl_s)
+        ttl = self.cfg.etcd.lease_ttl_s
+        return self.coord.session_alive and not self.coord.session_unconfirmed(
+            ttl - refresh_every_s(ttl)
+        )
 
     def _rejoin(self) -> bool:
         """A new lease: register and re-claim on it, then let the old lease go."""
