@@ -24,6 +24,14 @@ is counted is printed with the results (see COUNTING).
     .venv/bin/python -m bench.peers [--repeats N] [--window S] [--kill-every S] \\
         [--warmup S] [--chaos S] [--systems torchrun,torchft,phalanx] [--json PATH]
     .venv/bin/python -m bench.peers --soak 600    # Phalanx only, no failures
+    .venv/bin/python -m bench.peers --paired 8    # kill cycles beside kill-free ones
+
+``--paired N`` measures goodput a second way (bench/peer_paired.py): after the warm-up,
+N pairs of --kill-every second cycles, a SIGKILL at the start of one and none in the
+other, the pairs alternating which comes first; the kill cycles' work over the kill-free
+cycles' work. The failure-free reference then comes from the minutes around each kill,
+not from windows minutes away at the ends of the chaos, so the machine's drift weighs
+less on it.
 
 ``phalanx-cold`` (not run unless named in --systems) is Phalanx with
 ``node.standby = false``: every restart starts its rank cold.
@@ -33,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shutil
 import signal
 import sys
@@ -53,50 +60,20 @@ from bench.peer_measures import (
     rate,
     settled,
 )
-from bench.peer_settings import GROUPS
-from bench.peer_systems import BareTorchft, Phalanx, System, Torchrun
-
-SYSTEMS = ("torchrun", "torchft", "phalanx", "phalanx-cold")  # cold: node.standby = false
-POLL_S = 0.1
-DEFAULT_MAX_RESTARTS = 5  # daemon.config NodeConfig.max_restarts
-
-
-def say(text: str) -> None:
-    print(text, flush=True)
-
-
-def make(name: str, workdir: Path, args: argparse.Namespace) -> System:
-    if name == "torchrun":
-        return Torchrun(workdir, args.save_every)
-    if name == "torchft":
-        return BareTorchft(workdir)
-    kills_per_node = math.ceil(kill_count(args) / 2)
-    standby = name == "phalanx"
-    # The default restart budget (5 in 600 s) would end a node killed more often than that.
-    if kills_per_node <= DEFAULT_MAX_RESTARTS:
-        return Phalanx(workdir, None, standby)
-    say(f"  {name}: node.max_restarts={kills_per_node} ({kills_per_node} kills per node)")
-    return Phalanx(workdir, kills_per_node, standby)
-
-
-def kill_count(args: argparse.Namespace) -> int:
-    return math.ceil(args.chaos / args.kill_every) if args.kill_every > 0 else 0
-
-
-def wait_ready(system: System, timeout: float) -> float:
-    started = time.time()
-    while not system.ready():
-        if time.time() - started > timeout:
-            raise RuntimeError(f"{system.name}: not every group committed within {timeout:.0f}s")
-        system.poll()
-        time.sleep(POLL_S)
-    return time.time()
-
-
-def run_until(system: System, end: float) -> None:
-    while time.time() < end:
-        system.poll()
-        time.sleep(POLL_S)
+from bench.peer_paired import paired
+from bench.peer_phases import (
+    POLL_S,
+    SYSTEMS,
+    cpu_window,
+    estimate_s,
+    kill_count,
+    make,
+    run_until,
+    say,
+    wait_quiet,
+    wait_ready,
+)
+from bench.peer_systems import Phalanx, System
 
 
 def chaos(system: System, start: float, args: argparse.Namespace, tag: str) -> list[Kill]:
@@ -121,26 +98,6 @@ def chaos(system: System, start: float, args: argparse.Namespace, tag: str) -> l
     return kills
 
 
-def wait_quiet(system: System, not_before: float, args: argparse.Namespace, tag: str) -> float:
-    """Run until `not_before` and then until nothing of the system is still warming up
-    (Phalanx: every standby ready), at most --quiet-timeout seconds more; return when."""
-    run_until(system, not_before)
-    limit = time.time() + args.quiet_timeout
-    while not system.quiet() and time.time() < limit:
-        system.poll()
-        time.sleep(POLL_S)
-    if not system.quiet():
-        note = f"still warming up {args.quiet_timeout:.0f}s after {not_before - system.t0:.0f}s"
-        system.notes.append(note)
-        say(f"  [{tag}] {note}; measuring anyway")
-    return time.time()
-
-
-def ranks(system: System) -> list[int]:
-    """Every live rank: kill targets 0 .. GROUPS - 1 cover each rank (DDP) or group once."""
-    return [p for index in range(GROUPS) for p in system.victim(index)[2]]
-
-
 def run_once(name: str, workdir: Path, args: argparse.Namespace, tag: str) -> RunResult:
     system = make(name, workdir, args)
     launched = time.time()
@@ -151,9 +108,7 @@ def run_once(name: str, workdir: Path, args: argparse.Namespace, tag: str) -> Ru
         say(f"  [{tag}] every group committing {ready - launched:.1f}s after launch")
         w0 = wait_quiet(system, ready + args.warmup, args, tag)
         w1 = w0 + args.window
-        cpu0 = peer_cpu.snapshot()
-        run_until(system, w1)
-        cpu = [peer_cpu.window(cpu0, peer_cpu.snapshot(), ranks(system))]
+        cpu = [cpu_window(system, w1)]
         kills = chaos(system, w1, args, tag)
         c1 = w1 + args.chaos
         while time.time() < c1 + args.tail and not settled(system.timelines, kills):
@@ -161,10 +116,8 @@ def run_once(name: str, workdir: Path, args: argparse.Namespace, tag: str) -> Ru
             time.sleep(POLL_S)
         a0 = wait_quiet(system, c1, args, tag) if args.after > 0 else time.time()
         a1 = a0 + args.after
-        cpu0 = peer_cpu.snapshot()
-        run_until(system, a1)
         if args.after > 0:
-            cpu.append(peer_cpu.window(cpu0, peer_cpu.snapshot(), ranks(system)))
+            cpu.append(cpu_window(system, a1))
         system.poll()
         horizon = time.time()
     finally:
@@ -253,6 +206,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--save-every", type=int, default=20, help="torchrun: DCP save interval")
     parser.add_argument("--start-timeout", type=float, default=180.0)
     parser.add_argument("--soak", type=float, default=0.0, help="seconds: Phalanx only, no kills")
+    parser.add_argument(
+        "--paired",
+        type=int,
+        default=0,
+        help="pairs of --kill-every s cycles, one with a kill and one without (bench/peer_paired.py)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--keep", action="store_true", help="keep the logs and checkpoints")
     args = parser.parse_args(argv)
@@ -260,8 +219,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     unknown = [s for s in args.systems if s not in SYSTEMS]
     if unknown or not args.systems:
         parser.error(f"--systems takes a comma-separated subset of {','.join(SYSTEMS)}")
-    if args.kill_every <= 0 or args.repeats < 1:
-        parser.error("--kill-every must be positive and --repeats at least 1")
+    if args.kill_every <= 0 or args.repeats < 1 or args.paired < 0:
+        parser.error(
+            "--kill-every must be positive, --repeats at least 1 and --paired not negative"
+        )
     return args
 
 
@@ -270,12 +231,6 @@ def interrupted(signum: int, _frame: object) -> NoReturn:
         signal.signal(sig, signal.SIG_IGN)
     say(f"\n{signal.Signals(signum).name}: stopping every process")
     raise SystemExit(128 + signum)  # unwinds through every finally: no process is left
-
-
-def estimate_s(args: argparse.Namespace) -> float:
-    """About how long the comparison takes (start-up ~10 s and a short tail per run)."""
-    per_run = 10 + args.warmup + args.window + args.chaos + min(args.tail, 10) + args.after
-    return float(per_run * args.repeats * len(args.systems))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -294,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.soak > 0:
             out["soak"] = soak(root / "soak", args)
             peer_report.print_soak(out["soak"])
+        elif args.paired > 0:
+            out |= paired(root, args)
         else:
             say(peer_report.phases_line(args, kill_count(args)))
             say(f"expected duration: about {estimate_s(args) / 60:.0f} min")
