@@ -211,6 +211,9 @@ def paired(root: Path, args: argparse.Namespace) -> dict[str, Any]:
                 say(f"  [{tag}] FAILED: {e}")
                 failed.append(f"{tag}: {e}")
     table = print_paired(runs)
+    if failed:
+        args.keep = True  # the failed runs' logs are what explains them
+        say(f"\n{len(failed)} run(s) failed: " + "; ".join(failed))
     return {
         "paired": table,
         "paired_runs": {n: [r.as_json() for r in rs] for n, rs in runs.items()},
