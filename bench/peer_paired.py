@@ -127,7 +127,7 @@ def summary(runs: Sequence[PairedResult]) -> dict[str, Any]:
 
 
 def print_paired(runs: dict[str, list[PairedResult]]) -> dict[str, Any]:
-    """The paired table, and Phalanx's goodput against each peer's."""
+    """Print each system's paired figures (:func:`summary`) as a table; return them."""
     table = {name: summary(rs) for name, rs in runs.items() if rs}
     print("\npaired goodput (work in the kill cycles / work in the kill-free cycles beside them):")
     print(
