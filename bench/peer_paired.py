@@ -31,7 +31,17 @@ from bench.peer_measures import (
     median_or_none,
     useful,
 )
-from bench.peer_phases import estimate_s, kill_now, make, run_until, say, wait_quiet, wait_ready
+from bench.peer_phases import (
+    estimate_s,
+    every_run,
+    kill_now,
+    make,
+    report_failed,
+    run_until,
+    say,
+    wait_quiet,
+    wait_ready,
+)
 
 
 def cycle_plan(pairs: int) -> list[bool]:
@@ -200,20 +210,10 @@ def paired(root: Path, args: argparse.Namespace) -> dict[str, Any]:
         f" cycles (a SIGKILL at the start of one, none in the other) after {args.warmup:g} s warm-up"
     )
     say(f"expected duration: about {estimate_s(args) / 60:.0f} min")
-    runs: dict[str, list[PairedResult]] = {name: [] for name in args.systems}
     failed: list[str] = []
-    for repeat in range(args.repeats):
-        for name in args.systems:
-            tag = f"{name} #{repeat + 1}"
-            try:
-                runs[name].append(run_paired(name, root / f"{name}-{repeat + 1}", args, tag))
-            except RuntimeError as e:
-                say(f"  [{tag}] FAILED: {e}")
-                failed.append(f"{tag}: {e}")
+    runs = every_run(root, args, run_paired, failed)
     table = print_paired(runs)
-    if failed:
-        args.keep = True  # the failed runs' logs are what explains them
-        say(f"\n{len(failed)} run(s) failed: " + "; ".join(failed))
+    report_failed(args, failed)
     return {
         "paired": table,
         "paired_runs": {n: [r.as_json() for r in rs] for n, rs in runs.items()},

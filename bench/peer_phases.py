@@ -8,7 +8,9 @@ import argparse
 import math
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from bench import peer_cpu
 from bench.peer_measures import Kill
@@ -18,6 +20,8 @@ from bench.peer_systems import BareTorchft, Phalanx, System, Torchrun
 SYSTEMS = ("torchrun", "torchft", "phalanx", "phalanx-cold")  # cold: node.standby = false
 POLL_S = 0.1
 DEFAULT_MAX_RESTARTS = 5  # daemon.config NodeConfig.max_restarts
+
+R = TypeVar("R")
 
 
 def say(text: str) -> None:
@@ -100,7 +104,35 @@ def kill_now(system: System, index: int, patience: float) -> Kill | None:
 
 def estimate_s(args: argparse.Namespace) -> float:
     """About how long the comparison takes (start-up ~10 s and a short tail per run)."""
-    per_run = 10 + args.warmup + args.window + args.chaos + min(args.tail, 10) + args.after
     if args.paired > 0:
         per_run = 10 + args.warmup + 2 * args.paired * args.kill_every
+    else:
+        per_run = 10 + args.warmup + args.window + args.chaos + min(args.tail, 10) + args.after
     return float(per_run * args.repeats * len(args.systems))
+
+
+def every_run(
+    root: Path,
+    args: argparse.Namespace,
+    run: Callable[[str, Path, argparse.Namespace, str], R],
+    failed: list[str],
+) -> dict[str, list[R]]:
+    """`run` for each of --systems, --repeats times, interleaved (a slow spell of the
+    machine hits every system); a run that fails is added to `failed` and the rest go on."""
+    runs: dict[str, list[R]] = {name: [] for name in args.systems}
+    for repeat in range(args.repeats):
+        for name in args.systems:
+            tag = f"{name} #{repeat + 1}"
+            try:
+                runs[name].append(run(name, root / f"{name}-{repeat + 1}", args, tag))
+            except RuntimeError as e:
+                say(f"  [{tag}] FAILED: {e}")
+                failed.append(f"{tag}: {e}")
+    return runs
+
+
+def report_failed(args: argparse.Namespace, failed: list[str]) -> None:
+    """Say which runs failed, and keep the files: their logs are what explains them."""
+    if failed:
+        args.keep = True
+        say(f"\n{len(failed)} run(s) failed: " + "; ".join(failed))

@@ -66,8 +66,11 @@ from bench.peer_phases import (
     SYSTEMS,
     cpu_window,
     estimate_s,
+    every_run,
     kill_count,
+    kill_now,
     make,
+    report_failed,
     run_until,
     say,
     wait_quiet,
@@ -79,22 +82,19 @@ from bench.peer_systems import Phalanx, System
 def chaos(system: System, start: float, args: argparse.Namespace, tag: str) -> list[Kill]:
     """The chaos window: kill number k is due at start + k * kill_every; a kill whose
     target is not up (a group still restarting) is retried until half an interval late."""
-    due = [start + k * args.kill_every for k in range(kill_count(args))]
+    end = start + args.chaos
     kills: list[Kill] = []
-    index = 0
-    while time.time() < start + args.chaos:
-        system.poll()
-        now = time.time()
-        if index < len(due) and now >= due[index]:
-            kill = system.kill(index)
-            if kill is not None:
-                kills.append(kill)
-                say(f"  [{tag}] kill {index + 1}: {kill.label} at +{kill.t - start:.1f}s")
-                index += 1
-            elif now > due[index] + args.kill_every / 2:
-                say(f"  [{tag}] kill {index + 1} skipped: no live target")
-                index += 1
-        time.sleep(POLL_S)
+    for index in range(kill_count(args)):
+        due = start + index * args.kill_every
+        run_until(system, due)
+        patience = min(due + args.kill_every / 2, end) - time.time()
+        kill = kill_now(system, index, patience)
+        if kill is None:
+            say(f"  [{tag}] kill {index + 1} skipped: no live target")
+            continue
+        kills.append(kill)
+        say(f"  [{tag}] kill {index + 1}: {kill.label} at +{kill.t - start:.1f}s")
+    run_until(system, end)
     return kills
 
 
@@ -254,20 +254,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             say(peer_report.phases_line(args, kill_count(args)))
             say(f"expected duration: about {estimate_s(args) / 60:.0f} min")
-            runs: dict[str, list[RunResult]] = {name: [] for name in args.systems}
             failed: list[str] = out.setdefault("failed", [])
-            for repeat in range(args.repeats):  # interleaved: a slow spell hits every system
-                for name in args.systems:
-                    tag = f"{name} #{repeat + 1}"
-                    try:
-                        runs[name].append(run_once(name, root / f"{name}-{repeat + 1}", args, tag))
-                    except RuntimeError as e:  # one run failed: report it, go on with the rest
-                        say(f"  [{tag}] FAILED: {e}")
-                        failed.append(f"{tag}: {e}")
+            runs = every_run(root, args, run_once, failed)
             out |= peer_report.print_results({k: v for k, v in runs.items() if v})
-            if failed:
-                args.keep = True  # the failed runs' logs are what explains them
-                say(f"\n{len(failed)} run(s) failed: " + "; ".join(failed))
+            report_failed(args, failed)
     finally:
         if args.json:
             args.json.write_text(json.dumps(out, indent=2, default=str))
