@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from daemon.children import descendants
-from daemon.children import free_port as free_port  # re-exported for the tests
 from daemon.lighthouse import lighthouse_command
 from tests.netns import Host
+from tests.ports import free_port as free_port  # re-exported for the tests
 from trainer.checkpoint_files import MARKER
 
-# The daemon's own helpers: /proc walking (not process groups) and free ports.
+# The daemon's own helper for /proc walking (not process groups); ports come from tests.ports.
 children = descendants
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -17,7 +17,6 @@ from typing import Any, TypeVar
 import pytest
 
 from daemon import supervisor
-from daemon.children import free_port
 from daemon.config import load_daemon_config
 from daemon.coordination import (
     CoordinationError,
@@ -31,6 +30,7 @@ from daemon.fencing import fence_margin_s
 from daemon.states import State
 from daemon.supervisor import Supervisor
 from tests.harness import DAEMON_JOB, Daemon, alive, start_daemon, wait_for
+from tests.ports import free_port
 
 pytestmark = pytest.mark.integration
 T = TypeVar("T")

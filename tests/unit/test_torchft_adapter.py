@@ -31,7 +31,7 @@ from torchft.checkpointing.http_transport import HTTPTransport
 from torchft.manager import REPLICA_ID_KEY, Manager
 from torchft.process_group import ProcessGroupGloo, ProcessGroupNCCL
 
-from daemon.children import free_port
+from tests.ports import free_port
 from tests.sockets import listeners
 from trainer import torchft_adapter as ft
 from trainer.torchft_group import membership_token
