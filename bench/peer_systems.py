@@ -279,6 +279,9 @@ class Phalanx(System):
         self.counts: dict[str, int] = {}  # soak: events that say a healthy group was evicted
         self.count_after = float("inf")
         self.warming: set[int] = set()  # standbys spawned and not yet ready, used or gone
+        # A forked standby's standby_ready can be relayed before its daemon logs
+        # standby_spawned: a pid already warm is not counted as warming again.
+        self.warmed: set[int] = set()
         # Groups that spawned standbys, and those that started a zygote (or gave up on
         # standbys): a node starts its zygote once its first standbys are ready.
         self.with_standbys: set[int] = set()
@@ -322,9 +325,11 @@ class Phalanx(System):
         if kind in ("standby_zygote_spawned", "standby_disabled"):
             self.zygote_started.add(group)
         if kind in ("standby_spawned", "standby_zygote_spawned"):
-            self.warming.add(int(e["pid"]))
+            if int(e["pid"]) not in self.warmed:
+                self.warming.add(int(e["pid"]))
         elif kind in WARMED:
             self.warming.discard(int(e.get("pid", 0)))
+            self.warmed.add(int(e.get("pid", 0)))
         if kind == "train_step":
             first, stop = e.get("items", [0, ROWS])
             commit = Commit(t, int(e["step"]), self.born.get(group, 0.0), (stop - first) / ROWS)

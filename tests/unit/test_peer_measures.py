@@ -72,6 +72,10 @@ def test_phalanx_is_quiet_once_every_standby_and_zygote_is_ready_used_or_gone() 
     event("standby_spawned", pid=15)  # a refill: the zygote was started already
     event("standby_ready", pid=15)
     assert system.quiet()
+    # A forked standby's own line can come before its daemon's standby_spawned.
+    event("standby_ready", pid=16)
+    event("standby_spawned", pid=16)
+    assert system.quiet()
     event("standby_spawned", group=1, pid=21)  # another node whose pool gave up
     event("standby_ready", group=1, pid=21)
     assert not system.quiet()
