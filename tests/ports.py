@@ -4,7 +4,8 @@ A port the kernel hands out for ``bind(0)`` is free only until the next ephemera
 embedded etcd choosing its own ports, or any outgoing connection's source port, can take it
 before the daemon binds it, and a daemon whose lighthouse port is taken cannot lead. Ports
 below ``ip_local_port_range`` are never picked by the kernel, and this session hands out each
-one once, so nothing but another program told that number can hold it.
+one once (until it has handed out ``SPAN``), so nothing but another program told that number
+can hold it. Where the range starts below ``LOWEST + 1000`` the two overlap, as before.
 """
 
 from __future__ import annotations
