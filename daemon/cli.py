@@ -156,7 +156,7 @@ def run(cfg: DaemonConfig) -> int:
                 file=sys.stderr,
             )
             return EXIT_BAD_INPUT
-        sup.upkeep.http_port = server.port
+        sup.upkeep.record.http_port = server.port
         log.info(
             "http_listening",
             port=server.port,

@@ -27,7 +27,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import pyetcd
 from pyetcd import transactions as txn
 
 from daemon.etcd_client import (
@@ -46,15 +45,13 @@ from daemon.etcd_client import (
 )
 from daemon.etcd_settings import check_etcd_settings
 from daemon.identity import Identity, holder_of, new_instance
+from daemon.job_spec import put_spec
 from daemon.job_view import (
     STATES,
     JobView,
-    differing_sections,
     dump,
     json_dict,
-    mismatch_message,
     parse_job,
-    spec_hash,
 )
 from trainer import logs
 
@@ -117,6 +114,7 @@ class Coordinator:
         self._session: _Session | None = None
         self._session_lock = threading.Lock()
         self._retired: list[int] = []  # leases given up, revoked once our keys moved off them
+        self._record: tuple[int, str] | None = None  # (lease, value) of our record as last put
 
     # ------------------------------------------------------------------ session
 
@@ -183,43 +181,8 @@ class Coordinator:
     # --------------------------------------------------------------------- spec
 
     def check_spec(self, sections: dict[str, str]) -> None:
-        """Write the job spec, or check ours equals it; replace it (a new run: `state` and
-        `checkpoints/latest` go too) only when no node is registered."""
-        key, nodes = self._key("spec"), self._key("nodes/")
-        overall = spec_hash(sections)
-        value = dump({"hash": overall, "sections": sections})
-        for _ in range(5):
-            ok, responses = self._txn([txn.Create(key) == 0], [txn.Put(key, value)], [txn.Get(key)])
-            if ok:
-                log.info("job_spec_written", job=self.job, hash=overall)
-                return
-            if not responses[0]:
-                continue  # deleted in between: try to create it again
-            existing, meta = responses[0][0]
-            current = json_dict(existing)
-            if current.get("hash") == overall:
-                return
-            differ = differing_sections(current.get("sections") or {}, sections) or sorted(sections)
-            no_nodes = txn.Create(nodes, pyetcd.utils.prefix_range_end(nodes.encode())) == 0
-            ok, responses = self._txn(
-                [txn.Mod(key) == meta.mod_revision, no_nodes],
-                [
-                    txn.Put(key, value),
-                    txn.Delete(self._key("state")),
-                    txn.Delete(self._key("checkpoints/latest")),
-                ],
-                [txn.Get(nodes, pyetcd.utils.prefix_range_end(nodes.encode()))],
-            )
-            if ok:
-                log.info("job_spec_replaced", job=self.job, hash=overall, sections=differ)
-                return
-            if responses[0]:
-                theirs = current.get("sections") or {}
-                devices = None
-                if "device" in theirs and "device" in sections:
-                    devices = (str(theirs["device"]), str(sections["device"]))
-                raise SpecMismatch(mismatch_message(self.job, differ, devices))
-        raise CoordinationError(f"the spec of job '{self.job}' keeps changing; try again.")
+        """Write the job spec, or check ours equals it (``daemon.job_spec``)."""
+        put_spec(self.job, sections, self._txn, self._key)
 
     # ------------------------------------------------------------ node and slot
 
@@ -230,10 +193,17 @@ class Coordinator:
         (not this one, nor its predecessor on the same run directory)."""
         lease, key = self._lease(), self._key(f"nodes/{self.node_id}")
         value = dump({**record, "instance": self.identity.instance})
+        last, self._record = self._record, None
+        if last is not None and last[0] == lease:  # an update: one request, not two
+            ok, _ = self._txn([txn.Value(key) == last[1]], [txn.Put(key, value, lease)], [])
+            if ok:
+                self._record = (lease, value)
+                return
         ok, responses = self._txn(
             [txn.Create(key) == 0], [txn.Put(key, value, lease)], [txn.Get(key)]
         )
         if ok:
+            self._record = (lease, value)
             return
         if responses[0]:
             current, meta = responses[0][0]
@@ -242,6 +212,7 @@ class Coordinator:
                 raise NodeIdHeld(self.node_id, held)
             ok, _ = self._txn([txn.Mod(key) == meta.mod_revision], [txn.Put(key, value, lease)], [])
             if ok:
+                self._record = (lease, value)
                 return
         raise CoordinationError(f"the record of node '{self.node_id}' keeps changing; try again.")
 
@@ -319,8 +290,23 @@ class Coordinator:
     # ---------------------------------------------------------- persistent keys
 
     def snapshot(self) -> JobView:
-        """Everything under the job prefix, from one range read."""
-        return parse_job(self.prefix, self._range(""))
+        """Everything under the job prefix, from one range read, with its revision."""
+        response = self._call(lambda c: c.get_prefix_response(self.prefix))
+        return parse_job(self.prefix, response.kvs, int(response.header.revision))
+
+    def watch_job(self, start_revision: int, callback: Callable[[Any], None]) -> int:
+        """Call `callback` (on pyetcd's watch thread) with each batch of changes under the
+        job prefix from `start_revision` on, and with an error or None when the stream ends."""
+        return int(
+            self._call(
+                lambda c: c.add_watch_prefix_callback(
+                    self.prefix, callback, start_revision=start_revision
+                )
+            )
+        )
+
+    def cancel_watch(self, watch_id: int) -> None:
+        self._call(lambda c: c.cancel_watch(watch_id))
 
     def set_state(self, state: str, step: int, **extra: object) -> None:
         """Put the persistent job ``state`` (running, completed or failed) and its step."""

@@ -32,6 +32,7 @@ class JobView:
     state: dict[str, Any] | None
     spec: dict[str, Any] | None
     leader_epoch: int | None = None  # the leader key's create revision: one per term
+    revision: int = 0  # etcd's revision when this was read
 
 
 def dump(value: object) -> str:
@@ -67,8 +68,8 @@ def mismatch_message(job: str, sections: list[str], devices: tuple[str, str] | N
     )
 
 
-def parse_job(prefix: str, kvs: Iterable[Any]) -> JobView:
-    """A :class:`JobView` from the key-values of one range read of ``prefix``."""
+def parse_job(prefix: str, kvs: Iterable[Any], revision: int = 0) -> JobView:
+    """A :class:`JobView` from the key-values of one range read of ``prefix`` (at `revision`)."""
     nodes: dict[str, dict[str, Any]] = {}
     groups: dict[int, str] = {}
     single: dict[str, Any] = {}
@@ -97,6 +98,7 @@ def parse_job(prefix: str, kvs: Iterable[Any]) -> JobView:
         state=_dict_or_none(single.get("state")),
         spec=_dict_or_none(single.get("spec")),
         leader_epoch=epoch,
+        revision=revision,
     )
 
 

@@ -1,6 +1,9 @@
 """Leader election and the leader's torchft lighthouse.
 
-Every etcd round each daemon campaigns (a cheap etcd transaction). The leader
+A daemon campaigns (one etcd transaction) in a round whose view of the job shows
+no leader, or a leader key other than the one it last campaigned against (a new
+holder or term), and at least every ``CAMPAIGN_EVERY_S``; the view is kept current
+by ``daemon.job_watch``, so a steady leader and its followers send nothing. The leader
 keeps a lighthouse running and its address published: it restarts one that
 died, and republishes whenever etcd does not show its address (for example after
 an outage that expired its lease and the key with it). A daemon that is no
@@ -28,6 +31,7 @@ from trainer import logs
 
 START_TIMEOUT_S = 10.0
 COOLDOWN_S = 15.0
+CAMPAIGN_EVERY_S = 2.0
 
 
 class Lighthouse(StrEnum):
@@ -46,14 +50,29 @@ class Leadership:
         self.started_at = 0.0
         self.cooldown_until = 0.0
         self.must_resign = False
+        self.campaigned: tuple[str | None, int | None] | None = None  # the leader key then
+        self.campaigned_at = -CAMPAIGN_EVERY_S
         self.log = logs.get()
 
     @property
     def lighthouse_alive(self) -> bool:
         return self.lighthouse is not None and self.lighthouse.alive
 
+    def must_campaign(self, view: NodeView) -> bool:
+        """Nobody leads, the view and our belief disagree about who does (after a fence),
+        the leader key changed since we last campaigned, or that was CAMPAIGN_EVERY_S ago."""
+        job = view.job
+        if job is None or job.leader is None:
+            return True
+        if (job.leader == self.cfg.node_id) != view.leader:
+            return True
+        if (job.leader, job.leader_epoch) != self.campaigned:
+            return True
+        return time.monotonic() - self.campaigned_at >= CAMPAIGN_EVERY_S
+
     def update(self, view: NodeView) -> None:
-        """One round: campaign, then start, probe or publish the lighthouse while leader.
+        """One round: campaign if needed, then start, probe or publish the lighthouse while
+        leader.
 
         Raises the coordinator's errors (the caller turns them into events)."""
         if self.must_resign:  # retried each round until etcd takes it
@@ -62,7 +81,11 @@ class Leadership:
         if time.monotonic() < self.cooldown_until:
             return  # resigned after a failed start: let another node lead
         was_leader = view.leader
-        view.leader = self.coord.campaign()
+        if self.must_campaign(view):
+            job = view.job
+            self.campaigned = (job.leader, job.leader_epoch) if job else None
+            self.campaigned_at = time.monotonic()
+            view.leader = self.coord.campaign()
         if view.leader and not was_leader:
             self.log.info("leader_elected", node=self.cfg.node_id)
         if not view.leader:

@@ -66,10 +66,11 @@ class Supervisor:
         self.run_dir = cfg.run_dir
         self.run_dir.mkdir(parents=True, exist_ok=True)
         rank_config = write_rank_config(cfg, self.run_dir / "config.json")
-        # Set when a rank's (or standby's) output ends: the loop looks at once, not next tick.
+        # Set when a rank's (or standby's) output ends, or the job changed in etcd: the loop
+        # looks at once, not next tick.
         self.wake = threading.Event()
         self.group = NodeGroup(cfg, self.view, rank_config, self.wake)
-        self.upkeep = EtcdUpkeep(cfg, coordinator, self.view, self.run_dir)
+        self.upkeep = EtcdUpkeep(cfg, coordinator, self.view, self.run_dir, self.wake.set)
         self.waiting = Waiting(cfg, self.view)
         self.budget = RestartBudget.for_node(cfg.node)
         self.exit_code = EXIT_OK

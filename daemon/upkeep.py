@@ -31,9 +31,8 @@ import time
 from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from daemon import __version__
 from daemon.config import DaemonConfig
 from daemon.coordination import (
     CoordinationError,
@@ -44,15 +43,16 @@ from daemon.coordination import (
     SpecMismatch,
 )
 from daemon.fencing import LEASE_FILE, Fence, after_fence, fence_margin_s, refresh_every_s
+from daemon.job_watch import JobWatch
 from daemon.leadership import Leadership
 from daemon.lighthouse import Forwarder, parse_address
+from daemon.node_record import NodeRecord
 from daemon.preflight import node_device
 from daemon.states import State
 from daemon.view import NodeView
 from trainer import logs
 
 T = TypeVar("T")
-RECORD_EVERY_S = 2.0
 BACKOFF_FIRST_S, BACKOFF_CAP_S = 0.5, 5.0
 
 
@@ -68,7 +68,12 @@ class Event(StrEnum):
 
 class EtcdUpkeep:
     def __init__(
-        self, cfg: DaemonConfig, coord: Coordinator, view: NodeView, run_dir: Path
+        self,
+        cfg: DaemonConfig,
+        coord: Coordinator,
+        view: NodeView,
+        run_dir: Path,
+        wake: Callable[[], None] | None = None,
     ) -> None:
         self.cfg = cfg
         self.coord = coord
@@ -76,13 +81,12 @@ class EtcdUpkeep:
         self.log = logs.get()
         self.leadership = Leadership(cfg, coord, run_dir)
         self.forwarder = Forwarder(port=cfg.node.lighthouse_proxy_port)
+        self.watch = JobWatch(f"{coord.prefix}nodes/{cfg.node_id}", wake)
         self.refusal = ""
         self.events: list[Event] = []
-        self.http_port = cfg.node.http_port  # the bound port, set by the CLI
+        self.record = NodeRecord(cfg, coord, view)
         self._retry_at = 0.0
         self._backoff = BACKOFF_FIRST_S
-        self._record_at = 0.0
-        self._last_record: dict[str, Any] = {}
         self._bad_lighthouse: object = None
         self._held_by: tuple[str, float] | None = None  # (other instance, first seen)
         # Partition safety (daemon.fencing): fenced while the lease is unconfirmed;
@@ -216,17 +220,33 @@ class EtcdUpkeep:
         if self.fenced:
             self.fenced, self.answered_at = False, time.monotonic()
             self.log.info("unfenced", lease="new" if self.lease_lost else "kept")
+            self.watch.disarm(self.coord)  # the stream may have gone quiet while fenced
+        fresh = self._read_job()
+        if fresh is None:  # etcd away: one request's timeout per round
+            return
         self._attempt("leadership", lambda: self.leadership.update(self.view))
-        if not self.view.etcd_up:  # one request's timeout per round while etcd is away
+        job = self.view.job
+        if not self.view.etcd_up or job is None:
             return
-        ok, job = self._attempt("snapshot", self.coord.snapshot)
-        if not ok or job is None:
-            return
-        self.view.job, self.snapshot_at = job, time.monotonic()
         self._follow_epoch(job.leader_epoch)
         self._follow_lighthouse(job.lighthouse)
         self._publish_checkpoint()
         self._attempt("record", self._update_record)
+
+    def _read_job(self) -> bool | None:
+        """Read the job when the watch says so (``daemon.job_watch``): True if this round
+        read it, False if the view is current without a read, None if the read failed."""
+        if not self.watch.due(time.monotonic() - self.snapshot_at):
+            return False
+        self.watch.reading()
+        ok, job = self._attempt("snapshot", self.coord.snapshot)
+        if not ok or job is None:
+            self.watch.disarm(self.coord)
+            return None
+        self.view.job, self.snapshot_at = job, time.monotonic()
+        if not self.watch.armed:
+            self._attempt("watch", lambda: self.watch.arm(self.coord, job.revision + 1))
+        return True
 
     def _lease_fresh(self) -> bool:
         """The session lives and etcd confirmed it within ``refresh_every_s``: this round
@@ -239,6 +259,7 @@ class EtcdUpkeep:
     def _rejoin(self) -> bool:
         """A new lease: register and re-claim on it, then let the old lease go."""
         self.log.info("etcd_session_renewed", slot=self.view.slot)
+        self.watch.invalidate()
         ok, _ = self._attempt("register", self._register)
         if not ok:
             return False
@@ -319,34 +340,11 @@ class EtcdUpkeep:
         self.forwarder.set_target(address)
 
     def _register(self) -> None:
-        self._last_record = {}
+        self.record.forget()
         self._update_record(force=True)
 
     def _update_record(self, force: bool = False) -> None:
-        v = self.view
-        record = {
-            "host": self.cfg.advertise_host,
-            "http_port": self.http_port,
-            "pid": os.getpid(),
-            "version": __version__,
-            "group": v.slot,
-            "state": v.state.value,
-            "step": v.step,
-            "pids": v.pids,
-            "epoch": self.trained_epoch,
-            "epoch_step": self.epoch_step,
-        }
-        now = time.monotonic()
-        changed = {k: x for k, x in record.items() if k != "step"} != {
-            k: x for k, x in self._last_record.items() if k != "step"
-        }
-        if (
-            force
-            or changed
-            or (record != self._last_record and now - self._record_at > RECORD_EVERY_S)
-        ):
-            self.coord.register(record)
-            self._last_record, self._record_at = record, now
+        self.record.update(self.trained_epoch, self.epoch_step, force=force)
 
     def _publish_checkpoint(self) -> None:
         """checkpoints/latest in etcd, from the main loop (rank threads only record it)."""
@@ -394,6 +392,7 @@ class EtcdUpkeep:
         return events
 
     def close(self) -> None:
+        self.watch.disarm()
         self.leadership.stop()
         self.forwarder.close()
         try:

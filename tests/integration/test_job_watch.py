@@ -1,0 +1,130 @@
+"""daemon.job_watch against a real etcd: when a daemon must read its job again."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pyetcd
+import pytest
+
+from daemon.coordination import Coordinator, EtcdSettings
+from daemon.job_watch import MAX_AGE_S, JobWatch
+from tests.etcd_control import ControlledEtcd
+from tests.integration.test_coordination import wait_for
+
+pytestmark = pytest.mark.integration
+QUIET_S = 0.5  # long enough for etcd to have delivered an event on this machine
+
+
+@pytest.fixture
+def pair(etcd_settings: EtcdSettings) -> Iterator[tuple[Coordinator, Coordinator]]:
+    made = []
+    for node in ("node-a", "node-b"):
+        c = Coordinator(etcd_settings, "demo", node, 10)
+        c.connect()
+        c.ensure_session()
+        made.append(c)
+    yield made[0], made[1]
+    for c in made:
+        c.close()
+
+
+def armed_watch(c: Coordinator, woken: threading.Event) -> JobWatch:
+    watch = JobWatch(f"{c.prefix}nodes/{c.node_id}", woken.set)
+    assert watch.due(0.0), "nothing is watched before the first read"
+    watch.reading()
+    watch.arm(c, c.snapshot().revision + 1)
+    assert watch.armed and not watch.due(0.0)
+    return watch
+
+
+def stays_quiet(watch: JobWatch, woken: threading.Event) -> bool:
+    time.sleep(QUIET_S)
+    return not watch.due(0.0) and not woken.is_set()
+
+
+def test_another_nodes_change_wakes_the_daemon_and_its_own_record_does_not(
+    pair: tuple[Coordinator, Coordinator],
+) -> None:
+    a, b = pair
+    a.register({"step": 0})
+    woken = threading.Event()
+    watch = armed_watch(a, woken)
+    try:
+        a.register({"step": 1})  # this daemon's own record: it knows what it wrote
+        assert stays_quiet(watch, woken), "its own record made the daemon read the job again"
+        b.register({"step": 5})
+        wait_for(lambda: watch.due(0.0) and woken.is_set(), 10, "node-b's record to be seen")
+        assert watch.changes == 1
+        watch.reading()
+        woken.clear()
+        assert stays_quiet(watch, woken)
+        assert b.campaign()  # the leader key: a change like any other
+        wait_for(lambda: watch.due(0.0), 10, "the leader key to be seen")
+        assert watch.due(MAX_AGE_S), "a read this old is due whatever the watch says"
+    finally:
+        watch.disarm(a)
+    assert not watch.armed and watch.due(0.0)
+
+
+def test_a_change_between_the_read_and_the_watch_is_not_missed(
+    pair: tuple[Coordinator, Coordinator],
+) -> None:
+    a, b = pair
+    watch = JobWatch(f"{a.prefix}nodes/{a.node_id}")
+    revision = a.snapshot().revision
+    watch.reading()
+    b.set_state("running", 3)  # after the read, before the watch exists
+    watch.arm(a, revision + 1)
+    try:
+        wait_for(lambda: watch.due(0.0), 10, "the earlier change to be delivered")
+    finally:
+        watch.disarm(a)
+
+
+def test_the_daemons_own_record_deleted_counts_as_a_change(
+    pair: tuple[Coordinator, Coordinator], etcd: ControlledEtcd
+) -> None:
+    a, _ = pair
+    a.register({"step": 0})
+    woken = threading.Event()
+    watch = armed_watch(a, woken)
+    try:
+        host, port = etcd.endpoint.split(":")
+        client = pyetcd.client(host=host, port=int(port), timeout=5)
+        try:
+            client.delete(f"{a.prefix}nodes/{a.node_id}")
+        finally:
+            client.close()
+        wait_for(lambda: watch.due(0.0), 10, "the deletion to be seen")
+    finally:
+        watch.disarm(a)
+
+
+def test_a_restarted_etcd_ends_the_stream_and_every_round_reads_until_rearmed(
+    pair: tuple[Coordinator, Coordinator], etcd: ControlledEtcd
+) -> None:
+    a, _ = pair
+    woken = threading.Event()
+    watch = armed_watch(a, woken)
+    etcd.restart()
+    wait_for(lambda: not watch.armed, 20, "the watch to notice that its stream ended")
+    assert watch.due(0.0) and woken.is_set(), "the loop is woken to read at once"
+    snapshot: Callable[[], int] = lambda: a.snapshot().revision  # noqa: E731
+    deadline = time.monotonic() + 20
+    while True:  # the first requests after a restart may still fail
+        try:
+            revision = snapshot()
+            break
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+    watch.reading()
+    watch.arm(a, revision + 1)
+    try:
+        assert watch.armed and not watch.due(0.0)
+    finally:
+        watch.disarm(a)
