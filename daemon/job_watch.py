@@ -54,7 +54,7 @@ class JobWatch:
         self._dirty = True
         self._watch_id: int | None = None
         self._generation = 0  # callbacks of a watch given up are ignored
-        self.changes = 0  # change notifications that called for a read (for tests and status)
+        self.changes = 0  # change notifications that called for a read
 
     @property
     def armed(self) -> bool:

@@ -240,8 +240,8 @@ class EtcdUpkeep:
             return False
         self.watch.reading()
         ok, job = self._attempt("snapshot", self.coord.snapshot)
-        if not ok or job is None:
-            self.watch.disarm(self.coord)
+        if not ok or job is None:  # an unreachable etcd took the stream with the connection
+            self.watch.disarm(self.coord if self.view.etcd_up else None)
             return None
         self.view.job, self.snapshot_at = job, time.monotonic()
         if not self.watch.armed:
