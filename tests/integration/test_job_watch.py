@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pyetcd
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from daemon.coordination import Coordinator, EtcdSettings
 from daemon.job_watch import MAX_AGE_S, JobWatch
 from tests.etcd_control import ControlledEtcd
-from tests.integration.test_coordination import wait_for
+from tests.integration.test_coordination import reachable, wait_for
 
 pytestmark = pytest.mark.integration
 QUIET_S = 0.5  # long enough for etcd to have delivered an event on this machine
@@ -31,13 +32,18 @@ def pair(etcd_settings: EtcdSettings) -> Iterator[tuple[Coordinator, Coordinator
         c.close()
 
 
-def armed_watch(c: Coordinator, woken: threading.Event) -> JobWatch:
+@contextmanager
+def armed_watch(c: Coordinator, woken: threading.Event) -> Iterator[JobWatch]:
+    """A watch armed as the daemon arms it (after a read), disarmed at the end."""
     watch = JobWatch(f"{c.prefix}nodes/{c.node_id}", woken.set)
     assert watch.due(0.0), "nothing is watched before the first read"
     watch.reading()
     watch.arm(c, c.snapshot().revision + 1)
     assert watch.armed and not watch.due(0.0)
-    return watch
+    try:
+        yield watch
+    finally:
+        watch.disarm(c)
 
 
 def stays_quiet(watch: JobWatch, woken: threading.Event) -> bool:
@@ -51,8 +57,7 @@ def test_another_nodes_change_wakes_the_daemon_and_its_own_record_does_not(
     a, b = pair
     a.register({"step": 0})
     woken = threading.Event()
-    watch = armed_watch(a, woken)
-    try:
+    with armed_watch(a, woken) as watch:
         a.register({"step": 1})  # this daemon's own record: it knows what it wrote
         assert stays_quiet(watch, woken), "its own record made the daemon read the job again"
         b.register({"step": 5})
@@ -64,8 +69,6 @@ def test_another_nodes_change_wakes_the_daemon_and_its_own_record_does_not(
         assert b.campaign()  # the leader key: a change like any other
         wait_for(lambda: watch.due(0.0), 10, "the leader key to be seen")
         assert watch.due(MAX_AGE_S), "a read this old is due whatever the watch says"
-    finally:
-        watch.disarm(a)
     assert not watch.armed and watch.due(0.0)
 
 
@@ -89,18 +92,14 @@ def test_the_daemons_own_record_deleted_counts_as_a_change(
 ) -> None:
     a, _ = pair
     a.register({"step": 0})
-    woken = threading.Event()
-    watch = armed_watch(a, woken)
-    try:
-        host, port = etcd.endpoint.split(":")
-        client = pyetcd.client(host=host, port=int(port), timeout=5)
+    host, port = etcd.endpoint.split(":")
+    client = pyetcd.client(host=host, port=int(port), timeout=5)
+    with armed_watch(a, threading.Event()) as watch:
         try:
             client.delete(f"{a.prefix}nodes/{a.node_id}")
         finally:
             client.close()
         wait_for(lambda: watch.due(0.0), 10, "the deletion to be seen")
-    finally:
-        watch.disarm(a)
 
 
 def test_a_restarted_etcd_ends_the_stream_and_every_round_reads_until_rearmed(
@@ -108,23 +107,11 @@ def test_a_restarted_etcd_ends_the_stream_and_every_round_reads_until_rearmed(
 ) -> None:
     a, _ = pair
     woken = threading.Event()
-    watch = armed_watch(a, woken)
-    etcd.restart()
-    wait_for(lambda: not watch.armed, 20, "the watch to notice that its stream ended")
-    assert watch.due(0.0) and woken.is_set(), "the loop is woken to read at once"
-    snapshot: Callable[[], int] = lambda: a.snapshot().revision  # noqa: E731
-    deadline = time.monotonic() + 20
-    while True:  # the first requests after a restart may still fail
-        try:
-            revision = snapshot()
-            break
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
-    watch.reading()
-    watch.arm(a, revision + 1)
-    try:
+    with armed_watch(a, woken) as watch:
+        etcd.restart()
+        wait_for(lambda: not watch.armed, 20, "the watch to notice that its stream ended")
+        assert watch.due(0.0) and woken.is_set(), "the loop is woken to read at once"
+        wait_for(lambda: reachable(a), 20, "etcd to answer again")
+        watch.reading()
+        watch.arm(a, a.snapshot().revision + 1)
         assert watch.armed and not watch.due(0.0)
-    finally:
-        watch.disarm(a)
