@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 from pyetcd.events import PutEvent
 
+from daemon.etcd_client import CoordinationError
 from trainer import logs
 
 MAX_AGE_S = 2.0
@@ -55,6 +56,7 @@ class JobWatch:
         self._watch_id: int | None = None
         self._generation = 0  # callbacks of a watch given up are ignored
         self.changes = 0  # change notifications that called for a read
+        self._failing = False  # the last attempt to create a watch failed (reported)
 
     @property
     def armed(self) -> bool:
@@ -79,13 +81,21 @@ class JobWatch:
     def arm(self, coord: Watchable, start_revision: int) -> None:
         """Watch from `start_revision` (the read's revision + 1) unless already watching.
 
-        Raises the coordinator's errors; the watch then stays unarmed (each round reads)."""
+        A watch that cannot be created is reported once (until one is created again); the
+        watch then stays unarmed and every round reads, as without a watch."""
         with self._lock:
             if self._watch_id is not None:
                 return
             self._generation += 1
             generation = self._generation
-        watch_id = coord.watch_job(start_revision, lambda r: self._on_response(generation, r))
+        try:
+            watch_id = coord.watch_job(start_revision, lambda r: self._on_response(generation, r))
+        except CoordinationError as e:
+            if not self._failing:
+                self.log.warning("etcd_watch_failed", error=str(e), reads="every round")
+            self._failing = True
+            return
+        self._failing = False
         with self._lock:
             if generation == self._generation:
                 self._watch_id = watch_id

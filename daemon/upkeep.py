@@ -221,8 +221,7 @@ class EtcdUpkeep:
             self.fenced, self.answered_at = False, time.monotonic()
             self.log.info("unfenced", lease="new" if self.lease_lost else "kept")
             self.watch.disarm(self.coord)  # the stream may have gone quiet while fenced
-        fresh = self._read_job()
-        if fresh is None:  # etcd away: one request's timeout per round
+        if not self._read_job():  # etcd away: one request's timeout per round
             return
         self._attempt("leadership", lambda: self.leadership.update(self.view))
         job = self.view.job
@@ -233,19 +232,18 @@ class EtcdUpkeep:
         self._publish_checkpoint()
         self._attempt("record", self._update_record)
 
-    def _read_job(self) -> bool | None:
-        """Read the job when the watch says so (``daemon.job_watch``): True if this round
-        read it, False if the view is current without a read, None if the read failed."""
+    def _read_job(self) -> bool:
+        """Read the job when the watch says so (``daemon.job_watch``); False if the read
+        failed (True also when the view was current without one)."""
         if not self.watch.due(time.monotonic() - self.snapshot_at):
-            return False
+            return True
         self.watch.reading()
         ok, job = self._attempt("snapshot", self.coord.snapshot)
         if not ok or job is None:  # an unreachable etcd took the stream with the connection
             self.watch.disarm(self.coord if self.view.etcd_up else None)
-            return None
+            return False
         self.view.job, self.snapshot_at = job, time.monotonic()
-        if not self.watch.armed:
-            self._attempt("watch", lambda: self.watch.arm(self.coord, job.revision + 1))
+        self.watch.arm(self.coord, job.revision + 1)
         return True
 
     def _lease_fresh(self) -> bool:

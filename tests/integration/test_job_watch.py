@@ -115,3 +115,19 @@ def test_a_restarted_etcd_ends_the_stream_and_every_round_reads_until_rearmed(
         watch.reading()
         watch.arm(a, a.snapshot().revision + 1)
         assert watch.armed and not watch.due(0.0)
+
+
+def test_a_watch_that_cannot_be_created_leaves_every_round_reading(
+    etcd_settings: EtcdSettings, capfd: pytest.CaptureFixture[str]
+) -> None:
+    c = Coordinator(etcd_settings, "demo", "node-c", 10)
+    c.connect()
+    revision = c.snapshot().revision
+    c.close()  # every request now fails
+    watch = JobWatch(f"{c.prefix}nodes/{c.node_id}")
+    watch.reading()
+    for _ in range(3):
+        watch.arm(c, revision + 1)  # a round's attempt: reported, never raised
+        assert not watch.armed and watch.due(0.0)
+    out = capfd.readouterr()
+    assert (out.out + out.err).count("etcd_watch_failed") == 1, "reported once, not per round"
