@@ -37,8 +37,6 @@ MAX_AGE_S = 2.0
 class Watchable(Protocol):
     """What the watch needs of :class:`daemon.coordination.Coordinator`."""
 
-    prefix: str
-
     def watch_job(self, start_revision: int, callback: Callable[[Any], None]) -> int: ...
 
     def cancel_watch(self, watch_id: int) -> None: ...
