@@ -66,8 +66,13 @@ class LighthouseProcess:
         self.popen: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        """Start it; raise LighthouseError if node.lighthouse_port is taken (it would die at once)."""
+        """Start it; raise LighthouseError if node.lighthouse_port is taken (it would die at once).
+
+        The probe binds as the lighthouse does (tokio sets SO_REUSEADDR): the closed
+        connections of a lighthouse this node stopped (a fence, a resignation) linger on
+        the port for a minute and must not read as the port being in use."""
         with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind((self.bind_host, self.port))
             except OSError as e:
