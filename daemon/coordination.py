@@ -13,7 +13,8 @@ claims keys of this node id from the process's predecessor.
 Sessions. A node's claims (record, slot, leadership, lighthouse) are bound to
 one etcd lease kept alive by ``etcd_client._Session``.
 :meth:`Coordinator.ensure_session` replaces a lost lease and returns True: the
-caller then registers and claims again.
+caller then registers and claims again. A lease that our clock gave up on but
+etcd still holds (a restarted etcd restores leases) is kept, with its keys.
 
 Failures are mapped to the exceptions of ``etcd_client`` (re-exported here):
 :class:`EtcdUnavailable` is transient, :class:`EtcdAccessDenied` is a
@@ -113,7 +114,6 @@ class Coordinator:
         self._keepalive_conn = _Connection(settings, keepalive_timeout)
         self._session: _Session | None = None
         self._session_lock = threading.Lock()
-        self._retired: list[int] = []  # leases given up, revoked once our keys moved off them
         self._record: tuple[int, str] | None = None  # (lease, value) of our record as last put
 
     # ------------------------------------------------------------------ session
@@ -143,23 +143,19 @@ class Coordinator:
                 return False
             if old is not None:
                 old.stop()
-                if not old.confirmed_gone and old.lease_id not in self._retired:
-                    # Only our clock says it expired; etcd may still hold it (a restarted
-                    # etcd restores leases). Revoking it now would drop the slot, the
-                    # leader key and the record at once, for a standby to grab: keep it
-                    # until the caller has moved its keys (retire_leases).
-                    self._retired.append(old.lease_id)
+                # Our clock gave up on it; if etcd still holds it, nothing changed hands.
+                again = None if old.confirmed_gone else old.revived(self._conn)
+                if again is not None:
+                    again.start()
+                    self._session = again
+                    log.info("etcd_lease_kept", job=self.job, lease=f"{old.lease_id:x}")
+                    return False
             grant = self._call(lambda c: c.lease(self.lease_ttl_s))
             session = _Session(int(grant.id), int(grant.ttl), self._keepalive_conn, self.job)
             session.start()
             self._session = session
         log.info("etcd_session_created", job=self.job, lease=f"{grant.id:x}", ttl=grant.ttl)
         return True
-
-    def retire_leases(self) -> None:
-        """Revoke the leases a new session replaced (after register and claim moved our keys)."""
-        while self._retired:
-            self._revoke_quietly(self._retired.pop())
 
     def lease_confirmation(self) -> tuple[str, float] | None:
         """(lease id in hex, send time of its last confirmed refresh), None without a session."""
@@ -343,8 +339,6 @@ class Coordinator:
             session.stop()
             if revoke:
                 self._revoke_quietly(session.lease_id)
-        if revoke:
-            self.retire_leases()
         self._conn.close()
         self._keepalive_conn.close()
 
@@ -387,9 +381,9 @@ class Coordinator:
     def _rebind(self, key: str, value: bytes, mod_revision: int, key_lease: int) -> bool:
         """Keep a key this node already holds, moving it to this process and lease if needed.
 
-        A key can outlive the session that wrote it (etcd restored an old lease
-        that we had given up) or the process (a restarted daemon's predecessor);
-        left there it would vanish later without notice.
+        A key can outlive the process that wrote it (a restarted daemon's
+        predecessor, on the same run directory); left on that process's lease it
+        would vanish later without notice.
         """
         lease = self._lease()
         if key_lease == lease and value == self._me.encode():

@@ -349,6 +349,16 @@ class _Session:
                 self._deadline = max(self._deadline, sent + ttl)
         return ttl > 0
 
+    def revived(self, conn: _Connection) -> _Session | None:
+        """This lease with a new keepalive thread, if etcd still holds it although our
+        clock gave up on it (a restarted etcd restores leases with a fresh TTL); None
+        once etcd says it expired. Raises EtcdUnavailable."""
+        again = _Session(self.lease_id, self.ttl, self._conn, self.job)
+        if again.refresh(conn):
+            return again
+        self.mark_gone()
+        return None
+
     def start(self) -> None:
         self._thread.start()
 

@@ -157,8 +157,6 @@ class EtcdUpkeep:
         except (SpecMismatch, EtcdAccessDenied) as e:
             self.refusal = str(e)
             return Join.REFUSED
-        if ok:
-            self.coord.retire_leases()
         return Join.JOINED if ok else Join.NOT_YET
 
     def _held(self, e: NodeIdHeld) -> Join:
@@ -255,7 +253,8 @@ class EtcdUpkeep:
         )
 
     def _rejoin(self) -> bool:
-        """A new lease: register and re-claim on it, then let the old lease go."""
+        """A new lease (etcd expired the old one, and our keys with it): register and
+        claim a slot again, the one we held if it is still free."""
         self.log.info("etcd_session_renewed", slot=self.view.slot)
         self.watch.invalidate()
         ok, _ = self._attempt("register", self._register)
@@ -274,7 +273,6 @@ class EtcdUpkeep:
                 self.log.warning("slot_lost", previous=held, now=slot)
                 self.view.slot = slot
                 self.events.append(Event.SLOT_LOST)
-        self._attempt("retire", self.coord.retire_leases)
         return True
 
     def _write_lease(self) -> None:

@@ -374,26 +374,52 @@ def test_restarted_etcd_keeps_a_short_outage_lease(
     assert a.claim_slot(2) == 0
 
 
-def test_restarted_etcd_after_ttl_gives_a_new_session_without_dropping_the_slot(
+def test_restarted_etcd_after_ttl_keeps_the_lease_our_clock_gave_up(
     etcd: ControlledEtcd, make: MakeCoordinator
 ) -> None:
     """Our clock gave the lease up while etcd was away, but the restarted etcd restored it:
-    the slot stays held through the new session (a standby never sees it free), moves to
-    the new lease, and only then is the old lease revoked."""
+    the session goes on with that lease, so the slot and the leadership never change hands
+    (the leader epoch stays), and a new keepalive keeps them past the TTL."""
     settings = EtcdSettings([etcd.endpoint], timeout_s=1.0)
     a, b = make("a", ttl=2, settings=settings), make("b", ttl=30, settings=settings)
     a.register({"host": "h"})
     assert a.claim_slot(1) == 0
+    assert a.campaign()
+    before = a.snapshot()
+    lease = a.lease_confirmation()
+    assert lease is not None
     etcd.stop()
     wait_for(lambda: not a.session_alive, 10, "the session to be reported lost")
     etcd.restart()
     wait_for(lambda: reachable(a), 10, "etcd to answer again")
-    assert a.ensure_session() is True
-    assert a.snapshot().groups == {0: "a"}  # the old lease still holds it
-    assert b.claim_slot(1) is None  # a standby cannot grab it in between
-    a.register({"host": "h"})
-    assert a.claim_slot(1) == 0  # moved onto the new lease
-    a.retire_leases()  # the old lease goes; the slot stays
-    assert a.snapshot().groups == {0: "a"}
-    assert b.claim_slot(1) is None
+    assert a.ensure_session() is False  # kept: nothing to register or claim again
+    kept = a.lease_confirmation()
+    assert kept is not None and kept[0] == lease[0] and kept[1] > lease[1]
+    assert b.claim_slot(1) is None and not b.campaign()
+    time.sleep(3)  # past the TTL: the new keepalive holds the lease
+    assert a.session_alive and a.ensure_session() is False
+    after = a.snapshot()
+    assert after.groups == {0: "a"} and after.leader == "a"
+    assert after.leader_epoch == before.leader_epoch
     assert b.ensure_session() is False  # the long-TTL session survived the restart
+
+
+def test_a_lease_etcd_expired_is_replaced_and_its_keys_are_gone(
+    make: MakeCoordinator,
+) -> None:
+    """Once etcd itself dropped the lease (here revoked, as expiry would), the next session
+    is a new lease, and what the old one held (slot, leadership) is free for others."""
+    a, b = make("a", ttl=3), make("b", ttl=30)
+    a.register({"host": "h"})
+    assert a.claim_slot(1) == 0
+    assert a.campaign()
+    lease = a.lease_confirmation()
+    assert lease is not None
+    b._revoke_quietly(int(lease[0], 16))  # what etcd's expiry does, from another client
+    wait_for(lambda: not a.session_alive, 10, "the keepalive to see the lease gone")
+    assert a.ensure_session() is True
+    fresh = a.lease_confirmation()
+    assert fresh is not None and fresh[0] != lease[0]
+    view = a.snapshot()
+    assert view.groups == {} and view.leader is None
+    assert b.claim_slot(1) == 0 and b.campaign()

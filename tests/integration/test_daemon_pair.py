@@ -251,6 +251,7 @@ def test_etcd_outage_does_not_restart_ranks(
         wait_for(lambda: a.step() > 10 and b.step() > 10, 60, "training")
         assert not a.events("fenced") and not b.events("fenced")
         # A longer one (10 s) may pause the ranks (SIGSTOP, fenced), never restart them.
+        leader = a if a.require_status()["leader"] else b
         etcd.stop()
         stopped, stopped_at = time.monotonic(), time.time()
         steps = a.step()
@@ -260,11 +261,7 @@ def test_etcd_outage_does_not_restart_ranks(
         etcd.restart()
         back_at = time.time()
         for d in (a, b):
-            wait_for(
-                functools.partial(d.events, "etcd_session_renewed"),
-                60,
-                f"{d.node_id} to re-register",
-            )
+            wait_for(functools.partial(d.events, "unfenced"), 60, f"{d.node_id} to unfence")
         wait_for(
             lambda: len(status_json(etcd.endpoint)["nodes"]) == 2, 30, "both nodes in etcd again"
         )
@@ -279,12 +276,21 @@ def test_etcd_outage_does_not_restart_ranks(
         b.stop()
     for d in (a, b):
         assert d.events("etcd_unavailable")
+        # The restarted etcd restored the leases: each node keeps its own (and so its
+        # slot and keys), and the leader keeps leading on its own lighthouse port.
+        assert [e["lease"] for e in d.events("unfenced")] == ["kept"], d.node_id
+        assert not d.events("etcd_session_renewed") and not d.events("lighthouse_failed")
         assert not d.events("group_restarted") and not d.events("group_failed")
         assert d.events("group_started")[0]["pids"] == pids[d.node_id]
         assert d.events("group_paused") and d.events("group_resumed"), d.node_id
     assert digest(a) == digest(b)
-    renewed = max(event_time(d.events("etcd_session_renewed")[0]) for d in (a, b))
-    recovery("etcd outage 10 s: both daemons re-registered after etcd returned", renewed - back_at)
+    # The leader's lighthouse, stopped at the fence, came back on its port; the other
+    # node never led (each log's events carry the logging node).
+    ports = [e["port"] for e in leader.events("lighthouse_started")]
+    assert len(ports) == 2 and ports[0] == ports[1], ports
+    assert all(e["node"] == leader.node_id for d in (a, b) for e in d.events("leader_elected"))
+    unfenced = max(event_time(d.events("unfenced")[0]) for d in (a, b))
+    recovery("etcd outage 10 s: both daemons unfenced after etcd returned", unfenced - back_at)
     recovery(
         "etcd outage 10 s: longest training pause",
         max(largest_step_gap(d.events(), stopped_at) for d in (a, b)),
