@@ -5,183 +5,38 @@ to see a quorum's members, to choose the process group's rendezvous prefix, to
 harden the checkpoint transport's loader, to choose the address its manager
 and checkpoint servers listen on, or to name a replica after its predecessor
 and have the lighthouse number its quorum anew, so Phalanx reaches in. Each
-reach-in is written once, below, with what it is and why it is needed.
-:func:`check_torchft` verifies that all of them still exist with the expected
-kind, so a torchft upgrade fails loudly here, at startup, naming what changed,
-rather than as an ``AttributeError`` in the middle of a quorum.
+reach-in is written once, below, with what it is and why it is needed, and
+listed in :mod:`trainer.torchft_check`, whose :func:`check_torchft` verifies at
+startup that all of them still exist with the expected kind, so a torchft
+upgrade fails loudly, naming what changed, rather than as an ``AttributeError``
+in the middle of a quorum.
 ``tests/unit/test_torchft_adapter.py`` tests each one against the installed torchft.
 """
 
 from __future__ import annotations
 
-import ast
 import importlib
 import importlib.metadata
-import inspect
-import pkgutil
 import socket
-import textwrap
 import threading
 import types
 import urllib.request
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass
 from datetime import timedelta
 from http.server import ThreadingHTTPServer
-from typing import Any, Literal
+from typing import Any
 
 from torchft.checkpointing.http_transport import HTTPTransport
 
-Kind = Literal["instance attribute", "method", "classmethod", "function", "class", "module"]
-
-
-@dataclass(frozen=True)
-class ReachIn:
-    """One private name Phalanx uses: where it lives, what kind it must be, who uses it."""
-
-    owner: str  # "module:Class" or "module"
-    name: str
-    kind: Kind
-    used_by: str
-    params: tuple[str, ...] = ()  # leading parameters the override or call expects
-
-
-REACH_INS: tuple[ReachIn, ...] = (
-    ReachIn("torchft.manager:Manager", "_client", "instance attribute", "record_quorums"),
-    ReachIn("torchft._torchft:ManagerClient", "_quorum", "method", "QuorumRecorder"),
-    ReachIn("torchft.manager:Manager", "_quorum_id", "instance attribute", "quorum_id"),
-    ReachIn("torchft.manager:Manager", "_healing", "instance attribute", "is_healing"),
-    ReachIn("torchft.manager:Manager", "_quorum_future", "instance attribute", "quorum_future"),
-    ReachIn(
-        "torchft.process_group:ProcessGroupGloo",
-        "configure",
-        "method",
-        "scoped_process_group",
-        ("store_addr",),
-    ),
-    ReachIn(
-        "torchft.process_group:ProcessGroupNCCL",
-        "configure",
-        "method",
-        "scoped_process_group",
-        ("store_addr",),
-    ),
-    ReachIn(
-        "torchft.checkpointing.http_transport:HTTPTransport",
-        "_load_from_address",
-        "classmethod",
-        "SafeHTTPTransport",
-        ("address", "timeout"),
-    ),
-    ReachIn(
-        "torchft.checkpointing.http_transport:HTTPTransport",
-        "_server",
-        "instance attribute",
-        "SafeHTTPTransport",
-    ),
-    ReachIn("torch.distributed._serialization", "_streaming_load", "function", "SafeHTTPTransport"),
-    ReachIn(
-        "torchft.checkpointing.http_transport:HTTPTransport",
-        "_state_dict",
-        "instance attribute",
-        "SnapshotTransport",
-    ),
-    ReachIn(
-        "torchft.process_group",
-        "create_store_client",
-        "function",
-        "scoped_process_group",
-        ("store_addr", "timeout"),
-    ),
-    ReachIn("torchft.manager", "ManagerServer", "class", "manager_server_bound_to"),
-    ReachIn("torchft.manager", "uuid", "module", "replica_uuid"),
-    ReachIn("torchft.manager:Manager", "_commit_failures", "instance attribute", "count_as_new"),
-    ReachIn(
-        "torchft.checkpointing.http_transport", "_IPv6HTTPServer", "class", "SafeHTTPTransport"
-    ),
-)
-
-
-class TorchFTIncompatible(RuntimeError):
-    """The installed torchft (or torch) lacks a private name the adapter relies on."""
-
-
-def versions() -> str:
-    return f"torchft {importlib.metadata.version('torchft')} (torch {importlib.metadata.version('torch')})"
-
-
-def _assigned_in_init(cls: type, name: str) -> bool:
-    """Whether ``cls.__init__`` (or a base's) assigns ``self.<name>``."""
-    for klass in cls.__mro__:
-        init = klass.__dict__.get("__init__")
-        if not inspect.isfunction(init):
-            continue
-        tree = ast.parse(textwrap.dedent(inspect.getsource(init)))
-        for node in ast.walk(tree):
-            if (
-                isinstance(node, ast.Attribute)
-                and isinstance(node.ctx, ast.Store)
-                and isinstance(node.value, ast.Name)
-                and node.value.id == "self"
-                and node.attr == name
-            ):
-                return True
-    return False
-
-
-def _problem(reach: ReachIn) -> str | None:
-    """What is wrong with one reach-in on the installed versions, or None."""
-    try:
-        owner = pkgutil.resolve_name(reach.owner)
-    except (ImportError, AttributeError) as e:
-        return f"cannot resolve {reach.owner} ({e})"
-    if reach.kind == "instance attribute":
-        try:
-            return None if _assigned_in_init(owner, reach.name) else "not assigned in __init__"
-        except (OSError, TypeError) as e:
-            return f"cannot read {reach.owner}.__init__ source ({e})"
-    found = inspect.getattr_static(owner, reach.name, None)
-    if found is None:
-        return "missing"
-    if reach.kind == "class":
-        return None if isinstance(found, type) else f"not a class but {type(found).__name__}"
-    if reach.kind == "module":
-        return (
-            None
-            if isinstance(found, types.ModuleType)
-            else f"not a module but {type(found).__name__}"
-        )
-    if reach.kind == "classmethod" and not isinstance(found, classmethod):
-        return f"not a classmethod but {type(found).__name__}"
-    if reach.kind in ("method", "function") and (
-        isinstance(found, classmethod | staticmethod | property) or not inspect.isroutine(found)
-    ):
-        return f"not a {reach.kind} but {type(found).__name__}"
-    if reach.params:
-        leading = list(inspect.signature(getattr(owner, reach.name)).parameters)
-        if reach.kind == "method":
-            leading = leading[1:]  # self
-        if leading[: len(reach.params)] != list(reach.params):
-            return f"parameters are {leading}, expected to start with {list(reach.params)}"
-    return None
-
-
-def check_torchft(reach_ins: Iterable[ReachIn] = REACH_INS) -> None:
-    """Raise one :class:`TorchFTIncompatible` naming every reach-in the installed torchft breaks."""
-    problems = [
-        f"{r.owner.replace(':', '.')}.{r.name} ({r.kind}, used by {r.used_by}): {problem}"
-        for r in reach_ins
-        if (problem := _problem(r)) is not None
-    ]
-    if problems:
-        raise TorchFTIncompatible(
-            f"{versions()} is not what trainer/torchft_adapter.py was written for; "
-            + "; ".join(problems)
-        )
-
+# The list of reach-ins and the startup check, re-exported for the adapter's users.
+from trainer.torchft_check import REACH_INS as REACH_INS
+from trainer.torchft_check import ReachIn as ReachIn
+from trainer.torchft_check import TorchFTIncompatible as TorchFTIncompatible
+from trainer.torchft_check import check_torchft as check_torchft
+from trainer.torchft_check import versions as versions
 
 # --- Manager ---------------------------------------------------------------------------
 
@@ -212,18 +67,37 @@ def quorum_future(manager: Any) -> Future[None] | None:
 
 
 class QuorumRecorder:
-    """Stands in for a Manager's ManagerClient and keeps the last quorum result it returned."""
+    """Stands in for a Manager's ManagerClient and keeps the last quorum result it returned.
 
-    def __init__(self, client: Any) -> None:
+    It also makes the manager rebuild its process group for a quorum that reuses the id
+    of this rank's last one but is not the same quorum (:func:`_renumbered`). That
+    happens only after a new lighthouse (a leader change, or the leader's own lighthouse
+    restarted after a fence) numbered from 1 again. The manager compares ids alone: it
+    would keep the last quorum's process group while the other members build a new one,
+    and their collectives would wait on each other until the timeout (``ft.timeout_s``).
+    Not covered: a rank whose last quorum's id and members come back unchanged while a
+    peer's own last quorum differed (the peer's solo step after the restart failed to
+    commit); that still costs one timeout, after which the failed commit renumbers."""
+
+    def __init__(self, client: Any, manager: Any = None) -> None:
         self._client = client
+        self._manager = manager
         self.last: Any = None  # torchft._torchft.QuorumResult
+        self.renumbered = 0  # quorums whose reused id was not taken for the same quorum
 
     # ManagerClient._quorum: the RPC the manager's quorum thread calls (with keywords)
     # to get each quorum from the lighthouse. The manager keeps the result's
     # replica_ids to itself; Phalanx needs them to scope the rendezvous prefix.
     def _quorum(self, *args: Any, **kwargs: Any) -> Any:
-        self.last = self._client._quorum(*args, **kwargs)
-        return self.last
+        result = self._client._quorum(*args, **kwargs)
+        last, self.last = self.last, result
+        if _renumbered(last, result):
+            self.renumbered += 1
+            if self._manager is not None:
+                # Manager._quorum_id: the id the quorum thread compares this result's
+                # with, right after this call returns, to decide whether to reconfigure.
+                self._manager._quorum_id = -1
+        return result
 
     @property
     def replica_ids(self) -> list[str] | None:
@@ -239,11 +113,24 @@ class QuorumRecorder:
         return getattr(self._client, name)
 
 
+def _renumbered(last: Any, result: Any) -> bool:
+    """Whether `result` reuses the id of this rank's `last` quorum for another quorum.
+
+    Under one lighthouse a quorum keeps its id only while its members, their stores
+    and their commits stay the same, so neither of these can happen: other members,
+    or this rank told to heal (it is behind, so it missed a commit that changed the
+    id everywhere else)."""
+    if last is None or result.quorum_id != last.quorum_id:
+        return False
+    members = (sorted(result.replica_ids), str(result.store_address))
+    return members != (sorted(last.replica_ids), str(last.store_address)) or bool(result.heal)
+
+
 def record_quorums(manager: Any) -> QuorumRecorder:
     """Install a :class:`QuorumRecorder` in front of the manager's client; return it."""
     # Manager._client: the ManagerClient the quorum thread calls _quorum on. Replaced
     # once, right after the Manager is built and before its first quorum.
-    recorder = QuorumRecorder(manager._client)
+    recorder = QuorumRecorder(manager._client, manager)
     manager._client = recorder
     return recorder
 
