@@ -10,23 +10,24 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, not re-exported in stubs
-from torchft.manager import Manager
 from torchft.process_group import ProcessGroupGloo
 
+from tests.ft_managers import one_rank_manager
 from tests.harness import wait_for
 from tests.ports import free_port
 from trainer import torchft_adapter as ft
 from trainer.torchft_group import membership_token
-from trainer.transport import checkpoint_transport
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -56,33 +57,27 @@ class Group:
     """One one-rank replica group: a Manager with a scoped Gloo group and its recorder."""
 
     def __init__(self, index: int, lighthouse: str) -> None:
-        self.store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        self.store: Any = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         self.pg = ft.scoped_process_group(ProcessGroupGloo)(timeout=TIMEOUT)
-        with ft.manager_server_bound_to("127.0.0.1"):
-            self.manager = Manager(
-                pg=self.pg,
-                load_state_dict=lambda _: None,
-                state_dict=lambda: {},
-                min_replica_size=1,
-                use_async_quorum=False,
-                timeout=TIMEOUT,
-                quorum_timeout=TIMEOUT,
-                connect_timeout=TIMEOUT,
-                quorum_retries=3,
-                rank=0,
-                world_size=1,
-                store_addr="127.0.0.1",
-                store_port=self.store.port,
-                lighthouse_addr=lighthouse,
-                replica_id=f"phalanx_group_{index:05d}",
-                hostname="127.0.0.1",
-                checkpoint_transport=checkpoint_transport(TIMEOUT),
-                init_sync=False,
-            )
+        self.manager = one_rank_manager(
+            lighthouse,
+            self.store,
+            TIMEOUT,
+            group=index,
+            pg=self.pg,
+            quorum_retries=3,  # the first call may meet the dead lighthouse's connection
+            quorum_timeout=4 * TIMEOUT,  # room for those retries (the trainer's: 60 s)
+        )
         self.recorder = recorder = ft.record_quorums(self.manager)
         self.pg.membership = lambda: membership_token(
             recorder.replica_ids or [], step=recorder.max_step
         )
+
+    def close(self) -> None:
+        """Stop the manager and drop the store at once: a later test in this process
+        counts the listeners it finds."""
+        self.manager.shutdown(wait=True)
+        self.store = None
 
     def step(self, value: float) -> tuple[float, bool]:
         """One step: quorum, an all-reduce (the average over the quorum) of `value`, commit."""
@@ -106,6 +101,9 @@ def test_a_quorum_renumbered_by_a_restarted_lighthouse_rebuilds_the_process_grou
         with lighthouse_on(port):
             b = Group(1, address)
             groups.append(b)
+            # b's manager heartbeats from its start: once the lighthouse has heard it, a
+            # alone cannot make a quorum (b counts as a healthy group not yet joined).
+            time.sleep(1.0)
             with ThreadPoolExecutor(2) as pool:
                 results = list(pool.map(Group.step, [a, b], [1.0, 3.0]))
             # Its first quorum, a and b, is numbered 1 again: a's last id, other members.
@@ -118,4 +116,4 @@ def test_a_quorum_renumbered_by_a_restarted_lighthouse_rebuilds_the_process_grou
             assert a.recorder.renumbered == 1 and b.recorder.renumbered == 0
     finally:
         for g in groups:
-            g.manager.shutdown(wait=False)
+            g.close()

@@ -31,11 +31,11 @@ from torchft.checkpointing.http_transport import HTTPTransport
 from torchft.manager import REPLICA_ID_KEY, Manager
 from torchft.process_group import ProcessGroupGloo, ProcessGroupNCCL
 
+from tests.ft_managers import one_rank_manager
 from tests.ports import free_port
 from tests.sockets import listeners
 from trainer import torchft_adapter as ft
 from trainer.torchft_group import membership_token
-from trainer.transport import checkpoint_transport
 
 TIMEOUT = timedelta(seconds=10)
 
@@ -331,28 +331,8 @@ def test_accessors_on_a_live_manager(lighthouse: str) -> None:
 
 
 def solo_manager(lighthouse: str, store: Any, replica_uuid: str | None, pg: Any = None) -> Manager:
-    """A one-rank group's Manager named phalanx_group_00000:<replica_uuid> (None: torchft's
-    uuid), serving on the loopback address, with a scoped Gloo process group."""
-    with ft.manager_server_bound_to("127.0.0.1"), ft.replica_uuid(replica_uuid):
-        return Manager(
-            pg=pg if pg is not None else ft.scoped_process_group(ProcessGroupGloo)(timeout=TIMEOUT),
-            load_state_dict=lambda _: None,
-            state_dict=lambda: {},
-            min_replica_size=1,
-            use_async_quorum=False,
-            timeout=TIMEOUT,
-            quorum_timeout=TIMEOUT,
-            connect_timeout=TIMEOUT,
-            rank=0,
-            world_size=1,
-            store_addr="127.0.0.1",
-            store_port=store.port,
-            lighthouse_addr=lighthouse,
-            replica_id="phalanx_group_00000",
-            hostname="127.0.0.1",
-            checkpoint_transport=checkpoint_transport(TIMEOUT),
-            init_sync=False,
-        )
+    """Group 0's Manager, named phalanx_group_00000:<replica_uuid> (None: torchft's uuid)."""
+    return one_rank_manager(lighthouse, store, TIMEOUT, replica_uuid=replica_uuid, pg=pg)
 
 
 def test_replica_uuid_and_count_as_new() -> None:
