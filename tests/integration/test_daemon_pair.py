@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from daemon.node_record import RECORD_EVERY_S
 from tests.etcd_control import ControlledEtcd
 from tests.harness import (
     BIN,
@@ -110,7 +111,14 @@ def test_killed_rank_is_restarted_and_healed_while_the_peer_is_untouched(
     a, b = pair(tmp_path, etcd_endpoint, steps=160)
     try:
         a_pids = a.rank_pids()
-        doc = status_json(etcd_endpoint)  # `phalanx status` while the run is going
+        # `phalanx status` while the run is going. A record carries a new step at most
+        # every RECORD_EVERY_S (daemon/node_record.py), so it may show step 0 for that long.
+        wait_for(
+            lambda: int(status_json(etcd_endpoint)["step"]) > 0,
+            3 * RECORD_EVERY_S,
+            "phalanx status to show the step",
+        )
+        doc = status_json(etcd_endpoint)
         nodes = {n["id"]: n for n in doc["nodes"]}
         assert set(nodes) == {"node-a", "node-b"}
         assert {nodes["node-a"]["group"], nodes["node-b"]["group"]} == {0, 1}
