@@ -1,16 +1,48 @@
-"""Real torchft Managers for one-rank replica groups, built as Phalanx's ranks build them
-(scoped Gloo process group, manager server on loopback), for tests of the adapter."""
+"""A real torchft lighthouse, and real torchft Managers for one-rank replica groups built as
+Phalanx's ranks build them (scoped Gloo process group, manager server on loopback), for
+tests of the adapter."""
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from torchft.manager import Manager
 from torchft.process_group import ProcessGroupGloo
 
+from tests.ports import free_port
 from trainer import torchft_adapter as ft
 from trainer.transport import checkpoint_transport
+
+
+@contextmanager
+def running_lighthouse(*flags: str, port: int | None = None) -> Iterator[str]:
+    """torchft_lighthouse on 127.0.0.1:`port` (a free one if None) until the block ends;
+    yields its address. Passing a port starts it again where an earlier one served."""
+    port = port or free_port()
+    argv = [str(Path(sys.executable).parent / "torchft_lighthouse"), "--bind", f"127.0.0.1:{port}"]
+    argv += ["--min_replicas", "1", "--join_timeout_ms", "100", "--quorum_tick_ms", "50", *flags]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            assert proc.poll() is None, "the lighthouse exited"
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert time.monotonic() < deadline, "the lighthouse did not listen"
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.kill()
+        proc.wait(10)
 
 
 def one_rank_manager(

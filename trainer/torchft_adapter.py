@@ -79,7 +79,7 @@ class QuorumRecorder:
     peer's own last quorum differed (the peer's solo step after the restart failed to
     commit); that still costs one timeout, after which the failed commit renumbers."""
 
-    def __init__(self, client: Any, manager: Any = None) -> None:
+    def __init__(self, client: Any, manager: Any) -> None:
         self._client = client
         self._manager = manager
         self.last: Any = None  # torchft._torchft.QuorumResult
@@ -93,10 +93,9 @@ class QuorumRecorder:
         last, self.last = self.last, result
         if _renumbered(last, result):
             self.renumbered += 1
-            if self._manager is not None:
-                # Manager._quorum_id: the id the quorum thread compares this result's
-                # with, right after this call returns, to decide whether to reconfigure.
-                self._manager._quorum_id = -1
+            # Manager._quorum_id: the id the quorum thread compares this result's with,
+            # right after this call returns, to decide whether to reconfigure.
+            self._manager._quorum_id = -1
         return result
 
     @property

@@ -8,14 +8,9 @@ a real torchft lighthouse killed and started again on its address, real Gloo.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,8 +18,7 @@ import torch
 from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, not re-exported in stubs
 from torchft.process_group import ProcessGroupGloo
 
-from tests.ft_managers import one_rank_manager
-from tests.harness import wait_for
+from tests.ft_managers import one_rank_manager, running_lighthouse
 from tests.ports import free_port
 from trainer import torchft_adapter as ft
 from trainer.torchft_group import membership_token
@@ -32,25 +26,6 @@ from trainer.torchft_group import membership_token
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 TIMEOUT = timedelta(seconds=8)
-
-
-@contextmanager
-def lighthouse_on(port: int) -> Iterator[None]:
-    argv = [str(Path(sys.executable).parent / "torchft_lighthouse"), "--bind", f"127.0.0.1:{port}"]
-    argv += ["--min_replicas", "1", "--join_timeout_ms", "2000", "--quorum_tick_ms", "20"]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        import socket
-
-        def listening() -> bool:
-            with socket.socket() as s:
-                return s.connect_ex(("127.0.0.1", port)) == 0
-
-        wait_for(listening, 10, "the lighthouse to listen")
-        yield
-    finally:
-        proc.kill()
-        proc.wait(10)
 
 
 class Group:
@@ -89,16 +64,15 @@ class Group:
 
 def test_a_quorum_renumbered_by_a_restarted_lighthouse_rebuilds_the_process_group() -> None:
     port = free_port()
-    address = f"http://127.0.0.1:{port}"
     groups: list[Group] = []
     try:
-        with lighthouse_on(port):
+        with running_lighthouse(port=port) as address:
             a = Group(0, address)
             groups.append(a)
             assert a.step(1.0) == (1.0, True)  # quorum 1: a alone
             first = ft.quorum_id(a.manager)
         # The lighthouse goes and comes back on its address (a leader's, after a fence).
-        with lighthouse_on(port):
+        with running_lighthouse(port=port):
             b = Group(1, address)
             groups.append(b)
             # b's manager heartbeats from its start: once the lighthouse has heard it, a

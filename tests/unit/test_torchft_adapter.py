@@ -18,9 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,8 +29,7 @@ from torchft.checkpointing.http_transport import HTTPTransport
 from torchft.manager import REPLICA_ID_KEY, Manager
 from torchft.process_group import ProcessGroupGloo, ProcessGroupNCCL
 
-from tests.ft_managers import one_rank_manager
-from tests.ports import free_port
+from tests.ft_managers import one_rank_manager, running_lighthouse
 from tests.sockets import listeners
 from trainer import torchft_adapter as ft
 from trainer.torchft_group import membership_token
@@ -248,40 +245,6 @@ def test_streaming_load() -> None:
 def lighthouse() -> Iterator[str]:
     with running_lighthouse() as url:
         yield url
-
-
-@contextmanager
-def running_lighthouse(*flags: str) -> Iterator[str]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            str(Path(sys.executable).parent / "torchft_lighthouse"),
-            "--min_replicas",
-            "1",
-            "--bind",
-            f"127.0.0.1:{port}",
-            "--join_timeout_ms",
-            "100",
-            "--quorum_tick_ms",
-            "50",
-            *flags,
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            assert proc.poll() is None, "the lighthouse exited"
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            assert time.monotonic() < deadline, "the lighthouse did not listen"
-            time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.kill()
-        proc.wait(10)
 
 
 @pytest.mark.integration
