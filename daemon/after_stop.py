@@ -55,7 +55,9 @@ def after_stop(
         return Verdict(State.FAILED, error=error, code=EXIT_FAILED)
     if cause.kind == ExitKind.BAD_INPUT:
         return Verdict(State.FAILED, error=last_error or cause.reason, code=EXIT_BAD_INPUT)
-    if missing_groups:  # not a crash: the ranks timed out waiting for peers that are gone
+    # Not a crash: the ranks timed out waiting for peers that are gone, or that hold a
+    # slot but whose ranks did not join the quorum in ft.quorum_timeout_s (still starting).
+    if missing_groups or cause.kind == ExitKind.NO_QUORUM:
         return Verdict(State.WAITING, reason="peers", detail=cause.reason)
     if not budget.allows(now):
         error = (

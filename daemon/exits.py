@@ -14,7 +14,12 @@ The daemon's own (``phalanx run``):
 A rank's (``python -m trainer``), as the daemon reads them:
 
 * ``RANK_BAD_INPUT`` (2): the trainer refused its input before training.
+* ``RANK_NO_QUORUM`` (75, EX_TEMPFAIL): no quorum formed in ``ft.quorum_timeout_s``;
+  the peers were late (still starting, or gone), which is waited out, not counted
+  as a crash.
 * ``RANK_DRAINED`` (143 = 128 + SIGTERM): the rank left the quorum after a SIGTERM.
+
+``trainer.exits`` is the rank's side of the same list.
 """
 
 from __future__ import annotations
@@ -26,4 +31,5 @@ EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 
 RANK_BAD_INPUT = 2
+RANK_NO_QUORUM = 75
 RANK_DRAINED = 128 + signal.SIGTERM

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from daemon.children import free_port, kill_tree
 from daemon.config import DaemonConfig
-from daemon.exits import RANK_BAD_INPUT, RANK_DRAINED
+from daemon.exits import RANK_BAD_INPUT, RANK_DRAINED, RANK_NO_QUORUM
 from daemon.fencing import LEASE_FILE
 from daemon.netif import interface_for
 from daemon.rank_process import ChildProcess, Output, RankEvent, spawn
@@ -45,6 +45,7 @@ class ExitKind(StrEnum):
     DRAINED = "drained"
     FAILED = "failed"
     HUNG = "hung"
+    NO_QUORUM = "no_quorum"  # the ranks that failed timed out waiting for a quorum
 
 
 @dataclass(frozen=True)
@@ -246,7 +247,7 @@ class WorkerGroup:
         now = time.monotonic()
         if any(c is not None and c not in (0, RANK_DRAINED) for c in codes):
             bad = [c for c in codes if c is not None and c not in (0, RANK_DRAINED)]
-            kind = ExitKind.BAD_INPUT if RANK_BAD_INPUT in bad else ExitKind.FAILED
+            kind = _failure_kind(bad)
             ranks = [r.rank for r, c in zip(self.ranks, codes, strict=True) if c in bad]
             return GroupExit(kind, codes, f"rank {ranks[0]} exited with {_describe(bad[0])}")
         if all(c is not None for c in codes):
@@ -307,7 +308,15 @@ class WorkerGroup:
             r.output.reap(self.spec.metrics_dir)
 
 
+def _failure_kind(bad: list[int]) -> ExitKind:
+    """What the non-zero exit codes seen so far say: bad input wins, and a group is
+    late peers' victim only while every rank that failed says so."""
+    if RANK_BAD_INPUT in bad:
+        return ExitKind.BAD_INPUT
+    return ExitKind.NO_QUORUM if all(c == RANK_NO_QUORUM for c in bad) else ExitKind.FAILED
+
+
 def _describe(code: int) -> str:
     if code < 0:
         return f"signal {signal.Signals(-code).name}"
-    return f"code {code}"
+    return f"code {code} (no quorum)" if code == RANK_NO_QUORUM else f"code {code}"

@@ -23,12 +23,22 @@ from trainer.transport import checkpoint_transport
 
 
 @contextmanager
-def running_lighthouse(*flags: str, port: int | None = None) -> Iterator[str]:
+def running_lighthouse(
+    *flags: str, port: int | None = None, min_replicas: int = 1
+) -> Iterator[str]:
     """torchft_lighthouse on 127.0.0.1:`port` (a free one if None) until the block ends;
     yields its address. Passing a port starts it again where an earlier one served."""
     port = port or free_port()
     argv = [str(Path(sys.executable).parent / "torchft_lighthouse"), "--bind", f"127.0.0.1:{port}"]
-    argv += ["--min_replicas", "1", "--join_timeout_ms", "100", "--quorum_tick_ms", "50", *flags]
+    argv += [
+        "--min_replicas",
+        str(min_replicas),
+        "--join_timeout_ms",
+        "100",
+        "--quorum_tick_ms",
+        "50",
+        *flags,
+    ]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 10

@@ -2,7 +2,8 @@
 
 The job file and the environment are validated before torch is imported, so bad
 input exits with code 2 and one sentence in well under a second.
-Exit codes: 0 finished, 2 bad input, 1 any other failure.
+Exit codes (:mod:`trainer.exits`): 0 finished, 2 bad input, 75 no quorum in time,
+143 drained, 1 any other failure.
 """
 
 from __future__ import annotations
@@ -16,8 +17,7 @@ from typing import Any
 from trainer import logs
 from trainer.config import ConfigError, add_override_option, load_trainer_config
 from trainer.env import RankEnv
-
-EXIT_FAILED, EXIT_BAD_INPUT = 1, 2
+from trainer.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_NO_QUORUM, NoQuorum
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -87,6 +87,9 @@ def main(argv: list[str] | None = None, prepare: Callable[[str, int], Any] | Non
     except ConfigError as e:  # problems only visible once data is opened
         log.error("bad_input", error=str(e))
         return EXIT_BAD_INPUT
+    except NoQuorum as e:  # the peers were late, not this rank: the daemon waits for them
+        log.error("rank_failed", error=f"{type(e).__name__}: {e}", no_quorum=True)
+        return EXIT_NO_QUORUM
     except Exception as e:
         log.exception("rank_failed", error=f"{type(e).__name__}: {e}")
         return EXIT_FAILED

@@ -23,6 +23,7 @@ from trainer.data import Sampler
 from trainer.digest import params_sha256
 from trainer.env import RankEnv
 from trainer.evaluate import Evaluator
+from trainer.exits import EXIT_DRAINED
 from trainer.fault_tolerance import Replication, SingleGroup
 from trainer.lease_fence import LeaseFence
 from trainer.loop import Loop, touch
@@ -34,8 +35,6 @@ from trainer.parallelize import parallelize
 from trainer.state import TrainState
 from trainer.step_report import StepReport
 from trainer.torchft_group import TorchFTGroup
-
-EXIT_DRAINED = 128 + signal.SIGTERM
 
 
 def run(cfg: TrainerConfig, env: RankEnv, work: workload.Workload | None = None) -> int:

@@ -31,6 +31,8 @@ from typing import Any
 
 from torchft.checkpointing.http_transport import HTTPTransport
 
+from trainer.exits import NoQuorum
+
 # The list of reach-ins and the startup check, re-exported for the adapter's users.
 from trainer.torchft_check import REACH_INS as REACH_INS
 from trainer.torchft_check import ReachIn as ReachIn
@@ -88,8 +90,13 @@ class QuorumRecorder:
     # ManagerClient._quorum: the RPC the manager's quorum thread calls (with keywords)
     # to get each quorum from the lighthouse. The manager keeps the result's
     # replica_ids to itself; Phalanx needs them to scope the rendezvous prefix.
+    # Its deadline is ft.quorum_timeout_s: a TimeoutError means the lighthouse formed no
+    # quorum in that time, which the rank's exit code tells its daemon (NoQuorum).
     def _quorum(self, *args: Any, **kwargs: Any) -> Any:
-        result = self._client._quorum(*args, **kwargs)
+        try:
+            result = self._client._quorum(*args, **kwargs)
+        except TimeoutError as e:
+            raise NoQuorum(f"no quorum within ft.quorum_timeout_s ({e})") from e
         last, self.last = self.last, result
         if _renumbered(last, result):
             self.renumbered += 1

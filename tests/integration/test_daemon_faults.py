@@ -214,9 +214,22 @@ def test_a_group_ignoring_sigterm_is_stopped_without_stalling_the_loop(
     assert not alive(pids[1])
 
 
+# Ranks of a node started with this site directory sleep LATE_S before they import the
+# trainer: a peer slow to start, as one building a big model is.
+LATE_S = 15
+SLOW_START = (
+    "import os, sys, time\n"
+    "if os.environ.get('PHALANX_TEST_LATE_S') and sys.orig_argv[1:3] == ['-m', 'trainer']:\n"
+    "    time.sleep(float(os.environ['PHALANX_TEST_LATE_S']))\n"
+)
+
+
 def test_waiting_for_peers_does_not_burn_the_restart_budget(
     tmp_path: Path, etcd_endpoint: str
 ) -> None:
+    """A node whose peer is gone waits for it; when the peer is back but its ranks take
+    longer than ft.quorum_timeout_s to start, the quorum times out (the ranks exit 75)
+    and the node waits again: neither is a crash, and max_restarts=0 proves it."""
     common = [
         "job.min_replicas=2",
         "node.max_restarts=0",  # any crash counted would end the node
@@ -224,6 +237,10 @@ def test_waiting_for_peers_does_not_burn_the_restart_budget(
         "ft.quorum_retries=0",
         "train.steps=80",  # enough to train before the kill and to finish together after it
     ]
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SLOW_START)
+    late = {"PYTHONPATH": str(site), "PHALANX_TEST_LATE_S": str(LATE_S)}
     a = start_daemon(tmp_path, "node-a", [etcd_endpoint], overrides=common)
     b = start_daemon(tmp_path, "node-b", [etcd_endpoint], overrides=common)
     try:
@@ -232,13 +249,21 @@ def test_waiting_for_peers_does_not_burn_the_restart_budget(
         wait_for(lambda: a.events("group_waiting_for_peers"), 90, "node-a to wait for peers")
         wait_for(lambda: a.require_status()["state"] == "waiting", 10, "node-a in WAITING")
         assert a.proc.popen.poll() is None and not a.events("node_failed")
-        b = start_daemon(tmp_path, "node-b", [etcd_endpoint], overrides=common, name="node-b-2")
+        waits = len(a.events("group_waiting_for_peers"))
+        b = start_daemon(
+            tmp_path, "node-b", [etcd_endpoint], overrides=common, env=late, name="node-b-2"
+        )
         assert a.wait(240) == 0, a.proc.tail()
         assert b.wait(60) == 0, b.proc.tail()
     finally:
         a.stop()
         b.stop()
-    assert a.require_status is not None and not a.events("node_failed")
+    assert not a.events("node_failed")
+    # The slow peer held a slot: node-a's group started for it, found no quorum in
+    # 10 s, and waited for it again.
+    late_peer = a.events("group_waiting_for_peers")[waits:]
+    assert late_peer and all("(no quorum)" in str(e["detail"]) for e in late_peer), late_peer
+    assert [e["kind"] for e in a.events("group_failed")[waits:]] == ["no_quorum"] * len(late_peer)
 
 
 def _shift_heartbeats_back(run_dir: Path, seconds: float, until: float) -> None:

@@ -32,6 +32,7 @@ from torchft.process_group import ProcessGroupGloo, ProcessGroupNCCL
 from tests.ft_managers import one_rank_manager, running_lighthouse
 from tests.sockets import listeners
 from trainer import torchft_adapter as ft
+from trainer.exits import NoQuorum
 from trainer.torchft_group import membership_token
 
 TIMEOUT = timedelta(seconds=10)
@@ -291,6 +292,28 @@ def test_accessors_on_a_live_manager(lighthouse: str) -> None:
         assert tensor.tolist() == [1.0, 1.0] and manager.num_participants() == 1
     finally:
         manager.shutdown(wait=True)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_a_quorum_that_does_not_form_in_time_raises_no_quorum() -> None:
+    """The lighthouse waits for a second group that never comes: the quorum call fails
+    at ft.quorum_timeout_s with NoQuorum (a TimeoutError), which the rank turns into
+    its exit code 75 for the daemon. (The Manager here quorums synchronously; the
+    ranks' asynchronous one raises the same exception from the step's wait.)"""
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    with running_lighthouse(min_replicas=2) as lighthouse:
+        manager = one_rank_manager(lighthouse, store, TIMEOUT, quorum_timeout=timedelta(seconds=1))
+        try:
+            ft.record_quorums(manager)
+            started = time.monotonic()
+            with pytest.raises(NoQuorum, match=r"ft\.quorum_timeout_s") as raised:
+                manager.start_quorum()
+            assert isinstance(raised.value, TimeoutError)
+            assert isinstance(raised.value.__cause__, TimeoutError)
+            assert time.monotonic() - started < TIMEOUT.total_seconds()
+        finally:
+            manager.shutdown(wait=True)
 
 
 def solo_manager(lighthouse: str, store: Any, replica_uuid: str | None, pg: Any = None) -> Manager:
