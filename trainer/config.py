@@ -227,7 +227,12 @@ class FaultToleranceConfig(Section):
     """torchft Manager settings; used only when TORCHFT_LIGHTHOUSE is set."""
 
     timeout_s: float = Field(30.0, gt=0, description="Collectives, should_commit and healing.")
-    quorum_timeout_s: float = Field(60.0, gt=0, description="Waiting for a quorum.")
+    quorum_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="Waiting for a quorum; a rank that waits longer exits 75 and its node waits "
+        "for its peers (not a crash).",
+    )
     connect_timeout_s: float = Field(10.0, gt=0, description="Connecting to lighthouse/peers.")
     async_quorum: bool = Field(True, description="Compute the quorum during the forward pass.")
     digest_every: int = Field(
