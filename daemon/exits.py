@@ -19,17 +19,25 @@ A rank's (``python -m trainer``), as the daemon reads them:
   as a crash.
 * ``RANK_DRAINED`` (143 = 128 + SIGTERM): the rank left the quorum after a SIGTERM.
 
-``trainer.exits`` is the rank's side of the same list.
+The rank's codes are the ones ``trainer.exits`` defines (a torch-free module), read
+here under the daemon's names.
 """
 
 from __future__ import annotations
 
-import signal
+from trainer.exits import EXIT_BAD_INPUT as RANK_BAD_INPUT
+from trainer.exits import EXIT_DRAINED as RANK_DRAINED
+from trainer.exits import EXIT_NO_QUORUM as RANK_NO_QUORUM
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 
-RANK_BAD_INPUT = 2
-RANK_NO_QUORUM = 75
-RANK_DRAINED = 128 + signal.SIGTERM
+__all__ = [
+    "EXIT_BAD_INPUT",
+    "EXIT_FAILED",
+    "EXIT_OK",
+    "RANK_BAD_INPUT",
+    "RANK_DRAINED",
+    "RANK_NO_QUORUM",
+]

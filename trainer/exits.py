@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import signal
 
-EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_NO_QUORUM = 75
