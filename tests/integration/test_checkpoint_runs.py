@@ -7,6 +7,7 @@ the model, the data, the seed and the batch (``trainer.checkpoint_files.run_root
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -91,3 +92,36 @@ def test_resume_from_a_checkpoint_of_another_model_is_bad_input(tmp_path: Path) 
     missing = [*common, "train.seed=5", f'checkpoint.resume_from="{tmp_path / "nowhere"}"']
     error = only(run(tmp_path, "missing", missing, code=2), "bad_input")["error"]
     assert "checkpoint.resume_from" in error and "holds no valid checkpoint" in error, error
+
+
+# Written by main at 893bdd4 (the flat layout, before the subpackages) with
+# `python -m trainer --config examples/single.toml --set train.steps=4
+#  --set checkpoint.interval_steps=4 --set checkpoint.async_save=false --set checkpoint.dir=...`.
+# An uninterrupted 8-step run there ended with OLD_LAYOUT_DIGEST, and so did a run that
+# resumed from this step 4.
+OLD_LAYOUT_RUN = ROOT / "tests" / "fixtures" / "checkpoint-893bdd4" / "run-14ad1d27132c"
+OLD_LAYOUT_DIGEST = "77d3b84d2c2ed679fc556839ec38dca199d680667b6c4846a3e37a7337ea4e7d"
+
+
+def test_a_checkpoint_written_before_the_subpackages_loads_and_training_continues_exactly(
+    tmp_path: Path,
+) -> None:
+    """The same config keeps its run id, the old step 4 loads, and steps 5..8 end on the
+    parameters the old layout reached."""
+    source = tmp_path / "old" / OLD_LAYOUT_RUN.name
+    shutil.copytree(OLD_LAYOUT_RUN, source)
+    ckpt = tmp_path / "ckpt"
+    events = run(
+        tmp_path,
+        "resumed",
+        [
+            f'checkpoint.dir="{ckpt}"',
+            "checkpoint.interval_steps=100",
+            "train.steps=8",
+            f'checkpoint.resume_from="{source / "step-4"}"',
+        ],
+    )
+    assert Path(only(events, "rank_started")["checkpoints"]).name == OLD_LAYOUT_RUN.name
+    assert only(events, "checkpoint_loaded")["step"] == 4
+    assert min(int(e["step"]) for e in events if e["event"] == "train_step") == 5
+    assert only(events, "train_done")["params_sha256"] == OLD_LAYOUT_DIGEST
