@@ -34,4 +34,4 @@ clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
 
 docs: $(STAMP)
-	$(BIN)/python -m daemon.config_doc > docs/configuration.md
+	$(BIN)/python -m daemon.config.reference > docs/configuration.md

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainer.workload import Workload, WorkloadContext
+from trainer.workloads import Workload, WorkloadContext
 
 OPTIONS = {"ms_per_item": 10.0, "inputs": 8, "width": 16, "items": 4096}
 

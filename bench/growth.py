@@ -31,7 +31,7 @@ from bench.peer_procs import ROOT, Event, Tail, child_env, scratch, spawn
 from bench.peer_settings import job_toml
 from bench.peer_systems import daemon_argv
 from daemon.children import kill_tree
-from daemon.etcd_server import EmbeddedEtcd
+from daemon.coordination.etcd_server import EmbeddedEtcd
 
 NODES = ("node-a", "node-b", "node-c")
 BATCH, MICRO = 12, 2  # two groups: 6 items (3 micro-batches) each; three: 4 items (2)

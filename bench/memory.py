@@ -4,7 +4,7 @@ Two ranks (gloo, this machine) build the built-in Llama at about 1B parameters w
 ``parallel.dp_shard = 2``, each way in its own pair of processes:
 
 * ``meta``: Phalanx's path (trainer/run.py): build on the meta device, parallelize
-  (FSDP2), then allocate and initialise only the local shards (trainer/materialize.py);
+  (FSDP2), then allocate and initialise only the local shards (trainer/parallel/materialize.py);
 * ``full-first``: the previous path: build and initialise the whole model in CPU
   memory, then parallelize (FSDP2 keeps the shard and frees the rest).
 
@@ -35,14 +35,14 @@ def rank(mode: str, layers: int) -> None:
     import torch.distributed as dist
 
     from trainer.config import ModelConfig, ParallelConfig
-    from trainer.env import RankEnv
-    from trainer.llama import cross_entropy, llama_init, tp_plan
-    from trainer.materialize import build_materialized, materialize
-    from trainer.mesh import init_distributed
-    from trainer.model import Block, Transformer
-    from trainer.parallelize import parallelize
-    from trainer.state import local
-    from trainer.workload import Workload, build_meta
+    from trainer.config.env import RankEnv
+    from trainer.ft.state import local
+    from trainer.parallel.materialize import build_materialized, materialize
+    from trainer.parallel.mesh import init_distributed
+    from trainer.parallel.parallelize import parallelize
+    from trainer.workloads import Workload, build_meta
+    from trainer.workloads.llama.model import Block, Transformer
+    from trainer.workloads.llama.workload import cross_entropy, llama_init, tp_plan
 
     model_cfg = ModelConfig(
         vocab_size=32000,

@@ -1,6 +1,6 @@
 """What every system of bench/peers.py trains, in one place (torch-free).
 
-The built-in Llama of trainer/model.py (dim 256, 4 layers, vocab 256, 4 heads) on
+The built-in Llama of trainer/workloads/llama/model.py (dim 256, 4 layers, vocab 256, 4 heads) on
 the built-in synthetic bigram corpus, 128 tokens per row, 8 rows per rank per step,
 AdamW with the trainer's defaults. Phalanx reads these as a job file; the peer
 workers (bench/peer_ddp.py, bench/peer_torchft.py) build the same model, data and

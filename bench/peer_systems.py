@@ -36,8 +36,8 @@ from bench.peer_procs import (
 from bench.peer_settings import GROUPS, ROWS, phalanx_job
 from daemon.children import descendants, free_port, kill_tree
 from daemon.config import LighthouseConfig
-from daemon.etcd_server import EmbeddedEtcd
-from daemon.lighthouse import lighthouse_binary
+from daemon.coordination.etcd_server import EmbeddedEtcd
+from daemon.leadership.lighthouse import lighthouse_binary
 
 
 def daemon_argv(

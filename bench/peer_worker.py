@@ -2,7 +2,7 @@
 built from the Phalanx trainer's own pieces, one step's gradients, and the step log.
 
 The model is the trainer's Llama initialised exactly as the trainer initialises it
-(trainer/materialize.py, seeded by train.seed and each tensor's name), the data its
+(trainer/parallel/materialize.py, seeded by train.seed and each tensor's name), the data its
 step-indexed sampler over the synthetic corpus, the optimizer its AdamW with the
 warmup + cosine learning rate and gradient clipping at train.max_grad_norm.
 """
@@ -22,10 +22,10 @@ from torch.optim import AdamW
 
 from bench.peer_settings import trainer_config
 from trainer.config import TrainerConfig
-from trainer.data import Sampler
-from trainer.llama import cross_entropy, llama_workload
-from trainer.materialize import build_materialized
+from trainer.data.sources import Sampler
 from trainer.optim import build_optimizer, init_optimizer_state, lr_at
+from trainer.parallel.materialize import build_materialized
+from trainer.workloads.llama.workload import cross_entropy, llama_workload
 
 
 @dataclass

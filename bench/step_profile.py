@@ -39,8 +39,8 @@ POLL_S = 0.2
 LOOPS = {"phalanx": "run (trainer/loop.py", "torchrun": "main (bench/peer_ddp.py"}
 PHASES: list[tuple[str, tuple[str, ...]]] = [
     ("checkpoint", ("save (bench/peer_ddp.py", "trainer/checkpoint")),
-    ("quorum: start", ("start_step (trainer/fault_tolerance.py",)),
-    ("quorum: wait", ("quorum (trainer/fault_tolerance.py", "_quorum_or_drain")),
+    ("quorum: start", ("start_step (trainer/ft/replication.py",)),
+    ("quorum: wait", ("quorum (trainer/ft/replication.py", "_quorum_or_drain")),
     ("replica digest", ("_compare_replicas",)),
     ("gradient all-reduce", ("sync_gradients",)),
     ("loss across groups", ("average_across_groups", "_group_total")),

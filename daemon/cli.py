@@ -11,10 +11,10 @@ import signal
 import sys
 
 from daemon.config import DaemonConfig, load_daemon_config
-from daemon.coordination import CoordinationError, Coordinator, EtcdSettings
-from daemon.etcd_settings import read_password
+from daemon.config.etcd_settings import read_password
+from daemon.coordination.coordinator import CoordinationError, Coordinator, EtcdSettings
+from daemon.coordination.identity import take_identity
 from daemon.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
-from daemon.identity import take_identity
 from trainer import logs
 from trainer.config import ConfigError, add_override_option
 
@@ -91,11 +91,11 @@ def etcd_settings(cfg: DaemonConfig, endpoints: list[str]) -> EtcdSettings:
 
 
 def run(cfg: DaemonConfig) -> int:
-    from daemon.etcd_server import EmbeddedEtcd, EtcdStartError
-    from daemon.metrics import DaemonMetrics
-    from daemon.preflight import preflight
-    from daemon.server import StatusServer
-    from daemon.supervisor import Supervisor
+    from daemon.config.preflight import preflight
+    from daemon.coordination.etcd_server import EmbeddedEtcd, EtcdStartError
+    from daemon.supervision.supervisor import Supervisor
+    from daemon.surfaces.metrics import DaemonMetrics
+    from daemon.surfaces.server import StatusServer
 
     try:  # once: a name that resolves differently later must not move the listeners
         cfg = cfg.pin_bind_host()
@@ -178,7 +178,7 @@ def run(cfg: DaemonConfig) -> int:
 
 
 def status(cfg: DaemonConfig, as_json: bool) -> int:
-    from daemon.status import dumps, status_json, status_table
+    from daemon.surfaces.status import dumps, status_json, status_table
 
     endpoints = list(cfg.etcd.endpoints)
     if not endpoints:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from daemon.children import descendants, free_port
-from daemon.etcd_server import EmbeddedEtcd
+from daemon.coordination.etcd_server import EmbeddedEtcd
 
 NODES = ("node-a", "node-b")
 VICTIM = "node-b"

@@ -16,7 +16,7 @@ from typing import Any
 
 from trainer import logs
 from trainer.config import ConfigError, add_override_option, load_trainer_config
-from trainer.env import RankEnv
+from trainer.config.env import RankEnv
 from trainer.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_NO_QUORUM, NoQuorum
 
 
@@ -60,11 +60,11 @@ def main(argv: list[str] | None = None, prepare: Callable[[str, int], Any] | Non
                 file=sys.stderr,
             )
             return EXIT_BAD_INPUT
-        from trainer.zygote import serve
+        from trainer.spares.zygote import serve
 
-        return serve(args.config, args.control_fd)
+        return serve(args.config, args.control_fd, main)
     if args.standby:
-        from trainer.standby import wait_for_start, warm
+        from trainer.spares.standby import wait_for_start, warm
 
         started, prepared = wait_for_start(args.config, prepare or warm)
         if not started:

@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from trainer.data import Sampler
-from trainer.group_ops import group_sum, run_schedule
-from trainer.mesh import Layout
-from trainer.parallelize import autocast
-from trainer.step_report import StepReport
-from trainer.workload import LossFn
+from trainer.data.sources import Sampler
+from trainer.ft.step_report import StepReport
+from trainer.parallel.group_ops import group_sum, run_schedule
+from trainer.parallel.mesh import Layout
+from trainer.parallel.parallelize import autocast
+from trainer.workloads import LossFn
 
 if TYPE_CHECKING:
-    from trainer.pipeline import Schedule
+    from trainer.parallel.pipeline import Schedule
 
 
 @dataclass

@@ -4,7 +4,7 @@ A step:
 
 1. ``start_step`` (torchft: compute the quorum; a lagging group is healed here or
    in ``should_commit``);
-2. wait for the quorum (the groups in it split the step's items, trainer/shares.py),
+2. wait for the quorum (the groups in it split the step's items, trainer/data/shares.py),
    then forward and backward over this rank's micro-batches of its group's share
    (gradient accumulation, or one pipeline schedule run per micro-batch), each loss
    weighted so that the update is the mean over the step's items;
@@ -34,21 +34,21 @@ from torch import nn
 from trainer import logs
 from trainer.chaos import Chaos
 from trainer.config import TrainerConfig
-from trainer.data import Sampler
-from trainer.divergence import ReplicasDiverged, compare_groups
-from trainer.env import RankEnv
-from trainer.fault_tolerance import DRAIN_QUORUM_WAIT_S, Replication, StepAbandoned
-from trainer.group_ops import group_sum, run_schedule
-from trainer.mesh import Layout
+from trainer.config.env import RankEnv
+from trainer.data.shares import Quorum, RankPlan, group_share, rank_plan
+from trainer.data.sources import Sampler
+from trainer.ft.divergence import ReplicasDiverged, compare_groups
+from trainer.ft.replication import DRAIN_QUORUM_WAIT_S, Replication, StepAbandoned
+from trainer.ft.state import TrainState, local
+from trainer.ft.step_report import Attempt, StepReport
 from trainer.optim import clip_grad_norm
-from trainer.parallelize import autocast, autocast_dtype
-from trainer.shares import Quorum, RankPlan, group_share, rank_plan
-from trainer.state import TrainState, local
-from trainer.step_report import Attempt, StepReport
-from trainer.workload import LossFn
+from trainer.parallel.group_ops import group_sum, run_schedule
+from trainer.parallel.mesh import Layout
+from trainer.parallel.parallelize import autocast, autocast_dtype
+from trainer.workloads import LossFn
 
 if TYPE_CHECKING:  # torch.distributed.pipelining is imported only by pipelined runs
-    from trainer.pipeline import Schedule, WeightedLoss
+    from trainer.parallel.pipeline import Schedule, WeightedLoss
 
 
 ALONE = Quorum(1, 0)  # this group trains the whole step

@@ -17,7 +17,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from trainer.env import RankEnv
+from trainer.config.env import RankEnv
 
 LABELS = ("phalanx_job", "node", "replica_group")
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)

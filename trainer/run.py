@@ -14,27 +14,29 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from trainer import checkpoint_resume, logs, workload
+from trainer import logs
+from trainer import workloads as workload
 from trainer.chaos import Chaos
-from trainer.checkpoint import Checkpointer
-from trainer.checkpoint_files import run_root
+from trainer.checkpoint import resume as checkpoint_resume
+from trainer.checkpoint.files import run_root
+from trainer.checkpoint.lease_fence import LeaseFence
+from trainer.checkpoint.saver import Checkpointer
 from trainer.config import TrainerConfig, spec_hash
-from trainer.data import Sampler
-from trainer.digest import params_sha256
-from trainer.env import RankEnv
+from trainer.config.env import RankEnv
+from trainer.data.sources import Sampler
 from trainer.evaluate import Evaluator
 from trainer.exits import EXIT_DRAINED
-from trainer.fault_tolerance import Replication, SingleGroup
-from trainer.lease_fence import LeaseFence
+from trainer.ft.replication import Replication, SingleGroup
+from trainer.ft.state import TrainState
+from trainer.ft.step_report import StepReport
+from trainer.ft.torchft_group import TorchFTGroup
 from trainer.loop import Loop, touch
-from trainer.materialize import materialize
-from trainer.mesh import Layout, init_distributed
 from trainer.metrics import TrainMetrics
 from trainer.optim import build_optimizer, build_scheduler, init_optimizer_state
-from trainer.parallelize import parallelize
-from trainer.state import TrainState
-from trainer.step_report import StepReport
-from trainer.torchft_group import TorchFTGroup
+from trainer.parallel.digest import params_sha256
+from trainer.parallel.materialize import materialize
+from trainer.parallel.mesh import Layout, init_distributed
+from trainer.parallel.parallelize import parallelize
 
 
 def run(cfg: TrainerConfig, env: RankEnv, work: workload.Workload | None = None) -> int:
@@ -56,7 +58,7 @@ def run(cfg: TrainerConfig, env: RankEnv, work: workload.Workload | None = None)
     n_stages = cfg.parallel.pp * cfg.parallel.stages_per_rank
     if cfg.parallel.pp > 1:
         # Imported here: torch.distributed.pipelining adds about 0.5 s to every rank's start.
-        from trainer.pipeline import build_schedule, build_stage_models
+        from trainer.parallel.pipeline import build_schedule, build_stage_models
 
         stages = build_stage_models(full, work, cfg, layout, where)
     else:
@@ -82,7 +84,7 @@ def run(cfg: TrainerConfig, env: RankEnv, work: workload.Workload | None = None)
 
     schedule = pipeline_loss = None
     if cfg.parallel.pp > 1:
-        from trainer.pipeline import WeightedLoss
+        from trainer.parallel.pipeline import WeightedLoss
 
         pipeline_loss = WeightedLoss(work.loss)
         schedule, _ = build_schedule(

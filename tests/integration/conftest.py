@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from daemon.coordination import EtcdSettings
-from tests.etcd_control import ControlledEtcd
-from tests.netns import Network
+from daemon.coordination.coordinator import EtcdSettings
+from tests.support.etcd_control import ControlledEtcd
+from tests.support.netns import Network
 
 
 @pytest.fixture
@@ -37,7 +37,7 @@ def etcd_endpoint(etcd: ControlledEtcd) -> str:
 
 @pytest.fixture
 def network() -> Iterator[Network]:
-    """A bridge of network-namespace hosts (tests.netns), torn down after the test."""
+    """A bridge of network-namespace hosts (tests.support.netns), torn down after the test."""
     net = Network()
     try:
         yield net

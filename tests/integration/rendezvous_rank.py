@@ -12,8 +12,8 @@ import torch
 from torch.distributed import AllreduceOptions
 from torchft.process_group import ProcessGroupGloo
 
-from trainer.torchft_adapter import scoped_process_group
-from trainer.torchft_group import membership_token
+from trainer.ft.torchft_adapter import scoped_process_group
+from trainer.ft.torchft_group import membership_token
 
 
 def main() -> None:

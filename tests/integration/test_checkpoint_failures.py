@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import Daemon, start_daemon, wait_for
-from trainer.checkpoint_files import MARKER, Candidate, problem
+from tests.support.harness import Daemon, start_daemon, wait_for
+from trainer.checkpoint.files import MARKER, Candidate, problem
 
 pytestmark = pytest.mark.integration
 

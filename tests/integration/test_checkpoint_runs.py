@@ -2,7 +2,7 @@
 only when named by checkpoint.resume_from, and only if they are of the same model.
 
 Each run keeps its checkpoints in ``<checkpoint.dir>/<job>/run-<id>``, the id a hash of
-the model, the data, the seed and the batch (``trainer.checkpoint_files.run_root``).
+the model, the data, the seed and the batch (``trainer.checkpoint.files.run_root``).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import ROOT, Event, launch_group
-from trainer.checkpoint_files import MARKER
+from tests.support.harness import ROOT, Event, launch_group
+from trainer.checkpoint.files import MARKER
 
 pytestmark = pytest.mark.integration
 

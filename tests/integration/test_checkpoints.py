@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import (
+from tests.support.harness import (
     BIN,
     ROOT,
     Event,
@@ -30,7 +30,7 @@ from tests.harness import (
     start_daemon,
     wait_for,
 )
-from trainer.checkpoint_files import MARKER, Candidate, problem
+from trainer.checkpoint.files import MARKER, Candidate, problem
 
 pytestmark = pytest.mark.integration
 

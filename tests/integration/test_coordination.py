@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.coordination import (
+from daemon.coordination.coordinator import (
     CoordinationError,
     Coordinator,
     EtcdSettings,
@@ -21,31 +21,15 @@ from daemon.coordination import (
     NotLeader,
     SpecMismatch,
 )
-from daemon.etcd_server import EmbeddedEtcd, EtcdStartError, find_etcd_binary
-from daemon.identity import Identity, new_instance
-from tests.etcd_control import ControlledEtcd
+from daemon.coordination.etcd_server import EmbeddedEtcd, EtcdStartError, find_etcd_binary
+from daemon.coordination.identity import Identity, new_instance
+from tests.support.coordinators import reachable, wait_for
+from tests.support.etcd_control import ControlledEtcd
 
 pytestmark = pytest.mark.integration
 
 SPEC = {"model": "m1", "train": "t1", "data": "d1"}
 MakeCoordinator = Callable[..., Coordinator]
-
-
-def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    """Poll ``predicate`` until it holds; fail naming ``what`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.1)
-
-
-def reachable(c: Coordinator) -> bool:
-    try:
-        c.snapshot()
-    except EtcdUnavailable:
-        return False
-    return True
 
 
 @pytest.fixture

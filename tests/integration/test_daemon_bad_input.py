@@ -25,9 +25,18 @@ import pyetcd
 import pytest
 
 from daemon.config import MAX_DRAIN_GRACE_S, load_daemon_config
-from daemon.coordination import Coordinator, EtcdSettings
-from daemon.preflight import LOCK_FILE, cuda_present
-from tests.harness import BIN, DAEMON_JOB, ROOT, alive, children, free_port, start_daemon, wait_for
+from daemon.config.preflight import LOCK_FILE, cuda_present
+from daemon.coordination.coordinator import Coordinator, EtcdSettings
+from tests.support.harness import (
+    BIN,
+    DAEMON_JOB,
+    ROOT,
+    alive,
+    children,
+    free_port,
+    start_daemon,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 

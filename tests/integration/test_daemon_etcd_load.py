@@ -2,8 +2,8 @@
 
 On a node whose cores the ranks use, every request is CPU taken from them, twice: the
 daemon's and etcd's. The supervisor's round runs four times a second; the lease needs a
-keepalive about once a second at most (``daemon.fencing.refresh_every_s``), the job is read
-only when its watch says something changed or every ``MAX_AGE_S`` (``daemon.job_watch``),
+keepalive about once a second at most (``daemon.coordination.fencing.refresh_every_s``), the job is read
+only when its watch says something changed or every ``MAX_AGE_S`` (``daemon.coordination.job_watch``),
 and a daemon campaigns only when the leader key changed or every ``CAMPAIGN_EVERY_S``.
 """
 
@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from daemon.fencing import refresh_every_s
-from daemon.job_watch import MAX_AGE_S
-from daemon.leadership import CAMPAIGN_EVERY_S
-from daemon.node_record import RECORD_EVERY_S
-from daemon.supervisor import TICK_S
-from tests.etcd_control import ControlledEtcd
-from tests.harness import start_daemon, wait_for
+from daemon.coordination.fencing import refresh_every_s
+from daemon.coordination.job_watch import MAX_AGE_S
+from daemon.leadership.election import CAMPAIGN_EVERY_S
+from daemon.supervision.node_record import RECORD_EVERY_S
+from daemon.supervision.supervisor import TICK_S
+from tests.support.etcd_control import ControlledEtcd
+from tests.support.harness import start_daemon, wait_for
 
 pytestmark = pytest.mark.integration
 LEASE_TTL_S = 10

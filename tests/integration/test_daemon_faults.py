@@ -16,9 +16,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from daemon import supervisor
 from daemon.config import load_daemon_config
-from daemon.coordination import (
+from daemon.coordination.coordinator import (
     CoordinationError,
     Coordinator,
     EtcdSettings,
@@ -26,11 +25,12 @@ from daemon.coordination import (
     NotLeader,
     SessionExpired,
 )
-from daemon.fencing import fence_margin_s
-from daemon.states import State
-from daemon.supervisor import Supervisor
-from tests.harness import DAEMON_JOB, Daemon, alive, start_daemon, wait_for
-from tests.ports import free_port
+from daemon.coordination.fencing import fence_margin_s
+from daemon.node_state.states import State
+from daemon.supervision import supervisor
+from daemon.supervision.supervisor import Supervisor
+from tests.support.harness import DAEMON_JOB, Daemon, alive, start_daemon, wait_for
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.integration
 T = TypeVar("T")

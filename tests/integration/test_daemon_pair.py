@@ -11,22 +11,23 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from daemon.node_record import RECORD_EVERY_S
-from tests.etcd_control import ControlledEtcd
-from tests.harness import (
+from daemon.supervision.node_record import RECORD_EVERY_S
+from tests.support.etcd_control import ControlledEtcd
+from tests.support.harness import (
     BIN,
     DAEMON_JOB,
     Daemon,
     Event,
     alive,
+    digest,
     event_time,
     job_groups,
     largest_step_gap,
     start_daemon,
+    status_json,
     wait_for,
 )
 
@@ -41,32 +42,6 @@ def pair(
     b = start_daemon(tmp_path, "node-b", [endpoint], overrides=overrides, env=env)
     wait_for(lambda: a.step() > 3 and b.step() > 3, 120, "both groups to train")
     return a, b
-
-
-def status_json(endpoint: str) -> dict[str, Any]:
-    out = subprocess.run(
-        [
-            str(BIN / "phalanx"),
-            "status",
-            "--config",
-            str(DAEMON_JOB),
-            "--set",
-            f'etcd.endpoints=["{endpoint}"]',
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    )
-    doc: dict[str, Any] = json.loads(out.stdout)
-    return doc
-
-
-def digest(d: Daemon) -> str:
-    done = d.events("train_done")
-    assert done, d.proc.tail()
-    return str(done[0]["params_sha256"])
 
 
 def after(events: list[Event], first: Event) -> list[Event]:
@@ -112,7 +87,7 @@ def test_killed_rank_is_restarted_and_healed_while_the_peer_is_untouched(
     try:
         a_pids = a.rank_pids()
         # `phalanx status` while the run is going. A record carries a new step at most
-        # every RECORD_EVERY_S (daemon/node_record.py), so it may show step 0 for that long.
+        # every RECORD_EVERY_S (daemon/supervision/node_record.py), so it may show step 0 for that long.
         wait_for(
             lambda: int(status_json(etcd_endpoint)["step"]) > 0,
             3 * RECORD_EVERY_S,

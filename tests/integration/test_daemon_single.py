@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import (
+from tests.support.harness import (
     BIN,
     DAEMON_JOB,
     ROOT,
@@ -205,7 +205,7 @@ def test_status_with_an_unusable_password_file_is_one_line(tmp_path: Path) -> No
 
 def test_trainer_module_is_not_imported_by_the_daemon() -> None:
     """The daemon stays light: importing its modules never loads torch."""
-    code = "import sys, daemon.cli, daemon.supervisor, daemon.server, daemon.demo; print(json.dumps('torch' in sys.modules))"
+    code = "import sys, daemon.cli, daemon.supervision.supervisor, daemon.surfaces.server, daemon.demo; print(json.dumps('torch' in sys.modules))"
     out = subprocess.run(
         [sys.executable, "-c", "import json;" + code], capture_output=True, text=True, check=True
     )

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import start_daemon, wait_for
+from tests.support.harness import start_daemon, wait_for
 
 pytestmark = pytest.mark.integration
 

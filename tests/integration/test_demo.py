@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import BIN, ROOT
+from tests.support.harness import BIN, ROOT
 
 pytestmark = pytest.mark.integration
 

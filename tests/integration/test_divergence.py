@@ -13,7 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import kill_pair_after_checkpoint, run_pair_again, run_to_end, start_daemon
+from tests.support.harness import (
+    kill_pair_after_checkpoint,
+    run_pair_again,
+    run_to_end,
+    start_daemon,
+)
 
 pytestmark = pytest.mark.integration
 

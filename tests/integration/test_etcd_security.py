@@ -20,14 +20,14 @@ from typing import Any
 
 import pytest
 
-from daemon.coordination import (
+from daemon.coordination.coordinator import (
     Coordinator,
     EtcdAccessDenied,
     EtcdSettings,
     EtcdUnavailable,
 )
-from daemon.etcd_server import ServerTls
-from tests.etcd_control import ControlledEtcd, EtcdUser
+from daemon.coordination.etcd_server import ServerTls
+from tests.support.etcd_control import ControlledEtcd, EtcdUser
 
 pytestmark = pytest.mark.integration
 
@@ -283,7 +283,7 @@ def test_daemon_trains_against_etcd_with_tls_and_auth(
     secure_etcd: ControlledEtcd, pki: Pki, tmp_path: Path
 ) -> None:
     """`phalanx run` end to end over TLS with client certificates and a password."""
-    from tests.harness import start_daemon
+    from tests.support.harness import start_daemon
 
     secret = tmp_path / "etcd-password"
     secret.write_text(PASSWORD + "\n")
@@ -308,7 +308,7 @@ def assert_never_printed(password: str, root: Path, password_file: Path) -> None
 def test_daemon_with_a_wrong_password_fails_clearly(
     secure_etcd: ControlledEtcd, pki: Pki, tmp_path: Path
 ) -> None:
-    from tests.harness import start_daemon
+    from tests.support.harness import start_daemon
 
     secret = tmp_path / "etcd-password"
     secret.write_text("not-the-password\n")

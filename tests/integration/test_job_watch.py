@@ -1,4 +1,4 @@
-"""daemon.job_watch against a real etcd: when a daemon must read its job again."""
+"""daemon.coordination.job_watch against a real etcd: when a daemon must read its job again."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from contextlib import contextmanager
 import pyetcd
 import pytest
 
-from daemon.coordination import Coordinator, EtcdSettings
-from daemon.job_watch import MAX_AGE_S, JobWatch
-from tests.etcd_control import ControlledEtcd
-from tests.integration.test_coordination import reachable, wait_for
+from daemon.coordination.coordinator import Coordinator, EtcdSettings
+from daemon.coordination.job_watch import MAX_AGE_S, JobWatch
+from tests.support.coordinators import reachable, wait_for
+from tests.support.etcd_control import ControlledEtcd
 
 pytestmark = pytest.mark.integration
 QUIET_S = 0.5  # long enough for etcd to have delivered an event on this machine

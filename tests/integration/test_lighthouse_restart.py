@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from daemon.config import LighthouseConfig
-from daemon.lighthouse import LighthouseError, LighthouseProcess
-from tests.harness import free_port, wait_for
+from daemon.leadership.lighthouse import LighthouseError, LighthouseProcess
+from tests.support.harness import free_port, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import Daemon, start_daemon, wait_for
-from tests.multihost import NEEDS_NAMESPACES, digest, etcd_on, reaches
-from tests.netns import Network
+from tests.support.harness import Daemon, digest, start_daemon, wait_for
+from tests.support.multihost import NEEDS_NAMESPACES, etcd_on, reaches
+from tests.support.netns import Network
 
 pytestmark = [pytest.mark.integration, NEEDS_NAMESPACES]
 

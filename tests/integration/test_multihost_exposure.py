@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from daemon.children import descendants
-from tests.harness import Daemon, start_daemon, wait_for
-from tests.multihost import NEEDS_NAMESPACES, etcd_on
-from tests.netns import Host, Network
-from tests.sockets import Listener, listeners
+from tests.support.harness import Daemon, start_daemon, wait_for
+from tests.support.multihost import NEEDS_NAMESPACES, etcd_on
+from tests.support.netns import Host, Network
+from tests.support.sockets import Listener, listeners
 
 pytestmark = [pytest.mark.integration, NEEDS_NAMESPACES]
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import event_time, start_daemon, wait_for
-from tests.multihost import NEEDS_NAMESPACES, digest, etcd_on
-from tests.netns import Network
-from tests.ports import free_port
+from tests.support.harness import digest, event_time, start_daemon, wait_for
+from tests.support.multihost import NEEDS_NAMESPACES, etcd_on
+from tests.support.netns import Network
+from tests.support.ports import free_port
 
 pytestmark = [pytest.mark.integration, NEEDS_NAMESPACES]
 

@@ -17,9 +17,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import Daemon, Proc, event_time, largest_step_gap, start_daemon, wait_for
-from tests.multihost import NEEDS_NAMESPACES, digest, etcd_on
-from tests.netns import Host, Network
+from tests.support.harness import (
+    Daemon,
+    Proc,
+    digest,
+    event_time,
+    largest_step_gap,
+    start_daemon,
+    wait_for,
+)
+from tests.support.multihost import NEEDS_NAMESPACES, etcd_on
+from tests.support.netns import Host, Network
 
 pytestmark = [pytest.mark.integration, NEEDS_NAMESPACES]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import start_daemon
+from tests.support.harness import start_daemon
 
 pytestmark = pytest.mark.integration
 

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.harness import Daemon, start_daemon, wait_for
-from tests.prometheus_harness import (
+from tests.support.harness import Daemon, start_daemon, wait_for
+from tests.support.prometheus_harness import (
     ALERTS,
     JOB,
     PromError,

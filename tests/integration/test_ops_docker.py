@@ -213,7 +213,7 @@ def test_every_copy_source_exists_and_reaches_the_context(dockerfile: Dockerfile
         assert (ROOT / source).exists(), f"COPY {source}: no such file in the repository"
         assert not ignored(source.rstrip("/"), patterns), f"COPY {source} is in .dockerignore"
     files = context_files()
-    for name in ("pyproject.toml", "README.md", "daemon/__init__.py", "trainer/config.py"):
+    for name in ("pyproject.toml", "README.md", "daemon/__init__.py", "trainer/config/sections.py"):
         assert name in files
     assert not [f for f in files if "__pycache__" in f or f.endswith(".pyc")]
     # Nothing else is sent: the local .venv, .git and tests stay out of the context.
@@ -345,7 +345,7 @@ def test_context_builds_the_distribution(tmp_path: Path) -> None:
         names = zf.namelist()
         entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
         scripts = zf.read(entry_points).decode()
-    assert "daemon/__init__.py" in names and "trainer/config.py" in names
+    assert "daemon/__init__.py" in names and "trainer/config/sections.py" in names
     assert re.search(r"^phalanx = daemon\.cli:main$", scripts, re.M), scripts
 
 

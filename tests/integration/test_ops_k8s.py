@@ -32,7 +32,7 @@ import yaml
 from referencing import Registry, Resource
 
 from daemon.config import load_daemon_config
-from tests.k8s_manifests import (
+from tests.support.k8s_manifests import (
     K8S,
     Doc,
     Manifests,

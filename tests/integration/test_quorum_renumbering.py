@@ -1,6 +1,6 @@
 """A new lighthouse numbers quorums from 1 again: a rank whose last quorum had the same id
 with other members must rebuild its process group, or its collectives and its peers'
-wait on each other until the timeout (trainer.torchft_adapter.QuorumRecorder).
+wait on each other until the timeout (trainer.ft.torchft_adapter.QuorumRecorder).
 
 Real torchft Managers (two one-rank groups in this process, each with its own store),
 a real torchft lighthouse killed and started again on its address, real Gloo.
@@ -18,10 +18,10 @@ import torch
 from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, not re-exported in stubs
 from torchft.process_group import ProcessGroupGloo
 
-from tests.ft_managers import one_rank_manager, running_lighthouse
-from tests.ports import free_port
-from trainer import torchft_adapter as ft
-from trainer.torchft_group import membership_token
+from tests.support.ft_managers import one_rank_manager, running_lighthouse
+from tests.support.ports import free_port
+from trainer.ft import torchft_adapter as ft
+from trainer.ft.torchft_group import membership_token
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

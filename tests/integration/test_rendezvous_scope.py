@@ -25,9 +25,9 @@ import pytest
 from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, not re-exported in stubs
 from torchft.process_group import create_store_client
 
-from tests.harness import ROOT
-from trainer.torchft_adapter import scoped_process_group
-from trainer.torchft_group import membership_token
+from tests.support.harness import ROOT
+from trainer.ft.torchft_adapter import scoped_process_group
+from trainer.ft.torchft_group import membership_token
 
 pytestmark = pytest.mark.integration
 

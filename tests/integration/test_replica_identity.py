@@ -1,4 +1,4 @@
-"""A rank killed with SIGKILL is replaced under its group's replica id (daemon/node_group.py).
+"""A rank killed with SIGKILL is replaced under its group's replica id (daemon/ranks/node_group.py).
 
 Two real daemons on a real etcd, the real torchft lighthouse, real ranks. The lighthouse
 here counts a silent replica alive for 10 minutes and waits as long for stragglers, so
@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import Daemon, event_time, start_daemon, wait_for
-from tests.integration.test_daemon_pair import digest, status_json
+from tests.support.harness import Daemon, digest, event_time, start_daemon, status_json, wait_for
 
 pytestmark = pytest.mark.integration
 

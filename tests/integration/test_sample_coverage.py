@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from daemon.config import LighthouseConfig
-from tests.harness import (
+from tests.support.harness import (
     Daemon,
     Event,
     kill_pair_after_checkpoint,
@@ -30,8 +30,8 @@ from tests.harness import (
     start_daemon,
     wait_for,
 )
-from trainer.data import TokenWindows
-from trainer.shares import Quorum, group_share
+from trainer.data.shares import Quorum, group_share
+from trainer.data.sources import TokenWindows
 
 pytestmark = pytest.mark.integration
 

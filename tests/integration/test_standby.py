@@ -1,5 +1,5 @@
-"""Hot-spare ranks (daemon/standby.py): a node's first standby is spawned and its zygote
-(daemon/zygote.py) started once that one is ready; a standby forked by the zygote
+"""Hot-spare ranks (daemon/ranks/standby.py): a node's first standby is spawned and its zygote
+(daemon/ranks/zygote.py) started once that one is ready; a standby forked by the zygote
 replaces a killed rank; a dead standby or zygote is replaced;
 `node.standby = false` starts ranks cold; SIGTERM and a SIGKILL of the daemon take the
 standbys along; a standby handed its start while it warms leaves idle priority at once.
@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from daemon.standby import REFILL_DELAY_S, Standby
-from daemon.workers import GroupSpec, rank_env
-from daemon.zygote import parent_of
-from tests.harness import (
+from daemon.ranks.spec import GroupSpec, rank_env
+from daemon.ranks.standby import REFILL_DELAY_S, Standby
+from daemon.ranks.zygote import parent_of
+from tests.support.harness import (
     Daemon,
     Event,
     alive,
@@ -29,7 +29,7 @@ from tests.harness import (
     start_daemon,
     wait_for,
 )
-from trainer.scheduling import IDLE_AUTOGROUP_NICE, autogroup_nice, may_leave_idle
+from trainer.spares.scheduling import IDLE_AUTOGROUP_NICE, autogroup_nice, may_leave_idle
 
 pytestmark = pytest.mark.integration
 
@@ -77,7 +77,7 @@ def test_standbys_replace_killed_ranks_and_are_replaced_when_they_die(
 ) -> None:
     steps = ["train.steps=400"]
     # Two threads per rank, as the daemon sets by default here: numpy's OpenBLAS then runs a
-    # thread of its own in the zygote when it forks (trainer/zygote.py).
+    # thread of its own in the zygote when it forks (trainer/spares/zygote.py).
     a = start_daemon(
         tmp_path, "node-a", [etcd_endpoint], overrides=steps, env={"OMP_NUM_THREADS": "2"}
     )
@@ -86,7 +86,7 @@ def test_standbys_replace_killed_ranks_and_are_replaced_when_they_die(
         wait_for(lambda: a.step() > 3 and b.step() > 3, 120, "both groups to train")
 
         # A node's first standby is spawned; as root it waits at idle priority, its
-        # session group at nice 19 where the kernel groups by session (trainer/scheduling.py).
+        # session group at nice 19 where the kernel groups by session (trainer/spares/scheduling.py).
         first = ready_standby(a)
         assert not next(e for e in a.events("standby_spawned") if e["pid"] == first)["forked"]
         assert may_leave_idle() and os.sched_getscheduler(first) == os.SCHED_IDLE
@@ -145,7 +145,7 @@ def test_standbys_replace_killed_ranks_and_are_replaced_when_they_die(
         assert os.sched_getscheduler(replacement) == os.SCHED_OTHER
         assert group_nice(replacement) == expect_nice(0)
         # As root the standbys warm at idle priority, so the one the start used is
-        # replaced at once (trainer/scheduling.py), not REFILL_DELAY_S later.
+        # replaced at once (trainer/spares/scheduling.py), not REFILL_DELAY_S later.
         refill = [e for e in a.events("standby_spawned") if event_time(e) > event_time(restarted)]
         assert refill and event_time(refill[0]) - event_time(restarted) < REFILL_DELAY_S
 
@@ -242,7 +242,7 @@ def test_a_standby_handed_its_start_while_it_warms_leaves_idle_priority_at_once(
 def test_a_killed_zygote_is_replaced_and_everything_dies_with_the_daemon(
     tmp_path: Path, etcd_endpoint: str
 ) -> None:
-    """The zygote (trainer/zygote.py) is a child of the daemon like its standbys: one
+    """The zygote (trainer/spares/zygote.py) is a child of the daemon like its standbys: one
     that dies is replaced without touching the group or the standbys it forked, and a
     SIGKILL of the daemon takes the zygote, the forked standby and the rank along."""
     a = start_daemon(tmp_path, "node-a", [etcd_endpoint], overrides=["train.steps=100000"])

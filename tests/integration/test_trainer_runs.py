@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.harness import BIN, ROOT, Event, free_port, launch_group, read_events, start
+from tests.support.harness import BIN, ROOT, Event, free_port, launch_group, read_events, start
 
 pytestmark = pytest.mark.integration
 

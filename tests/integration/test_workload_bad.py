@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import BIN, DAEMON_JOB, ROOT, alive, start_daemon
+from tests.support.harness import BIN, DAEMON_JOB, ROOT, alive, start_daemon
 
 pytestmark = pytest.mark.integration
 EXAMPLES = ROOT / "examples"
@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainer.workload import Workload
+from trainer.workloads import Workload
 
 
 class Model(nn.Module):
@@ -72,7 +72,7 @@ CASES: list[tuple[str, str, str, str]] = [
         "not-a-workload",
         "def spec(ctx):\n    return {'model': 1}",
         "wl:spec",
-        "not a trainer.workload.Workload",
+        "not a trainer.workloads.Workload",
     ),
     (
         "entry-point-raises",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import ROOT, Event, launch_group
+from tests.support.harness import ROOT, Event, launch_group
 
 pytestmark = pytest.mark.integration
 

@@ -1,12 +1,12 @@
-"""What a node does once its group has stopped: every branch of daemon.after_stop."""
+"""What a node does once its group has stopped: every branch of daemon.supervision.after_stop."""
 
 from __future__ import annotations
 
-from daemon.after_stop import SLOT_LOST, Verdict, after_stop
 from daemon.exits import EXIT_BAD_INPUT, EXIT_FAILED, RANK_BAD_INPUT, RANK_NO_QUORUM
-from daemon.restarts import RestartBudget
-from daemon.states import State
-from daemon.workers import ExitKind, GroupExit, _failure_kind
+from daemon.node_state.states import State
+from daemon.ranks.workers import ExitKind, GroupExit, _failure_kind
+from daemon.supervision.after_stop import SLOT_LOST, Verdict, after_stop
+from daemon.supervision.restarts import RestartBudget
 
 
 def _exit(kind: ExitKind, reason: str = "rank 1 exited with code 1") -> GroupExit:

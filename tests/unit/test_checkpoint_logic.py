@@ -13,7 +13,7 @@ import torch
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-from trainer.checkpoint_files import (
+from trainer.checkpoint.files import (
     MARKER,
     Candidate,
     candidates,
@@ -25,7 +25,7 @@ from trainer.checkpoint_files import (
     run_root,
     write_json_atomic,
 )
-from trainer.safe_load import SafeReader, _AllowListUnpickler
+from trainer.checkpoint.safe_load import SafeReader, _AllowListUnpickler
 
 
 def make(root: Path, step: int, complete: bool, model_hash: str = "h") -> Path:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from daemon.config import DaemonConfig
-from daemon.config_doc import render
+from daemon.config.reference import render
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 

@@ -9,7 +9,7 @@ import grpc  # type: ignore[import-untyped]
 import pyetcd
 import pytest
 
-from daemon.coordination import (
+from daemon.coordination.coordinator import (
     CoordinationError,
     Coordinator,
     EtcdAccessDenied,
@@ -18,7 +18,7 @@ from daemon.coordination import (
     SessionExpired,
     translate_error,
 )
-from daemon.job_view import differing_sections, mismatch_message, spec_hash
+from daemon.coordination.job_view import differing_sections, mismatch_message, spec_hash
 
 SETTINGS = EtcdSettings(
     endpoints=["127.0.0.1:2379"], ca_file="/etc/ca.pem", user="u", password="p", timeout_s=5.0
@@ -132,5 +132,5 @@ def test_unreadable_ca_file_is_a_clear_error() -> None:
 
 
 def test_coordination_never_imports_torch() -> None:
-    code = "import sys, daemon.coordination, daemon.etcd_server; sys.exit('torch' in sys.modules)"
+    code = "import sys, daemon.coordination.coordinator, daemon.coordination.etcd_server; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

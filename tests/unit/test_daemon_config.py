@@ -17,8 +17,8 @@ from daemon.config import (
     check_node_id,
     load_daemon_config,
 )
-from daemon.etcd_client import EtcdSettings
-from daemon.etcd_settings import read_password, split_endpoint
+from daemon.config.etcd_settings import read_password, split_endpoint
+from daemon.coordination.etcd_client import EtcdSettings
 from trainer.chaos import parse, parse_delay
 from trainer.config import ConfigError, read_job_file, validate
 

@@ -1,4 +1,4 @@
-"""daemon.preflight: the machine checks of `phalanx run`, in-process."""
+"""daemon.config.preflight: the machine checks of `phalanx run`, in-process."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from daemon import preflight as pf
 from daemon.config import DaemonConfig, load_daemon_config
+from daemon.config import preflight as pf
 from trainer.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,7 +77,7 @@ def test_run_dir_under_a_read_only_directory(tmp_path: Path) -> None:
     ro = tmp_path / "ro"
     ro.mkdir(mode=0o555)
     check = (
-        "import sys; from pathlib import Path; from daemon import preflight as pf\n"
+        "import sys; from pathlib import Path; from daemon.config import preflight as pf\n"
         "try:\n"
         "    pf.check_run_dir_writable(Path(sys.argv[1]))\n"
         "except Exception as e:\n"

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from trainer.config import ConfigError, TrainerConfig
-from trainer.data import BigramCorpus, Sampler, token_dataset
+from trainer.data.sources import BigramCorpus, Sampler, token_dataset
 
 
 def _cfg(**data: object) -> TrainerConfig:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer import divergence
-from trainer.divergence import Verdict, local_digest, verdict, votes
+from trainer.ft import divergence
+from trainer.ft.divergence import Verdict, local_digest, verdict, votes
 
 
 def average(*ballots: torch.Tensor) -> torch.Tensor:

@@ -1,11 +1,10 @@
-"""The partition rule's decision after a fence (daemon.fencing.after_fence), branch by branch."""
+"""The partition rule's decision after a fence (daemon.coordination.fencing.after_fence), branch by branch."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from daemon.after_stop import FENCED_OUT, after_stop
-from daemon.fencing import (
+from daemon.coordination.fencing import (
     AHEAD_BY,
     HOLD_S,
     Fence,
@@ -13,8 +12,9 @@ from daemon.fencing import (
     fence_margin_s,
     refresh_every_s,
 )
-from daemon.restarts import RestartBudget
-from daemon.states import State
+from daemon.node_state.states import State
+from daemon.supervision.after_stop import FENCED_OUT, after_stop
+from daemon.supervision.restarts import RestartBudget
 
 
 def decide(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from daemon.identity import Identity, holder_of, take_identity
+from daemon.coordination.identity import Identity, holder_of, take_identity
 
 
 def test_a_holder_value_names_node_and_instance() -> None:

@@ -1,4 +1,4 @@
-"""The checkpoint fence (trainer.lease_fence): a marker only once the lease outlived the step."""
+"""The checkpoint fence (trainer.checkpoint.lease_fence): a marker only once the lease outlived the step."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import threading
 import time
 from pathlib import Path
 
-from trainer.lease_fence import Fence, LeaseFence
+from trainer.checkpoint.lease_fence import Fence, LeaseFence
 
 
 def confirm(path: Path, lease: str, at_ns: int | None = None) -> None:

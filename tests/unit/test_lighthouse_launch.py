@@ -8,8 +8,8 @@ import subprocess
 import sys
 import time
 
-from daemon.lighthouse import LAUNCHER, lighthouse_command
-from tests.ports import free_port
+from daemon.leadership.lighthouse import LAUNCHER, lighthouse_command
+from tests.support.ports import free_port
 
 
 def test_the_launcher_finds_the_native_server_without_importing_torch() -> None:

@@ -1,7 +1,7 @@
 """docs/metrics.md, the alert rules and the Grafana dashboard against what the code exports.
 
 The exported metrics are not listed here: they are read from a node's /metrics
-as the daemon renders it (:class:`daemon.metrics.DaemonMetrics` over a minimal
+as the daemon renders it (:class:`daemon.surfaces.metrics.DaemonMetrics` over a minimal
 stand-in for the supervisor), with a rank's :class:`trainer.metrics.TrainMetrics`
 writing its multiprocess files from a separate process exactly as under the
 daemon. A metric added to or renamed in the code without the doc (or the other
@@ -26,9 +26,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemon.metrics import DaemonMetrics
-from daemon.supervisor import Supervisor
-from daemon.view import NodeView
+from daemon.node_state.view import NodeView
+from daemon.supervision.supervisor import Supervisor
+from daemon.surfaces.metrics import DaemonMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "metrics.md"
@@ -39,7 +39,7 @@ DASHBOARD = ROOT / "ops" / "grafana" / "phalanx.json"
 # A rank 0 that touches every metric, so each one has samples (and labels).
 RANK_SCRIPT = textwrap.dedent(
     """
-    from trainer.env import RankEnv
+    from trainer.config.env import RankEnv
     from trainer.metrics import TrainMetrics
 
     m = TrainMetrics(RankEnv(rank=0, replica_group=1, job="doc-job", node="doc-node"))

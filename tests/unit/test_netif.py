@@ -1,10 +1,10 @@
-"""daemon.netif: the interface that carries the advertised address (for GLOO_SOCKET_IFNAME)."""
+"""daemon.config.netif: the interface that carries the advertised address (for GLOO_SOCKET_IFNAME)."""
 
 from __future__ import annotations
 
 import socket
 
-from daemon.netif import interface_for
+from daemon.config.netif import interface_for
 
 
 def _a_non_loopback_address() -> str | None:

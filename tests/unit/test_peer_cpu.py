@@ -14,7 +14,7 @@ BUSY = "import time\nend = time.time() + 1.5\nwhile time.time() < end: pass\n"
 def test_kinds_follow_the_command_lines_of_each_system() -> None:
     assert peer_cpu.kind(["/venv/bin/etcd", "--name=x"]) == "etcd"
     assert peer_cpu.kind(["/venv/bin/torchft_lighthouse", "--bind", "[::]:0"]) == "lighthouse"
-    assert peer_cpu.kind(["python", "-m", "daemon.lighthouse_main"]) == "lighthouse"
+    assert peer_cpu.kind(["python", "-m", "daemon.leadership.lighthouse_main"]) == "lighthouse"
     daemon = ["python", "-m", "daemon.cli", "run", "--set", "node.lighthouse_port=2"]
     assert peer_cpu.kind(daemon) == "daemons"
     assert peer_cpu.kind(["python", "/venv/bin/torchrun", "--nproc_per_node", "2"]) == (

@@ -1,5 +1,5 @@
-"""A group's torchft replica id across its restarts (daemon/node_group.py, daemon/workers.py,
-trainer/env.py), as pure logic; tests/unit/test_torchft_adapter.py and
+"""A group's torchft replica id across its restarts (daemon/ranks/node_group.py, daemon/ranks/workers.py,
+trainer/config/env.py), as pure logic; tests/unit/test_torchft_adapter.py and
 tests/integration/test_daemon_pair.py run it against the real lighthouse."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from daemon.config import load_daemon_config
-from daemon.node_group import keeps_replica_id
-from daemon.workers import GroupSpec, rank_env
+from daemon.ranks.node_group import keeps_replica_id
+from daemon.ranks.spec import GroupSpec, rank_env
 from trainer.config import ConfigError
-from trainer.env import RankEnv
+from trainer.config.env import RankEnv
 
 JOB = Path(__file__).resolve().parents[2] / "tests" / "integration" / "daemon_job.toml"
 

@@ -1,5 +1,5 @@
-"""trainer/scheduling.py: whether standbys may warm at idle priority, which also decides
-when the daemon refills its standby pool (daemon/node_group.py). Each case runs in a
+"""trainer/spares/scheduling.py: whether standbys may warm at idle priority, which also decides
+when the daemon refills its standby pool (daemon/ranks/node_group.py). Each case runs in a
 child process with its own capabilities and RLIMIT_NICE (setpriv and prlimit, from
 util-linux)."""
 
@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # The daemon asks the question too, so the module must keep it free of torch.
 PROBE = (
     "import sys\n"
-    "import daemon.node_group\n"
-    "from trainer.scheduling import may_leave_idle\n"
+    "import daemon.ranks.node_group\n"
+    "from trainer.spares.scheduling import may_leave_idle\n"
     "assert 'torch' not in sys.modules\n"
     "print(may_leave_idle())\n"
 )
@@ -41,7 +41,7 @@ def test_root_may_leave_idle_and_without_cap_sys_nice_or_rlimit_it_may_not() -> 
 
 
 GROUP_PROBE = (
-    "from trainer.scheduling import autogroup_nice, set_autogroup_nice\n"
+    "from trainer.spares.scheduling import autogroup_nice, set_autogroup_nice\n"
     "before = autogroup_nice()\n"
     "lowered = set_autogroup_nice(19)\n"
     "low = autogroup_nice()\n"

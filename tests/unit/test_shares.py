@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trainer.shares import Quorum, group_share, rank_plan, split, step_items
+from trainer.data.shares import Quorum, group_share, rank_plan, split, step_items
 
 
 @given(

@@ -1,4 +1,4 @@
-"""trainer/transport.py's SnapshotTransport against torchft's HTTPTransport: a healer reads
+"""trainer/ft/transport.py's SnapshotTransport against torchft's HTTPTransport: a healer reads
 the state as it was sent while the sender commits and steps; reads stop at the sender's
 next step. Real HTTP on the loopback, no mocks."""
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 from torchft.checkpointing.http_transport import HTTPTransport
 
-from trainer.transport import SafeHTTPTransport, SnapshotTransport
+from trainer.ft.transport import SafeHTTPTransport, SnapshotTransport
 
 TIMEOUT = timedelta(seconds=10)
 

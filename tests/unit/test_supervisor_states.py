@@ -8,9 +8,16 @@ import textwrap
 
 import pytest
 
-from daemon import after_stop, supervisor
-from daemon.states import TERMINAL, TRANSITIONS, IllegalTransition, State, allowed, diagram
-from daemon.view import NodeView
+from daemon.node_state.states import (
+    TERMINAL,
+    TRANSITIONS,
+    IllegalTransition,
+    State,
+    allowed,
+    diagram,
+)
+from daemon.node_state.view import NodeView
+from daemon.supervision import after_stop, supervisor
 
 # Helpers a handler may return through, and the state each one returns.
 HELPERS = {

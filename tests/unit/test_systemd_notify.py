@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from daemon.systemd import Notifier
+from daemon.supervision.systemd import Notifier
 
 # sun_path holds 108 bytes on Linux; a deep --basetemp could exceed it.
 _MAX_SUN_PATH = 100

@@ -1,4 +1,4 @@
-"""trainer.torchft_adapter against the installed torchft: one test per private name it uses.
+"""trainer.ft.torchft_adapter against the installed torchft: one test per private name it uses.
 
 Nothing here mocks torchft: the unit tests inspect the real installed classes (and
 the source of the methods that use them), and the integration test runs one
@@ -29,11 +29,11 @@ from torchft.checkpointing.http_transport import HTTPTransport
 from torchft.manager import REPLICA_ID_KEY, Manager
 from torchft.process_group import ProcessGroupGloo, ProcessGroupNCCL
 
-from tests.ft_managers import one_rank_manager, running_lighthouse
-from tests.sockets import listeners
-from trainer import torchft_adapter as ft
+from tests.support.ft_managers import one_rank_manager, running_lighthouse
+from tests.support.sockets import listeners
 from trainer.exits import NoQuorum
-from trainer.torchft_group import membership_token
+from trainer.ft import torchft_adapter as ft
+from trainer.ft.torchft_group import membership_token
 
 TIMEOUT = timedelta(seconds=10)
 

@@ -16,8 +16,8 @@ from trainer.config import (
     parse_override,
     spec_hash,
 )
-from trainer.config_checks import check_trainer
-from trainer.env import RankEnv
+from trainer.config.checks import check_trainer
+from trainer.config.env import RankEnv
 
 ROOT = Path(__file__).resolve().parents[2]
 

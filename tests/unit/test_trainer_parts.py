@@ -12,14 +12,14 @@ from torchft.checkpointing.http_transport import HTTPTransport
 
 from trainer.chaos import Chaos, InjectedCrash, parse, parse_ranks
 from trainer.config import TrainConfig, TrainerConfig
-from trainer.digest import params_sha256
-from trainer.grad_buckets import buckets
-from trainer.llama import llama_workload, split_layers
-from trainer.materialize import build_materialized
+from trainer.ft.grad_buckets import buckets
+from trainer.ft.state import TrainState
+from trainer.ft.torchft_adapter import SafeHTTPTransport
 from trainer.optim import build_optimizer, build_scheduler, init_optimizer_state, lr_at
-from trainer.pipeline import stage_ids
-from trainer.state import TrainState
-from trainer.torchft_adapter import SafeHTTPTransport
+from trainer.parallel.digest import params_sha256
+from trainer.parallel.materialize import build_materialized
+from trainer.parallel.pipeline import stage_ids
+from trainer.workloads.llama.workload import llama_workload, split_layers
 
 
 def test_chaos_spec() -> None:
@@ -183,7 +183,7 @@ def test_digest_changes_with_any_bit() -> None:
 
 
 def test_membership_token_names_exactly_the_members() -> None:
-    from trainer.torchft_group import membership_token
+    from trainer.ft.torchft_group import membership_token
 
     a = membership_token(["phalanx_group_00000:uuid-1", "phalanx_group_00001:uuid-2"], step=7)
     assert a == membership_token(

@@ -1,13 +1,13 @@
-"""What WAITING waits for after a group stopped (daemon/waiting.py), as pure logic."""
+"""What WAITING waits for after a group stopped (daemon/supervision/waiting.py), as pure logic."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from daemon.config import load_daemon_config
-from daemon.job_view import JobView
-from daemon.view import NodeView
-from daemon.waiting import QUIET_MARGIN_S, Waiting
+from daemon.coordination.job_view import JobView
+from daemon.node_state.view import NodeView
+from daemon.supervision.waiting import QUIET_MARGIN_S, Waiting
 
 JOB = Path(__file__).resolve().parents[2] / "tests" / "integration" / "daemon_job.toml"
 QUIET = "the failed ranks' quorum requests to expire at the lighthouse"

@@ -29,8 +29,8 @@ from transformers.models.llama.modeling_llama import (
     LlamaRotaryEmbedding,
 )
 
-from trainer.data import TokenWindows, WindowTokens
-from trainer.workload import InitFn, Workload, WorkloadContext
+from trainer.data.sources import TokenWindows, WindowTokens
+from trainer.workloads import InitFn, Workload, WorkloadContext
 
 OPTIONS = {"text": "README.md", "hidden": 64, "layers": 4, "heads": 4, "kv_heads": 2}
 

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainer.workload import Workload, WorkloadContext
+from trainer.workloads import Workload, WorkloadContext
 
 OPTIONS = {"inputs": 16, "width": 64, "depth": 4, "items": 4096, "noise": 0.01, "teacher": 7}
 

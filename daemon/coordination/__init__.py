@@ -1,0 +1,72 @@
+"""What the nodes share through etcd: the client and the embedded server, the job's
+view and spec, the watch that says when to read it again, the node's identity, and
+the lease fence that stops a node's ranks when its lease is gone. The coordinator is
+the one object that speaks etcd's transactions for a daemon.
+"""
+
+from __future__ import annotations
+
+from daemon.coordination.coordinator import (
+    CoordinationError,
+    Coordinator,
+    EtcdAccessDenied,
+    EtcdUnavailable,
+    NodeIdHeld,
+    NotLeader,
+    SessionExpired,
+    SpecMismatch,
+    translate_error,
+)
+from daemon.coordination.etcd_client import EtcdSettings
+from daemon.coordination.etcd_server import (
+    EmbeddedEtcd,
+    EtcdStartError,
+    ServerTls,
+    find_etcd_binary,
+)
+from daemon.coordination.fencing import (
+    AHEAD_BY,
+    HOLD_S,
+    LEASE_FILE,
+    Fence,
+    after_fence,
+    fence_margin_s,
+    refresh_every_s,
+)
+from daemon.coordination.identity import Identity, holder_of, new_instance, take_identity
+from daemon.coordination.job_view import JobView, differing_sections, mismatch_message, spec_hash
+from daemon.coordination.job_watch import MAX_AGE_S, JobWatch
+
+__all__ = [
+    "AHEAD_BY",
+    "HOLD_S",
+    "LEASE_FILE",
+    "MAX_AGE_S",
+    "CoordinationError",
+    "Coordinator",
+    "EmbeddedEtcd",
+    "EtcdAccessDenied",
+    "EtcdSettings",
+    "EtcdStartError",
+    "EtcdUnavailable",
+    "Fence",
+    "Identity",
+    "JobView",
+    "JobWatch",
+    "NodeIdHeld",
+    "NotLeader",
+    "ServerTls",
+    "SessionExpired",
+    "SpecMismatch",
+    "after_fence",
+    "differing_sections",
+    "fence_margin_s",
+    "find_etcd_binary",
+    "holder_of",
+    "mismatch_message",
+    "new_instance",
+    "refresh_every_s",
+    "spec_hash",
+    "take_identity",
+    "translate_error",
+]

@@ -1,0 +1,399 @@
+"""The etcd coordination layer: one :class:`Coordinator` per daemon.
+
+Everything a job shares lives under ``/phalanx/<job>/`` as JSON (see DESIGN.md):
+the job-file ``spec``, ``nodes/<node_id>`` records, replica-group slots
+``groups/<gid>``, the ``leader`` and its ``lighthouse`` address, the newest
+``checkpoints/latest`` and the job ``state``.
+
+Identity. Slot and leader values are ``{"node", "instance"}`` and the record
+carries the instance (``daemon.coordination.identity``): :meth:`Coordinator.register`
+refuses a node id that another daemon process holds (:class:`NodeIdHeld`), and
+claims keys of this node id from the process's predecessor.
+
+Sessions. A node's claims (record, slot, leadership, lighthouse) are bound to
+one etcd lease kept alive by ``etcd_client._Session``.
+:meth:`Coordinator.ensure_session` replaces a lost lease and returns True: the
+caller then registers and claims again. A lease that our clock gave up on but
+etcd still holds (a restarted etcd restores leases) is kept, with its keys.
+
+Failures are mapped to the exceptions of ``etcd_client`` (re-exported here):
+:class:`EtcdUnavailable` is transient, :class:`EtcdAccessDenied` is a
+configuration problem, :class:`SpecMismatch` refuses a node with another job file.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pyetcd import transactions as txn
+
+from daemon.config.etcd_settings import check_etcd_settings
+from daemon.coordination.etcd_client import (
+    CoordinationError,
+    EtcdAccessDenied,
+    EtcdSettings,
+    EtcdUnavailable,
+    NodeIdHeld,
+    NotLeader,
+    SessionExpired,
+    SpecMismatch,
+    T,
+    _Connection,
+    _Session,
+    translate_error,
+)
+from daemon.coordination.identity import Identity, holder_of, new_instance
+from daemon.coordination.job_spec import put_spec
+from daemon.coordination.job_view import (
+    STATES,
+    JobView,
+    dump,
+    json_dict,
+    parse_job,
+)
+from trainer import logs
+
+log = logs.get()
+
+__all__ = [
+    "STATES",
+    "CoordinationError",
+    "Coordinator",
+    "EtcdAccessDenied",
+    "EtcdSettings",
+    "EtcdUnavailable",
+    "JobView",
+    "NodeIdHeld",
+    "NotLeader",
+    "SessionExpired",
+    "SpecMismatch",
+    "translate_error",
+]
+
+
+class Coordinator:
+    """This node's view of one job in etcd: session, registration, slots, leadership, state.
+
+    Methods that write something bound to the lease need a live session
+    (:meth:`ensure_session` first); each raises :class:`EtcdUnavailable` (or
+    :class:`SessionExpired`) when it cannot do its job now and the caller should
+    retry later.
+    """
+
+    def __init__(
+        self,
+        settings: EtcdSettings,
+        job: str,
+        node_id: str,
+        lease_ttl_s: int,
+        identity: Identity | None = None,
+    ) -> None:
+        if not settings.endpoints:
+            raise CoordinationError("no etcd endpoints configured; set etcd.endpoints.")
+        s = settings
+        try:  # the same check as a job file's (daemon.config)
+            check_etcd_settings(
+                s.endpoints, s.timeout_s, lease_ttl_s, job, node_id,
+                s.user, s.password, s.cert_file, s.key_file, s.ca_file,
+                s.allow_insecure_password,
+            )  # fmt: skip
+        except ValueError as e:
+            raise CoordinationError(f"{e}.") from None
+        self.settings = settings
+        self.job = job
+        self.node_id = node_id
+        self.lease_ttl_s = lease_ttl_s
+        self.prefix = f"/phalanx/{job}/"
+        self.identity = identity or Identity(node_id, new_instance())
+        self._me = self.identity.holder()  # the value of the slot and leader keys we hold
+        self._conn = _Connection(settings, settings.timeout_s)
+        keepalive_timeout = max(0.5, min(settings.timeout_s, lease_ttl_s / 3.0))
+        self._keepalive_conn = _Connection(settings, keepalive_timeout)
+        self._session: _Session | None = None
+        self._session_lock = threading.Lock()
+        self._record: tuple[int, str] | None = None  # (lease, value) of our record as last put
+
+    # ------------------------------------------------------------------ session
+
+    def connect(self) -> None:
+        """Reach etcd and check that this user may read the job's keys.
+
+        A transient failure is retried twice on a fresh connection (a first
+        handshake can race a connection that is shutting down), all within
+        ``timeout_s``; access problems are raised at once.
+        """
+        deadline = time.monotonic() + self.settings.timeout_s
+        for attempt in range(3):
+            try:
+                self._call(lambda c: c.get(self._key("spec")))
+                return
+            except EtcdUnavailable:
+                if attempt == 2 or time.monotonic() + 0.2 > deadline:
+                    raise
+                time.sleep(0.2)
+
+    def ensure_session(self) -> bool:
+        """Make sure a live lease exists; True when a new one was created (re-register then)."""
+        with self._session_lock:
+            old = self._session
+            if old is not None and old.alive and old.refresh(self._conn):
+                return False
+            if old is not None:
+                old.stop()
+                # Our clock gave up on it; if etcd still holds it, nothing changed hands.
+                again = None if old.confirmed_gone else old.revived(self._conn)
+                if again is not None:
+                    again.start()
+                    self._session = again
+                    log.info("etcd_lease_kept", job=self.job, lease=f"{old.lease_id:x}")
+                    return False
+            grant = self._call(lambda c: c.lease(self.lease_ttl_s))
+            session = _Session(int(grant.id), int(grant.ttl), self._keepalive_conn, self.job)
+            session.start()
+            self._session = session
+        log.info("etcd_session_created", job=self.job, lease=f"{grant.id:x}", ttl=grant.ttl)
+        return True
+
+    def lease_confirmation(self) -> tuple[str, float] | None:
+        """(lease id in hex, send time of its last confirmed refresh), None without a session."""
+        session = self._session
+        if session is None or session.deadline < 0:
+            return None
+        return f"{session.lease_id:x}", session.deadline - session.ttl
+
+    def session_unconfirmed(self, margin_s: float) -> bool:
+        """Whether the lease may expire within `margin_s` (or has), as far as we know."""
+        session = self._session
+        return session is not None and time.monotonic() >= session.deadline - margin_s
+
+    @property
+    def session_alive(self) -> bool:
+        session = self._session
+        return session is not None and session.alive
+
+    # --------------------------------------------------------------------- spec
+
+    def check_spec(self, sections: dict[str, str]) -> None:
+        """Write the job spec, or check ours equals it (``daemon.coordination.job_spec``)."""
+        put_spec(self.job, sections, self._txn, self._key)
+
+    # ------------------------------------------------------------ node and slot
+
+    def register(self, record: dict[str, Any]) -> None:
+        """Put ``nodes/<node_id>`` bound to the lease, with this process's instance.
+
+        Raises :class:`NodeIdHeld` when the record belongs to another daemon process
+        (not this one, nor its predecessor on the same run directory)."""
+        lease, key = self._lease(), self._key(f"nodes/{self.node_id}")
+        value = dump({**record, "instance": self.identity.instance})
+        last, self._record = self._record, None
+        if last is not None and last[0] == lease:  # an update: one request, not two
+            ok, _ = self._txn([txn.Value(key) == last[1]], [txn.Put(key, value, lease)], [])
+            if ok:
+                self._record = (lease, value)
+                return
+        ok, responses = self._txn(
+            [txn.Create(key) == 0], [txn.Put(key, value, lease)], [txn.Get(key)]
+        )
+        if ok:
+            self._record = (lease, value)
+            return
+        if responses[0]:
+            current, meta = responses[0][0]
+            held = json_dict(current)
+            if not self.identity.succeeds(held.get("instance")):
+                raise NodeIdHeld(self.node_id, held)
+            ok, _ = self._txn([txn.Mod(key) == meta.mod_revision], [txn.Put(key, value, lease)], [])
+            if ok:
+                self._record = (lease, value)
+                return
+        raise CoordinationError(f"the record of node '{self.node_id}' keeps changing; try again.")
+
+    def claim_slot(self, max_replicas: int, preferred: int | None = None) -> int | None:
+        """Claim a replica-group slot (``preferred`` first, then the lowest free); None if all taken."""
+        lease = self._lease()
+        held: dict[int, Any] = {}
+        for kv in self._range("groups/"):
+            gid = kv.key.decode()[len(self._key("groups/")) :]
+            if gid.isdigit():
+                held[int(gid)] = kv
+        # Held by this node id: this process or its predecessor (register refused others).
+        mine = sorted(
+            g
+            for g, kv in held.items()
+            if holder_of(kv.value)[0] == self.node_id and g < max_replicas
+        )
+        if mine:
+            kv = held[mine[0]]
+            if self._rebind(self._key(f"groups/{mine[0]}"), kv.value, kv.mod_revision, kv.lease):
+                return mine[0]
+        order = list(range(max_replicas))
+        if preferred is not None and 0 <= preferred < max_replicas:
+            order.remove(preferred)
+            order.insert(0, preferred)
+        for gid in order:
+            if gid in held:
+                continue
+            key = self._key(f"groups/{gid}")
+            ok, _ = self._txn([txn.Create(key) == 0], [txn.Put(key, self._me, lease)], [])
+            if ok:
+                return gid
+        return None
+
+    def release_slot(self, gid: int) -> None:
+        """Delete ``groups/<gid>`` if this node holds it."""
+        key = self._key(f"groups/{gid}")
+        self._txn([txn.Value(key) == self._me], [txn.Delete(key)], [])
+
+    # --------------------------------------------------------------- leadership
+
+    def campaign(self) -> bool:
+        """Try to become the leader; True if this node is (now or already) the leader."""
+        lease = self._lease()
+        key = self._key("leader")
+        ok, responses = self._txn(
+            [txn.Create(key) == 0], [txn.Put(key, self._me, lease)], [txn.Get(key)]
+        )
+        if ok:
+            return True
+        if not responses[0]:
+            return False  # the leader key vanished in between: campaign again next round
+        value, meta = responses[0][0]
+        return holder_of(value)[0] == self.node_id and self._rebind(
+            key, value, meta.mod_revision, meta.lease_id
+        )
+
+    def resign(self) -> None:
+        """Give up leadership (and the lighthouse address) if this node holds it."""
+        key = self._key("leader")
+        self._txn(
+            [txn.Value(key) == self._me], [txn.Delete(key), txn.Delete(self._key("lighthouse"))], []
+        )
+
+    def publish_lighthouse(self, address: str) -> None:
+        """Put ``lighthouse`` bound to the lease; raises NotLeader unless this node leads."""
+        lease = self._lease()
+        key = self._key("lighthouse")
+        ok, _ = self._txn(
+            [txn.Value(self._key("leader")) == self._me], [txn.Put(key, dump(address), lease)], []
+        )
+        if not ok:
+            raise NotLeader(f"node '{self.node_id}' is not the leader of job '{self.job}'.")
+
+    # ---------------------------------------------------------- persistent keys
+
+    def snapshot(self) -> JobView:
+        """Everything under the job prefix, from one range read, with its revision."""
+        response = self._call(lambda c: c.get_prefix_response(self.prefix))
+        return parse_job(self.prefix, response.kvs, int(response.header.revision))
+
+    def watch_job(self, start_revision: int, callback: Callable[[Any], None]) -> int:
+        """Call `callback` (on pyetcd's watch thread) with each batch of changes under the
+        job prefix from `start_revision` on, and with an error or None when the stream ends."""
+        return int(
+            self._call(
+                lambda c: c.add_watch_prefix_callback(
+                    self.prefix, callback, start_revision=start_revision
+                )
+            )
+        )
+
+    def cancel_watch(self, watch_id: int) -> None:
+        self._call(lambda c: c.cancel_watch(watch_id))
+
+    def set_state(self, state: str, step: int, **extra: object) -> None:
+        """Put the persistent job ``state`` (running, completed or failed) and its step."""
+        if state not in STATES:
+            raise ValueError(f"state must be one of {', '.join(STATES)}, got {state!r}")
+        value = dump({**extra, "state": state, "step": step})
+        self._call(lambda c: c.put(self._key("state"), value))
+
+    def publish_checkpoint(self, record: dict[str, Any]) -> None:
+        """Put ``checkpoints/latest`` unless it already names the same or a newer step."""
+        step = record["step"]
+        if not isinstance(step, int):
+            raise ValueError(f"checkpoint record needs an int 'step', got {step!r}")
+        key, value = self._key("checkpoints/latest"), dump(record)
+        for _ in range(10):
+            ok, responses = self._txn([txn.Create(key) == 0], [txn.Put(key, value)], [txn.Get(key)])
+            if ok or not responses[0]:
+                return
+            current, meta = responses[0][0]
+            if json_dict(current).get("step", -1) >= step:
+                return
+            ok, _ = self._txn([txn.Mod(key) == meta.mod_revision], [txn.Put(key, value)], [])
+            if ok:
+                return
+        raise CoordinationError("checkpoints/latest keeps changing; try again.")
+
+    # -------------------------------------------------------------------- close
+
+    def close(self, revoke: bool = True) -> None:
+        """Stop the keepalive; revoke the lease (drops node, slot and leader keys at once)."""
+        with self._session_lock:
+            session, self._session = self._session, None
+        if session is not None:
+            session.stop()
+            if revoke:
+                self._revoke_quietly(session.lease_id)
+        self._conn.close()
+        self._keepalive_conn.close()
+
+    # ---------------------------------------------------------------- internals
+
+    def _key(self, name: str) -> str:
+        return self.prefix + name
+
+    def _call(self, fn: Callable[[Any], T]) -> T:
+        try:
+            return self._conn.call(fn)
+        except SessionExpired:
+            session = self._session
+            if session is not None:
+                session.mark_gone()
+            raise
+
+    def _txn(
+        self, compare: list[Any], success: list[Any], failure: list[Any]
+    ) -> tuple[bool, list[Any]]:
+        ok, responses = self._call(
+            lambda c: c.transaction(compare=compare, success=success, failure=failure)
+        )
+        return bool(ok), list(responses)
+
+    def _range(self, name: str) -> list[Any]:
+        response = self._call(lambda c: c.get_prefix_response(self._key(name)))
+        return list(response.kvs)
+
+    def _lease(self) -> int:
+        session = self._session
+        if session is None:
+            raise CoordinationError("no etcd session yet: call ensure_session() first.")
+        if not session.alive:
+            raise SessionExpired(
+                "this node's etcd lease has expired; call ensure_session() and register again."
+            )
+        return session.lease_id
+
+    def _rebind(self, key: str, value: bytes, mod_revision: int, key_lease: int) -> bool:
+        """Keep a key this node already holds, moving it to this process and lease if needed.
+
+        A key can outlive the process that wrote it (a restarted daemon's
+        predecessor, on the same run directory); left on that process's lease it
+        would vanish later without notice.
+        """
+        lease = self._lease()
+        if key_lease == lease and value == self._me.encode():
+            return True
+        ok, _ = self._txn([txn.Mod(key) == mod_revision], [txn.Put(key, self._me, lease)], [])
+        return ok
+
+    def _revoke_quietly(self, lease_id: int) -> None:
+        try:  # not self._call: "lease not found" here is about lease_id, not our session
+            self._conn.call(lambda c: c.revoke_lease(lease_id))
+        except CoordinationError as exc:
+            if not isinstance(exc, SessionExpired):
+                log.warning("etcd_lease_revoke_failed", lease=f"{lease_id:x}", error=str(exc))

@@ -1,0 +1,97 @@
+"""Partition safety: when a node must stop its ranks and lighthouse, and what it keeps after.
+
+The rule (DESIGN.md, "Partitions"): under any network partition at most one set
+of replica groups commits steps, and a group on the losing side never becomes the
+state that survives (a healing source or a checkpoint).
+
+* **Fence.** A node whose lease has not been confirmed for ``TTL - margin``
+  (:func:`fence_margin_s`) is *fenced*: its lighthouse is stopped (before etcd can
+  expire the lease and let another node lead and start one) and its ranks are
+  paused with SIGSTOP (they neither commit, checkpoint, nor serve a heal). A new
+  leader is elected only after etcd expired the old lease, so two lighthouses never
+  serve at once. An etcd outage shorter than ``TTL - margin`` fences nobody.
+* **Unfence.** When etcd answers again: if the old lease is still alive nothing
+  changed hands, and the ranks resume. If it was lost, :func:`after_fence`
+  decides. The ranks resume only if nobody went on without them: no other group
+  is :data:`AHEAD_BY` steps ahead (all were paused together, as in an etcd
+  outage), and no group committed under a new leader *epoch* (the leader key's
+  create revision; such groups may be behind steps this group committed alone
+  before its fence, and its state must not be the one they heal from).
+  Otherwise the ranks are restarted (outside the restart budget) and heal from
+  the survivors: resumed, they would rejoin a quorum that moved on while they
+  were stopped mid-collective. With no leader at all it waits up to
+  :data:`HOLD_S`, then restarts them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import Any
+
+LEASE_FILE = (
+    "lease.json"  # in run_dir: our lease and its last confirmation (trainer.checkpoint.lease_fence)
+)
+AHEAD_BY = 2  # a paused rank may still commit the step whose vote it had finished
+HOLD_S = 30.0
+
+
+class Fence(StrEnum):
+    HOLD = "hold"  # stay paused: no leader yet, or the new epoch's groups are not ahead yet
+    KEEP = "keep"  # resume the ranks: their state cannot override a surviving commit
+    DISCARD = "discard"  # restart the ranks: they heal from the survivors or a checkpoint
+
+
+def fence_margin_s(ttl_s: float) -> float:
+    """How long before the lease can expire a node fences itself."""
+    return max(1.0, ttl_s / 5.0)
+
+
+def refresh_every_s(ttl_s: float) -> float:
+    """How old the lease's last confirmation may get before the daemon's round refreshes it
+    (on top of the keepalive thread's refresh every ttl/3): at most once a second, and four
+    times within the time the confirmation may age before the node fences itself (ttl less
+    the margin), so a slow answer or two never fences a node. A refresh on every 0.25 s round
+    cost more CPU (a keepalive stream each) than the rest of the round."""
+    return min(1.0, (ttl_s - fence_margin_s(ttl_s)) / 4.0)
+
+
+def after_fence(
+    *,
+    node_id: str,
+    step: int,
+    trained_epoch: int | None,
+    epoch: int | None,
+    nodes: Mapping[str, Mapping[str, Any]],
+    held_s: float,
+) -> tuple[Fence, str]:
+    """What a node whose lease was lost while fenced does with its paused ranks.
+
+    `step`: its group's step when paused; `trained_epoch`: the leader epoch it last
+    trained under; `epoch`: the current one (None: no leader right now); `nodes`:
+    the nodes' records (``epoch``, ``epoch_step``, ``step``; its own is skipped);
+    `held_s`: how long it has waited since etcd answered again.
+    """
+    if epoch is None:
+        return (Fence.DISCARD, "no leader") if held_s > HOLD_S else (Fence.HOLD, "no leader")
+    others = [r for name, r in nodes.items() if name != node_id]
+    ahead = max((_int(r.get("step")) for r in others), default=-1)
+    if ahead >= step + AHEAD_BY:
+        # Resumed, the ranks would rejoin a quorum that moved on mid-collective; fresh
+        # ranks heal from it cleanly.
+        return Fence.DISCARD, f"the other groups went on without us (step {ahead} > {step})"
+    if epoch != trained_epoch and any(
+        _int(r.get("epoch")) == epoch and _int(r.get("step")) > _int(r.get("epoch_step"))
+        for r in others
+    ):
+        # They may be behind steps this group committed alone before its fence: its
+        # state must not become the one they heal from.
+        return (
+            Fence.DISCARD,
+            f"groups committed under a new leader (epoch {trained_epoch} -> {epoch})",
+        )
+    return Fence.KEEP, "nobody went on without us"
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else -1

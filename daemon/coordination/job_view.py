@@ -1,0 +1,119 @@
+"""What a job looks like in etcd: the keys under ``/phalanx/<job>/`` read into a :class:`JobView`.
+
+Values are canonical JSON (:func:`dump`), so transactions can compare them. The
+spec helpers name the sections in which two job files differ.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from daemon.coordination.identity import holder_of
+from trainer import logs
+
+log = logs.get()
+
+STATES = ("running", "completed", "failed")
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A snapshot of ``/phalanx/<job>/``; JSON-able via ``dataclasses.asdict``."""
+
+    nodes: dict[str, dict[str, Any]]
+    groups: dict[int, str]
+    leader: str | None
+    lighthouse: str | None
+    checkpoint: dict[str, Any] | None
+    state: dict[str, Any] | None
+    spec: dict[str, Any] | None
+    leader_epoch: int | None = None  # the leader key's create revision: one per term
+    revision: int = 0  # etcd's revision when this was read
+
+
+def dump(value: object) -> str:
+    """Canonical JSON: equal values give equal bytes, so transactions can compare values."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def spec_hash(sections: dict[str, str]) -> str:
+    """The overall hash of a job file's shared sections."""
+    return hashlib.sha256(dump(sections).encode()).hexdigest()
+
+
+def differing_sections(old: dict[str, str], new: dict[str, str]) -> list[str]:
+    return sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+
+
+def mismatch_message(job: str, sections: list[str], devices: tuple[str, str] | None = None) -> str:
+    """Why a node cannot join `job`; `devices` (the job's, this node's) when they differ."""
+    if devices is not None and devices[0] != devices[1]:
+        return (
+            f"job '{job}' trains on {devices[0]} and this node would train on {devices[1]}: "
+            "replica groups of one job must share a device type (and so a dtype); set "
+            f'node.device = "{devices[0]}" here or use another job.name.'
+        )
+    what = (
+        f"section {sections[0]} differs"
+        if len(sections) == 1
+        else f"sections {', '.join(sections)} differ"
+    )
+    return (
+        f"job '{job}' is running with a different job file: {what}; "
+        "use the same file on every node or another job.name."
+    )
+
+
+def parse_job(prefix: str, kvs: Iterable[Any], revision: int = 0) -> JobView:
+    """A :class:`JobView` from the key-values of one range read of ``prefix`` (at `revision`)."""
+    nodes: dict[str, dict[str, Any]] = {}
+    groups: dict[int, str] = {}
+    single: dict[str, Any] = {}
+    epoch: int | None = None
+    for kv in kvs:
+        name = kv.key.decode()[len(prefix) :]
+        try:
+            value = json.loads(kv.value)
+        except ValueError:
+            log.warning("etcd_value_not_json", key=kv.key.decode())
+            continue
+        if name.startswith("nodes/") and isinstance(value, dict):
+            nodes[name[len("nodes/") :]] = value
+        elif name.startswith("groups/") and name[len("groups/") :].isdigit():
+            groups[int(name[len("groups/") :])] = holder_of(value)[0] or str(value)
+        else:
+            single[name] = value
+            if name == "leader":
+                epoch = int(kv.create_revision)
+    return JobView(
+        nodes=nodes,
+        groups=dict(sorted(groups.items())),
+        leader=holder_of(single["leader"])[0] if "leader" in single else None,
+        lighthouse=_str_or_none(single.get("lighthouse")),
+        checkpoint=_dict_or_none(single.get("checkpoints/latest")),
+        state=_dict_or_none(single.get("state")),
+        spec=_dict_or_none(single.get("spec")),
+        leader_epoch=epoch,
+        revision=revision,
+    )
+
+
+def json_dict(raw: bytes) -> dict[str, Any]:
+    """A JSON object stored in etcd; anything else (hand-edited, corrupt) reads as empty."""
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _str_or_none(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
+def _dict_or_none(value: object) -> dict[str, Any] | None:
+    return value if isinstance(value, dict) else None

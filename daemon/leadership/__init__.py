@@ -1,0 +1,28 @@
+"""The leader's duties: the election through etcd, and the torchft lighthouse that the
+leader runs (its process, launcher and health probe).
+"""
+
+from __future__ import annotations
+
+from daemon.leadership.election import CAMPAIGN_EVERY_S, Leadership
+from daemon.leadership.lighthouse import (
+    LAUNCHER,
+    Forwarder,
+    LighthouseError,
+    LighthouseProcess,
+    lighthouse_binary,
+    lighthouse_command,
+    parse_address,
+)
+
+__all__ = [
+    "CAMPAIGN_EVERY_S",
+    "LAUNCHER",
+    "Forwarder",
+    "Leadership",
+    "LighthouseError",
+    "LighthouseProcess",
+    "lighthouse_binary",
+    "lighthouse_command",
+    "parse_address",
+]

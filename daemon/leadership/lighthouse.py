@@ -1,0 +1,226 @@
+"""The torchft lighthouse: run by the leader, reached by every rank through a local forwarder.
+
+The leader daemon runs ``torchft_lighthouse`` and publishes its address in etcd.
+Each daemon runs a :class:`Forwarder` on a local port that never changes while
+the daemon lives; its ranks get ``TORCHFT_LIGHTHOUSE=http://127.0.0.1:<port>``.
+When leadership moves, the forwarder drops its connections and sends new ones
+to the new lighthouse, so surviving ranks keep their address and are not
+restarted; torchft's manager reconnects on its next quorum or heartbeat.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from daemon.children import die_with_parent
+from daemon.config import LighthouseConfig
+from daemon.leadership.lighthouse_main import native_extension
+from trainer import logs
+
+LAUNCHER = Path(__file__).with_name("lighthouse_main.py")
+
+
+def lighthouse_command() -> list[str]:
+    """How to start torchft's lighthouse: the launcher that skips importing torch, where
+    torchft's native extension is installed beside this interpreter; else the
+    `torchft_lighthouse` script."""
+    if native_extension() is not None:
+        return [sys.executable, str(LAUNCHER)]
+    return [lighthouse_binary()]
+
+
+def lighthouse_binary() -> str:
+    """`torchft_lighthouse` from the interpreter's environment, else PATH."""
+    beside = Path(sys.executable).parent / "torchft_lighthouse"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("torchft_lighthouse")
+    if not found:
+        raise FileNotFoundError(
+            "torchft_lighthouse not found beside the interpreter or on PATH; install torchft."
+        )
+    return found
+
+
+class LighthouseError(RuntimeError):
+    pass
+
+
+class LighthouseProcess:
+    """One torchft_lighthouse subprocess (the leader's)."""
+
+    def __init__(
+        self, cfg: LighthouseConfig, min_replicas: int, bind_host: str, port: int, log_path: Path
+    ) -> None:
+        self.cfg = cfg
+        self.min_replicas = min_replicas
+        self.bind_host = bind_host
+        self.log_path = log_path
+        self.port = port
+        self.popen: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        """Start it; raise LighthouseError if node.lighthouse_port is taken (it would die at once).
+
+        The probe binds as the lighthouse does (tokio sets SO_REUSEADDR): the closed
+        connections of a lighthouse this node stopped (a fence, a resignation) linger on
+        the port for a minute and must not read as the port being in use."""
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((self.bind_host, self.port))
+            except OSError as e:
+                raise LighthouseError(
+                    f"node.lighthouse_port {self.port} on {self.bind_host} is in use ({e.strerror}); "
+                    "free it or choose another port."
+                ) from None
+            self.port = s.getsockname()[1]
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        argv = [
+            *lighthouse_command(),
+            "--min_replicas", str(self.min_replicas),
+            "--bind", f"{self.bind_host}:{self.port}",
+            "--join_timeout_ms", str(self.cfg.join_timeout_ms),
+            "--heartbeat_timeout_ms", str(self.cfg.heartbeat_timeout_ms),
+            "--quorum_tick_ms", str(self.cfg.quorum_tick_ms),
+        ]  # fmt: skip
+        with self.log_path.open("ab") as out:
+            self.popen = subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=die_with_parent(),  # no orphaned lighthouse if the daemon dies
+            )
+
+    def listening(self) -> bool:
+        """One quick probe (no waiting): does it accept connections yet?"""
+        host = "127.0.0.1" if self.bind_host in ("0.0.0.0", "::", "[::]") else self.bind_host
+        with socket.socket() as s:
+            s.settimeout(0.2)
+            return s.connect_ex((host, self.port)) == 0
+
+    @property
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self.popen.pid if self.popen else None
+
+    def stop(self) -> None:
+        """SIGKILL and reap: a lighthouse keeps nothing worth a graceful stop, and a
+        SIGKILLed process is gone at once, so this never holds up the daemon's loop."""
+        if self.popen is None:
+            return
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.popen.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(2)
+        self.popen = None
+
+
+def parse_address(address: object) -> tuple[str, int] | None:
+    """``host:port`` (optionally ``http://``, ``[v6]``) as a tuple; None for anything else."""
+    if not isinstance(address, str):
+        return None
+    rest = address.removeprefix("http://").removeprefix("https://")
+    host, _, port = rest.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    return host, int(port)
+
+
+class Forwarder:
+    """A TCP forwarder on a fixed local port whose upstream can change."""
+
+    def __init__(self, listen_host: str = "127.0.0.1", port: int = 0) -> None:
+        self._server = socket.create_server((listen_host, port), reuse_port=False)
+        self.port: int = self._server.getsockname()[1]
+        self._target: tuple[str, int] | None = None
+        self._lock = threading.Lock()
+        self._conns: set[socket.socket] = set()
+        self._closed = False
+        self.log = logs.get()
+        threading.Thread(target=self._accept, daemon=True, name="lighthouse-forwarder").start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def target(self) -> tuple[str, int] | None:
+        return self._target
+
+    def set_target(self, address: str | None) -> None:
+        """Point new connections at `host:port` (None: refuse them); drop old connections on a change."""
+        target = parse_address(address) if address else None
+        with self._lock:
+            if target == self._target:
+                return
+            self._target = target
+            old, self._conns = self._conns, set()
+        for conn in old:
+            _close(conn)
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        target = self._target
+        if target is None:
+            _close(client)
+            return
+        try:
+            upstream = socket.create_connection(target, timeout=5)
+            upstream.settimeout(None)
+        except OSError:
+            _close(client)
+            return
+        with self._lock:
+            if self._target != target:
+                _close(client)
+                _close(upstream)
+                return
+            self._conns.update((client, upstream))
+        threading.Thread(target=_pipe, args=(upstream, client), daemon=True).start()
+        _pipe(client, upstream)
+        with self._lock:
+            self._conns.difference_update((client, upstream))
+
+    def close(self) -> None:
+        self._closed = True
+        _close(self._server)
+        self.set_target(None)
+
+
+def _pipe(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while data := src.recv(65536):
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        _close(src)
+        _close(dst)
+
+
+def _close(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(OSError):
+        sock.close()

@@ -1,0 +1,179 @@
+"""The supervisor's handle on this node's ranks: at most one :class:`WorkerGroup` at a time.
+
+It numbers the attempts, remembers why the current group is being stopped, keeps
+``view.pids`` in step with the live ranks, and logs each start. Each method does
+one thing and returns at once; the waiting (STOPPING, DRAINING) is the
+supervisor's, one :meth:`stopped` call per tick.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from daemon.config import DaemonConfig
+from daemon.node_state.view import NodeView
+from daemon.ranks.spec import GroupSpec
+from daemon.ranks.standby import REFILL_DELAY_S, StandbyPool
+from daemon.ranks.workers import ExitKind, GroupExit, WorkerGroup
+from trainer import logs
+from trainer.spares.scheduling import may_leave_idle
+
+
+def keeps_replica_id(codes: list[int | None] | None) -> bool:
+    """Whether a group's next start may join the lighthouse under the replica id of the
+    start before, whose exit `codes` these are (every rank is reaped by then).
+
+    Only rank 0 counts: its torchft manager server is the group's one lighthouse client.
+    Killed by a signal (SIGKILL, the OOM killer, a crash, or the daemon ending a failed or
+    hung group), it is replaced under its id: the lighthouse counts the replacement's
+    heartbeats and quorum requests as the dead process's, so the others' next quorum
+    forms as soon as the replacement asks, not once the dead one's heartbeat times out.
+    Ended on its own (an exit code: a quorum timeout, a failed heal, a drain), it may have
+    died waiting for a quorum; the replacement's heartbeats would keep that request
+    alive, so the next start is a new replica (see Waiting.after_exit)."""
+    first = codes[0] if codes else None
+    return first is not None and first < 0
+
+
+class NodeGroup:
+    def __init__(
+        self,
+        cfg: DaemonConfig,
+        view: NodeView,
+        rank_config: Path,
+        wake: threading.Event | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.view = view
+        self.rank_config = rank_config
+        self.wake = wake
+        self.log = logs.get()
+        self.standbys = (
+            StandbyPool(cfg.node.nproc, self._on_rank_event, wake) if cfg.node.standby else None
+        )
+        # Standbys that warm at idle priority refill at once (see tend_standbys).
+        self.refill_delay_s = 0.0 if may_leave_idle() else REFILL_DELAY_S
+        self.current: WorkerGroup | None = None
+        self.attempt = 0
+        self.cause: GroupExit | str | None = None  # why it is being stopped
+        self.restart_reason: str | None = None  # why the next start is a restart
+        self.last_codes: list[int | None] | None = None  # the exit codes of the last group
+        # The uuid of the group's torchft replica id, drawn by the first start: a restart
+        # takes its predecessor's place at the lighthouse at once (see keeps_replica_id).
+        self.replica_uuid = ""
+
+    @property
+    def running(self) -> bool:
+        return self.current is not None
+
+    def start(self, slot: int, lighthouse: str) -> None:
+        self.attempt += 1
+        if not keeps_replica_id(self.last_codes):  # also the first start (no codes yet)
+            self.replica_uuid = str(uuid.uuid4())
+        spec = GroupSpec.for_node(self.cfg, slot, lighthouse, self.rank_config, self.replica_uuid)
+        self.current = WorkerGroup(spec, self.attempt, self._on_rank_event, self.wake)
+        self.current.start(self.standbys.take() if self.standbys is not None else None)
+        self.view.pids = self.current.pids
+        fields: dict[str, Any] = {"slot": slot, "attempt": self.attempt, "pids": self.current.pids}
+        fields["standbys_used"] = self.current.standbys_used
+        if self.restart_reason is None:
+            self.log.info("group_started", master_port=self.current.master_port, **fields)
+        else:
+            self.log.info("group_restarted", reason=self.restart_reason, **fields)
+        self.restart_reason = None
+
+    def tend_standbys(self, live: bool) -> None:
+        """Once per tick: keep a standby per local rank while the node is `live` (holds or
+        seeks a slot, not draining), none otherwise. Standbys a start used are replaced at
+        once where they are forked warm or warm up at idle priority (they take only CPU
+        the ranks leave, as the survivors wait out the heal), else REFILL_DELAY_S after the
+        start, so their imports do not slow the new group's heal."""
+        pool = self.standbys
+        if pool is None:
+            return
+        if not live:
+            pool.kill()
+        elif (
+            self.current is not None
+            and not pool.forks
+            and time.monotonic() - self.current.started_at < self.refill_delay_s
+        ):
+            pool.reap()
+        else:  # the start's own values (slot, lighthouse, store port) come on takeover
+            pool.fill(GroupSpec.for_node(self.cfg, self.view.slot or 0, "", self.rank_config))
+        self.view.standby_pids = pool.pids
+
+    def poll(self) -> GroupExit | None:
+        """The group's outcome, None while it runs; a completed group is reaped at once."""
+        assert self.current is not None
+        self.view.pids = self.current.pids
+        outcome = self.current.poll()
+        if outcome is not None and outcome.kind == ExitKind.COMPLETED:
+            self.kill()  # every rank has exited 0: this only reaps
+        return outcome
+
+    def stop(self, cause: GroupExit | str) -> None:
+        """Begin stopping for `cause`: SIGTERM, or SIGKILL at once for a hang or a
+        paused group (its state is being thrown away; it must not run another step)."""
+        assert self.current is not None
+        self.cause = cause
+        hung = isinstance(cause, GroupExit) and cause.kind == ExitKind.HUNG
+        if hung or self.current.paused:
+            if isinstance(cause, str):
+                self.log.info("group_stopping", reason=cause)
+            self.current.kill()  # a hung rank may ignore SIGTERM
+            return
+        if isinstance(cause, str):
+            self.log.info("group_stopping", reason=cause)
+        self.current.request_stop()
+
+    def drain(self) -> None:
+        if self.current is not None and self.current.paused:
+            self.current.kill()  # fenced: leaving the quorum cleanly is not ours to do
+        elif self.current is not None:
+            self.current.request_stop()
+
+    def pause(self) -> None:
+        assert self.current is not None
+        self.current.pause()
+        self.log.warning("group_paused", reason="fenced", pids=self.current.pids)
+
+    def resume(self, why: str) -> None:
+        assert self.current is not None
+        self.current.resume()
+        self.log.info("group_resumed", reason=why, pids=self.current.pids)
+
+    def stopped(self, grace_s: float) -> bool:
+        """After stop or drain: True once no rank is left (SIGKILL after `grace_s`)."""
+        if self.current is not None and not self.current.stopped(grace_s):
+            return False
+        if self.current is not None:
+            outcome = self.current.poll()
+            self.last_codes = outcome.codes if outcome else None
+        self.current, self.view.pids = None, []
+        return True
+
+    def kill(self) -> None:
+        """SIGKILL the ranks (and the standbys: this ends the node or its group for good)."""
+        if self.standbys is not None:
+            self.standbys.kill()
+            self.view.standby_pids = []
+        if self.current is not None:
+            self.current.kill()
+            outcome = self.current.poll()
+            self.last_codes = outcome.codes if outcome else None
+        self.current, self.view.pids = None, []
+
+    def take_cause(self) -> GroupExit | str:
+        cause, self.cause = self.cause, None
+        assert cause is not None, "stopped without a cause"
+        return cause
+
+    def _on_rank_event(self, rank: int, event: dict[str, Any]) -> None:
+        """Called from the rank output threads: track progress, then relay the event."""
+        self.view.track(event, self.cfg.node_id)
+        logs.relay(event)

@@ -1,0 +1,125 @@
+"""What one start of this node's ranks needs (:class:`GroupSpec`, built from the
+daemon's config) and the environment each rank gets from it: torchrun's variables,
+torchft's replica-group ones and Phalanx's own. Shared by the worker group, the
+standbys and the zygote, which spawn ranks with the same environment."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from daemon.config import DaemonConfig
+from daemon.config.netif import interface_for
+from daemon.coordination.fencing import LEASE_FILE
+
+RANK_ARGV = [sys.executable, "-m", "trainer"]
+
+
+@dataclass
+class GroupSpec:
+    """What the ranks of one start need; built by the supervisor."""
+
+    nproc: int
+    slot: int
+    num_slots: int
+    lighthouse: str  # URL of this daemon's lighthouse forwarder
+    config_path: Path
+    run_dir: Path
+    min_replicas: int
+    job: str
+    node: str
+    advertise_host: str
+    bind_host: str  # the address the ranks' listeners bind
+    extra_env: dict[str, str]
+    hang_timeout_s: float
+    metrics_dir: Path | None  # PROMETHEUS_MULTIPROC_DIR, or None when metrics are off
+    python_path: list[str]  # workload.python_path, absolute: first on the ranks' PYTHONPATH
+    # The uuid of the group's torchft replica id (PHALANX_REPLICA_UUID), kept across the
+    # group's restarts by NodeGroup; "" lets torchft pick one per process.
+    replica_uuid: str = ""
+
+    @classmethod
+    def for_node(
+        cls,
+        cfg: DaemonConfig,
+        slot: int,
+        lighthouse: str,
+        config_path: Path,
+        replica_uuid: str = "",
+    ) -> GroupSpec:
+        """The spec of this node's group in `slot`, from the daemon's config."""
+        node = cfg.node
+        return cls(
+            nproc=node.nproc,
+            slot=slot,
+            num_slots=cfg.job.max_replicas,
+            lighthouse=lighthouse,
+            config_path=config_path,
+            run_dir=cfg.run_dir,
+            min_replicas=cfg.job.min_replicas,
+            job=cfg.job.name,
+            node=cfg.node_id,
+            advertise_host=cfg.advertise_host,
+            bind_host=cfg.bind_host,
+            extra_env=node.env,
+            hang_timeout_s=node.hang_timeout_s,
+            metrics_dir=cfg.metrics_dir if cfg.metrics.enabled else None,
+            python_path=[str(Path(p).resolve()) for p in cfg.workload.python_path],
+            replica_uuid=replica_uuid,
+        )
+
+
+def heartbeat_path(spec: GroupSpec, rank: int) -> Path:
+    return spec.run_dir / "heartbeat" / f"rank-{rank}"
+
+
+def rank_env(spec: GroupSpec, rank: int, master_port: int, attempt: int) -> dict[str, str]:
+    """The environment of local rank `rank` in one start of the group (a standby is spawned
+    with the same variables, placeholders for the start's own, and gets these on takeover)."""
+    s = spec
+    env = {
+        **os.environ,
+        **s.extra_env,
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": str(s.nproc),
+        "LOCAL_WORLD_SIZE": str(s.nproc),
+        "GROUP_RANK": "0",
+        "MASTER_ADDR": s.advertise_host,  # rank 0 hosts the store; torchft publishes it to peers
+        "MASTER_PORT": str(master_port),
+        "REPLICA_GROUP_ID": str(s.slot),
+        "NUM_REPLICA_GROUPS": str(s.num_slots),
+        "TORCHFT_LIGHTHOUSE": s.lighthouse,
+        "PHALANX_CONFIG": str(s.config_path),
+        "PHALANX_MIN_REPLICAS": str(s.min_replicas),
+        "PHALANX_HEARTBEAT": str(heartbeat_path(s, rank)),
+        "PHALANX_LEASE_FILE": str(s.run_dir / LEASE_FILE),
+        "PHALANX_JOB": s.job,
+        "PHALANX_NODE": s.node,
+        "PHALANX_ADVERTISE_HOST": s.advertise_host,
+        "PHALANX_BIND_HOST": s.bind_host,
+        "PHALANX_ATTEMPT": str(attempt),
+        "PYTHONUNBUFFERED": "1",
+    }
+    if s.replica_uuid:
+        env["PHALANX_REPLICA_UUID"] = s.replica_uuid
+    else:
+        env.pop("PHALANX_REPLICA_UUID", None)
+    if s.metrics_dir is not None:
+        env["PROMETHEUS_MULTIPROC_DIR"] = str(s.metrics_dir)
+    if s.python_path:
+        env["PYTHONPATH"] = os.pathsep.join(
+            [*s.python_path, *filter(None, [env.get("PYTHONPATH")])]
+        )
+    interface = interface_for(s.advertise_host)
+    if interface is not None:  # peers on other hosts must reach gloo/NCCL at this address
+        env.setdefault("GLOO_SOCKET_IFNAME", interface)
+        env.setdefault("NCCL_SOCKET_IFNAME", interface)
+    # torchrun's marker and systemd's notify socket belong to the daemon, not its ranks.
+    for inherited in ("TORCHELASTIC_RUN_ID", "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
+        env.pop(inherited, None)
+    env.setdefault("RUST_LOG", "warn")  # torchft's Rust manager logs every quorum at info
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // s.nproc)))
+    return env

@@ -1,0 +1,27 @@
+"""The supervisor's state machine: the monitor loop that branches on what each round
+returns, the upkeep of etcd (lease, record, leadership, preflight) each round, what
+to do after the group stops, the restart budget, waiting for peers, the node's etcd
+record, and the systemd notifications the loop sends.
+"""
+
+from __future__ import annotations
+
+from daemon.supervision.after_stop import FENCED_OUT, SLOT_LOST, Verdict
+from daemon.supervision.node_record import RECORD_EVERY_S
+from daemon.supervision.restarts import RestartBudget
+from daemon.supervision.supervisor import TICK_S, Supervisor
+from daemon.supervision.systemd import Notifier
+from daemon.supervision.waiting import QUIET_MARGIN_S, Waiting
+
+__all__ = [
+    "FENCED_OUT",
+    "QUIET_MARGIN_S",
+    "RECORD_EVERY_S",
+    "SLOT_LOST",
+    "TICK_S",
+    "Notifier",
+    "RestartBudget",
+    "Supervisor",
+    "Verdict",
+    "Waiting",
+]

@@ -1,0 +1,70 @@
+"""What follows a stopped group: the one decision STOPPING makes, as a pure function.
+
+The supervisor stops its group for a reason (a rank exit, a hang, a lost slot, the
+job completing elsewhere) and, once every rank is gone, asks :func:`after_stop`
+where to go. Keeping the decision here, free of processes and etcd, lets a unit
+test walk every branch; ``tests/unit/test_supervisor_states.py`` reads the states
+returned below as STOPPING's moves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from daemon.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
+from daemon.node_state.states import State
+from daemon.ranks.workers import ExitKind, GroupExit
+from daemon.supervision.restarts import RestartBudget
+
+SLOT_LOST = "slot lost while etcd was away"
+FENCED_OUT = "fenced: the ranks' state may lie on a partition's losing side"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    state: State
+    reason: str = ""  # RESTARTING/WAITING: hang, rank_exit or peers; DONE: why the node ends
+    detail: str = ""  # what the ranks said, for the log
+    error: str = ""  # FAILED: the message for the log, /status and the job state
+    code: int = EXIT_OK  # FAILED: the daemon's exit code
+    delay_s: float = 0.0  # RESTARTING: the backoff before the next start
+
+    def note(self) -> dict[str, object]:
+        """A restart's fields for the state_changed event."""
+        return {"reason": self.reason, "detail": self.detail, "delay_s": round(self.delay_s, 2)}
+
+
+def after_stop(
+    cause: GroupExit | str,
+    *,
+    slot_held: bool,
+    missing_groups: str | None,
+    budget: RestartBudget,
+    now: float,
+    last_error: str | None,
+) -> Verdict:
+    """Where a node goes once its group has stopped for `cause` (an exit or a reason)."""
+    if cause == SLOT_LOST:
+        return Verdict(State.WAITING if slot_held else State.CLAIMING)
+    if cause == FENCED_OUT:  # a restart the node did not cause: outside the budget
+        return Verdict(State.WAITING if slot_held else State.CLAIMING, reason="fenced")
+    if isinstance(cause, str):  # the job completed elsewhere, or another ending
+        return Verdict(State.DONE, reason=cause)
+    if cause.kind == ExitKind.DRAINED:  # a rank was told to stop by someone else
+        error = "ranks were stopped from outside the daemon"
+        return Verdict(State.FAILED, error=error, code=EXIT_FAILED)
+    if cause.kind == ExitKind.BAD_INPUT:
+        return Verdict(State.FAILED, error=last_error or cause.reason, code=EXIT_BAD_INPUT)
+    # Not a crash: the ranks timed out waiting for peers that are gone, or that hold a
+    # slot but whose ranks did not join the quorum in ft.quorum_timeout_s (still starting).
+    if missing_groups or cause.kind == ExitKind.NO_QUORUM:
+        return Verdict(State.WAITING, reason="peers", detail=cause.reason)
+    if not budget.allows(now):
+        error = (
+            f"gave up after {budget.max_restarts} restarts in {budget.window_s:.0f}s; "
+            f"last error: {last_error or cause.reason}"
+        )
+        return Verdict(State.FAILED, error=error, code=EXIT_FAILED)
+    reason = "hang" if cause.kind == ExitKind.HUNG else "rank_exit"
+    delay = budget.record(now)
+    return Verdict(State.RESTARTING, reason=reason, detail=cause.reason, delay_s=delay)

@@ -1,0 +1,276 @@
+"""The per-node supervisor: one loop, one handler per state, one table of transitions.
+
+Each tick: honour a pending SIGTERM, do one round of etcd upkeep, run the
+current state's handler, which returns the next state (or the same one). The
+moves allowed are :data:`daemon.node_state.states.TRANSITIONS`; any other is a bug and
+raises. The table (a test keeps this copy equal to it)::
+
+    JOINING    -> CLAIMING | DRAINING | FAILED
+    CLAIMING   -> WAITING | DRAINING | DONE
+    WAITING    -> CLAIMING | RUNNING | DRAINING | DONE | FAILED
+    RUNNING    -> FENCED | STOPPING | DRAINING | DONE
+    FENCED     -> RUNNING | STOPPING | DRAINING
+    STOPPING   -> CLAIMING | WAITING | RESTARTING | DRAINING | DONE | FAILED
+    RESTARTING -> CLAIMING | WAITING | DRAINING | DONE
+    DRAINING   -> DONE
+    DONE       -> (exit)
+    FAILED     -> (exit)
+
+No handler blocks: stopping ranks (STOPPING, DRAINING) and starting the leader's
+lighthouse (``daemon.leadership.election``) have deadlines checked once per tick. etcd
+errors reach no handler as exceptions (``daemon.supervision.upkeep``); a short etcd outage
+never touches the ranks, and one that puts the lease in doubt pauses them
+(FENCED) until etcd says whether their state may be kept (``daemon.coordination.fencing``).
+What follows a stopped group is ``daemon.supervision.after_stop``. Exit codes are
+``daemon.exits``: 2 only for bad input, found while joining or by the ranks.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, cast
+
+from daemon import __version__
+from daemon.config import DaemonConfig, write_rank_config
+from daemon.coordination.coordinator import Coordinator
+from daemon.coordination.fencing import Fence
+from daemon.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
+from daemon.node_state.states import TERMINAL, IllegalTransition, State, allowed
+from daemon.node_state.view import NodeView
+from daemon.ranks.node_group import NodeGroup
+from daemon.ranks.workers import ExitKind, GroupExit
+from daemon.supervision.after_stop import FENCED_OUT, SLOT_LOST, after_stop
+from daemon.supervision.restarts import RestartBudget
+from daemon.supervision.systemd import Notifier
+from daemon.supervision.upkeep import EtcdUpkeep, Event, Join
+from daemon.supervision.waiting import Waiting
+from trainer import logs
+
+TICK_S = 0.25
+# States in which the node keeps standbys: it holds a slot or is on its way to one.
+STANDBY_STATES = (State.CLAIMING, State.WAITING, State.RUNNING, State.STOPPING, State.RESTARTING)
+STOP_GRACE_S = 5.0  # ranks of a failed group get this long after SIGTERM before SIGKILL
+
+
+class Supervisor:
+    def __init__(
+        self, cfg: DaemonConfig, coordinator: Coordinator, notifier: Notifier | None = None
+    ) -> None:
+        self.cfg = cfg
+        self.notifier = notifier or Notifier()
+        self.log = logs.get()
+        self.view = NodeView()
+        self.run_dir = cfg.run_dir
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        rank_config = write_rank_config(cfg, self.run_dir / "config.json")
+        # Set when a rank's (or standby's) output ends, or the job changed in etcd: the loop
+        # looks at once, not next tick.
+        self.wake = threading.Event()
+        self.group = NodeGroup(cfg, self.view, rank_config, self.wake)
+        self.upkeep = EtcdUpkeep(cfg, coordinator, self.view, self.run_dir, self.wake.set)
+        self.waiting = Waiting(cfg, self.view)
+        self.budget = RestartBudget.for_node(cfg.node)
+        self.exit_code = EXIT_OK
+        self.drain_requested = threading.Event()
+        self.entered_at = time.monotonic()  # when the current state began
+        self.restart_at = 0.0  # when RESTARTING's backoff ends
+        self.note: dict[str, Any] = {}  # fields for the next state_changed event
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self) -> int:
+        self.log.info(
+            "daemon_started", version=__version__, pid=os.getpid(), run_dir=str(self.run_dir)
+        )
+        try:
+            while self.view.state not in TERMINAL:
+                started = time.monotonic()
+                self.tick()
+                self.wake.wait(max(0.0, TICK_S - (time.monotonic() - started)))
+                self.wake.clear()
+        finally:
+            self.group.kill()
+            self.upkeep.close()
+        state, error = self.view.state.value, self.view.last_error
+        self.log.info("daemon_exit", state=state, code=self.exit_code, error=error)
+        return self.exit_code
+
+    def tick(self) -> None:
+        state = self.view.state
+        if self.drain_requested.is_set() and state not in (*TERMINAL, State.DRAINING):
+            self.move(self._drain())
+        self.upkeep.tick()
+        lost = Event.SLOT_LOST in self.upkeep.take_events()
+        if lost and self.view.state in (State.RUNNING, State.FENCED):
+            self.move(self._stop(SLOT_LOST))
+        # Each live state X has its handler _x. A move runs the new state's handler in the
+        # same tick, so a failed group goes STOPPING -> RESTARTING -> WAITING -> RUNNING
+        # without waiting a tick per state; a handler that stays put ends the tick.
+        for _ in range(len(State)):
+            if self.view.state in TERMINAL:
+                break
+            before = self.view.state
+            handler = cast(Callable[[], State], getattr(self, f"_{before.value}"))
+            self.move(handler())
+            if self.view.state == before:
+                break
+        self.group.tend_standbys(
+            self.view.state in STANDBY_STATES and not self.drain_requested.is_set()
+        )
+        self.view.ticks += 1
+        self.view.last_tick = time.monotonic()
+        self.notifier.watchdog()
+
+    def move(self, to: State) -> None:
+        frm = self.view.state
+        if to == frm:
+            return
+        if not allowed(frm, to):
+            raise IllegalTransition(
+                f"{frm.name} -> {to.name} is not in daemon.node_state.states.TRANSITIONS"
+            )
+        note, self.note = self.note, {}
+        self.log.info("state_changed", **{"from": frm.value, "to": to.value}, **note)
+        self.view.state, self.entered_at = to, time.monotonic()
+        self.view.waiting_for = None
+        self.notifier.status(f"{to.value} group={self.view.slot_label} step={self.view.step}")
+
+    def request_drain(self) -> None:
+        """Called from the SIGTERM handler: only sets a flag, the loop does the work."""
+        self.drain_requested.set()
+
+    # ------------------------------------------------------------------ handlers
+
+    def _joining(self) -> State:
+        joined = self.upkeep.join()
+        if joined == Join.REFUSED:
+            return self._fail(self.upkeep.refusal, EXIT_BAD_INPUT)
+        if joined == Join.NOT_YET:
+            return State.JOINING
+        self.view.registered = True
+        self.log.info("node_registered", node=self.cfg.node_id, host=self.cfg.advertise_host)
+        self.notifier.ready(f"claiming group=- step={self.view.step}")
+        return State.CLAIMING
+
+    def _claiming(self) -> State:
+        if self.view.job_completed:
+            return self._done("job completed")
+        # None: every slot is taken (stand by) or etcd is away
+        return State.CLAIMING if self.upkeep.claim() is None else State.WAITING
+
+    def _waiting(self) -> State:
+        if self.view.job_completed:
+            return self._done("job completed")
+        if self.view.slot is None:
+            return State.CLAIMING
+        missing = self.waiting.missing(self.upkeep.forwarder.target is not None)
+        if missing is None:
+            self.upkeep.lease_lost = False  # fresh ranks: nothing of theirs to judge
+            self.group.start(self.view.slot, self.upkeep.forwarder.url)
+            job_state = self.view.job.state if self.view.job else None
+            if not job_state or job_state.get("state") not in ("running", "completed"):
+                self.upkeep.set_state("running")
+            return State.RUNNING
+        error = self.waiting.report(missing, since=self.entered_at)
+        return State.WAITING if error is None else self._fail(error, EXIT_FAILED)
+
+    def _running(self) -> State:
+        if self.upkeep.fenced or self.upkeep.lease_lost:  # nothing may commit here now
+            self.group.pause()
+            return State.FENCED
+        outcome = self.group.poll()
+        if outcome is None:
+            # Another node completed the job: this group gets drain_grace_s to finish too.
+            if self.view.completed_for(time.monotonic()) >= self.cfg.node.drain_grace_s:
+                return self._stop("the job completed elsewhere")
+            return State.RUNNING
+        if outcome.kind == ExitKind.COMPLETED:
+            self.upkeep.set_state("completed")
+            return self._done("training completed")
+        fields = {"kind": outcome.kind.value, "reason": outcome.reason, "codes": outcome.codes}
+        self.log.warning("group_failed", **fields)
+        return self._stop(outcome)
+
+    def _fenced(self) -> State:
+        """Ranks paused until etcd answers; then resume them or discard their state."""
+        outcome = self.group.poll()
+        if outcome is not None:  # a paused rank was killed from outside
+            self.log.warning("group_failed", kind=outcome.kind.value, reason=outcome.reason)
+            return self._stop(outcome)
+        verdict, why = self.upkeep.fence_verdict()  # HOLD while etcd is away
+        if verdict == Fence.KEEP:
+            self.group.resume(why)
+            return State.RUNNING
+        return State.FENCED if verdict == Fence.HOLD else self._stop(FENCED_OUT)
+
+    def _stopping(self) -> State:
+        if not self.group.stopped(STOP_GRACE_S):
+            return State.STOPPING
+        now = time.monotonic()
+        self.waiting.after_exit(self.group.last_codes, now)
+        v = after_stop(
+            self.group.take_cause(),
+            slot_held=self.view.slot is not None,
+            missing_groups=self.view.missing_groups(self.cfg.job.min_replicas),
+            budget=self.budget,
+            now=now,
+            last_error=self.view.last_error,
+        )
+        if v.state == State.FAILED:
+            return self._fail(v.error, v.code)
+        if v.state == State.DONE:
+            return self._done(v.reason)
+        if v.reason == "peers":
+            self.log.info("group_waiting_for_peers", detail=v.detail)
+        elif v.reason:  # a restart: after a backoff (RESTARTING), or at once after a fence
+            self.view.restarts[v.reason] = self.view.restarts.get(v.reason, 0) + 1
+            self.restart_at, self.note = now + v.delay_s, v.note()
+        self.group.restart_reason = v.reason or self.group.restart_reason
+        return v.state
+
+    def _restarting(self) -> State:
+        if self.view.job_completed:
+            return self._done("job completed")
+        if self.view.slot is None:
+            return State.CLAIMING
+        return State.RESTARTING if time.monotonic() < self.restart_at else State.WAITING
+
+    def _draining(self) -> State:
+        was_running = self.group.running
+        if not self.group.stopped(self.cfg.node.drain_grace_s):
+            return State.DRAINING
+        if was_running:
+            self.log.info("group_drained", codes=self.group.last_codes)
+        return self._done("drained")
+
+    # ------------------------------------------------------ what handlers share
+
+    def _stop(self, cause: GroupExit | str) -> State:
+        """Begin stopping the group; STOPPING decides what next once it is gone."""
+        self.group.stop(cause)
+        return State.STOPPING
+
+    # ------------------------------------------------------------------ endings
+
+    def _drain(self) -> State:
+        self.log.info("draining", grace_s=self.cfg.node.drain_grace_s)
+        self.notifier.stopping(f"draining group={self.view.slot_label}")
+        self.group.drain()
+        return State.DRAINING
+
+    def _done(self, reason: str) -> State:
+        self.upkeep.release()
+        self.log.info("node_done", reason=reason, step=self.view.step)
+        return State.DONE
+
+    def _fail(self, message: str, code: int) -> State:
+        self.view.last_error, self.exit_code = message, code
+        self.group.kill()
+        if code == EXIT_FAILED:
+            self.upkeep.fail_job(message)
+        self.upkeep.release()
+        self.log.error("node_failed", error=message, code=code)
+        return State.FAILED

@@ -1,0 +1,399 @@
+"""etcd upkeep for one node: session, record, slot, rejoin, leadership, checkpoints, job state.
+
+:class:`EtcdUpkeep` is the only caller of the :class:`~daemon.coordination.coordinator.Coordinator`
+in the daemon, and no coordination error leaves it as an exception. Each one
+becomes what the state machine needs to know:
+
+* etcd unreachable (or a lost lease): ``view.etcd_up`` goes false, the round is
+  retried with backoff; only once the lease is in doubt does :attr:`fenced`
+  go true (``daemon.coordination.fencing``: the lighthouse stops, the supervisor pauses the ranks);
+* a conflict (a compare-and-swap that lost a race, ``NotLeader``, a key that
+  "keeps changing"): logged as ``etcd_retry`` and tried again next round;
+* a refusal that is the user's to fix (another job file, wrong credentials, a
+  node id that another live daemon holds): only while joining, returned as
+  :data:`Join.REFUSED` with its message;
+* a lost slot after a new session: an :data:`Event.SLOT_LOST` for the supervisor.
+
+A node id held by another daemon process is waited on for one lease TTL (plus
+the request deadline): a dead process's record expires by then, so one still
+there belongs to a live duplicate and the join is refused.
+
+A new session (the old lease was lost by our clock) re-registers and re-claims
+first, and only then revokes the old lease, so the node's keys never vanish
+all at once for a standby to grab.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from enum import StrEnum
+from pathlib import Path
+from typing import TypeVar
+
+from daemon.config import DaemonConfig
+from daemon.config.preflight import node_device
+from daemon.coordination import (
+    LEASE_FILE,
+    CoordinationError,
+    Coordinator,
+    EtcdAccessDenied,
+    EtcdUnavailable,
+    Fence,
+    JobWatch,
+    NodeIdHeld,
+    SpecMismatch,
+    after_fence,
+    fence_margin_s,
+    refresh_every_s,
+)
+from daemon.leadership import Forwarder, Leadership, parse_address
+from daemon.node_state import NodeView, State
+from daemon.supervision.node_record import NodeRecord
+from trainer import logs
+
+T = TypeVar("T")
+BACKOFF_FIRST_S, BACKOFF_CAP_S = 0.5, 5.0
+
+
+class Join(StrEnum):
+    JOINED = "joined"
+    NOT_YET = "not_yet"  # etcd unreachable or a conflict: try again next tick
+    REFUSED = "refused"  # bad input: another job file, wrong credentials
+
+
+class Event(StrEnum):
+    SLOT_LOST = "slot_lost"  # a new session could not keep this node's slot
+
+
+class EtcdUpkeep:
+    def __init__(
+        self,
+        cfg: DaemonConfig,
+        coord: Coordinator,
+        view: NodeView,
+        run_dir: Path,
+        wake: Callable[[], None] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.coord = coord
+        self.view = view
+        self.log = logs.get()
+        self.leadership = Leadership(cfg, coord, run_dir)
+        self.forwarder = Forwarder(port=cfg.node.lighthouse_proxy_port)
+        self.watch = JobWatch(f"{coord.prefix}nodes/{cfg.node_id}", wake)
+        self.refusal = ""
+        self.events: list[Event] = []
+        self.record = NodeRecord(cfg, coord, view)
+        self._retry_at = 0.0
+        self._backoff = BACKOFF_FIRST_S
+        self._bad_lighthouse: object = None
+        self._held_by: tuple[str, float] | None = None  # (other instance, first seen)
+        # Partition safety (daemon.coordination.fencing): fenced while the lease is unconfirmed;
+        # lease_lost once a new session replaced the one we were fenced with.
+        self.fenced = False
+        self.lease_lost = False
+        self.answered_at = 0.0  # when etcd answered again after the fence
+        self.snapshot_at = 0.0  # when view.job was last read
+        self.trained_epoch: int | None = None  # the leader epoch our ranks train under
+        self.epoch_step = 0  # our step when they began to
+        self.lease_file = run_dir / LEASE_FILE
+        self.slot_file = run_dir / "slot"
+        self._lease_written: tuple[str, float] | None = None
+
+    # ------------------------------------------------------------ error handling
+
+    def _attempt(
+        self, what: str, fn: Callable[[], T], refusals: tuple[type[Exception], ...] = ()
+    ) -> tuple[bool, T | None]:
+        """Run one coordination step; every error becomes state, never an exception
+        (but `refusals`, which the caller turns into a refusal to join)."""
+        try:
+            value = fn()
+        except refusals:
+            raise
+        except EtcdUnavailable as e:  # includes a lost lease (SessionExpired)
+            self.view.etcd_errors += 1
+            if self.view.etcd_up:
+                self.log.warning("etcd_unavailable", error=str(e), during=what, ranks="untouched")
+            self.view.etcd_up = False
+            self._retry_at = time.monotonic() + self._backoff
+            self._backoff = min(BACKOFF_CAP_S, self._backoff * 2)
+            return False, None
+        except CoordinationError as e:  # NotLeader, a lost compare-and-swap, "keeps changing"
+            self.view.etcd_errors += 1
+            self.log.warning("etcd_retry", error=str(e), kind=type(e).__name__, during=what)
+            return False, None
+        if not self.view.etcd_up:
+            self.log.info("etcd_up", endpoints=self.coord.settings.endpoints)
+        self.view.etcd_up = True
+        self._backoff = BACKOFF_FIRST_S
+        return True, value
+
+    def _due(self) -> bool:
+        return time.monotonic() >= self._retry_at
+
+    # ------------------------------------------------------------------ joining
+
+    def join(self) -> Join:
+        """Connect, open a session, check the job spec, register."""
+        if not self._due():
+            return Join.NOT_YET
+
+        def steps() -> None:
+            self.coord.connect()
+            self.coord.ensure_session()
+            # The device type joins the spec: groups on cuda and on cpu (so also on other
+            # dtypes) must never meet in one quorum; a node that differs is refused at join.
+            self.coord.check_spec({**self.cfg.spec(), "device": node_device(self.cfg)})
+            self._register()
+
+        try:
+            ok, _ = self._attempt(
+                "join", steps, refusals=(SpecMismatch, EtcdAccessDenied, NodeIdHeld)
+            )
+        except NodeIdHeld as e:
+            return self._held(e)
+        except (SpecMismatch, EtcdAccessDenied) as e:
+            self.refusal = str(e)
+            return Join.REFUSED
+        return Join.JOINED if ok else Join.NOT_YET
+
+    def _held(self, e: NodeIdHeld) -> Join:
+        """Our node id is in another instance's record: refused once it outlives a lease TTL."""
+        now = time.monotonic()
+        limit = self.cfg.etcd.lease_ttl_s + self.cfg.etcd.timeout_s + 1.0
+        if self._held_by is None or self._held_by[0] != e.instance:
+            self._held_by = (e.instance, now)
+            self.log.warning("node_id_held", error=str(e), waiting_s=limit)
+        if now - self._held_by[1] > limit:
+            self.refusal = str(e)
+            return Join.REFUSED
+        self._retry_at = now + 1.0
+        return Join.NOT_YET
+
+    def claim(self) -> int | None:
+        """Claim a slot (None: all taken, or etcd away), the one held last asked for first,
+        even from a previous life (``run_dir/slot``): the group keeps its data shard."""
+        if not self._due():
+            return None
+        remembered = self.slot_file.read_text().strip() if self.slot_file.exists() else ""
+        preferred = self.view.slot if self.view.slot is not None else None
+        if preferred is None and remembered.isdigit():
+            preferred = int(remembered)
+        _, slot = self._attempt(
+            "claim", lambda: self.coord.claim_slot(self.cfg.job.max_replicas, preferred=preferred)
+        )
+        if slot is not None:
+            self.view.slot = slot
+            self.slot_file.write_text(f"{slot}\n")
+            logs.bind(replica_group=slot)
+            self.log.info("slot_claimed", slot=slot)
+        return slot
+
+    # -------------------------------------------------------------------- rounds
+
+    def tick(self) -> None:
+        """One round of upkeep: fence, session, leadership, the job view, forwarder, record,
+        checkpoint."""
+        if not self.view.registered:
+            return
+        margin = fence_margin_s(self.cfg.etcd.lease_ttl_s)
+        if not self.fenced and self.coord.session_unconfirmed(margin):
+            self.fenced = True
+            self.log.warning("fenced", reason="etcd lease unconfirmed", step=self.view.step)
+            self.leadership.fence(self.view)
+        if not self._due():
+            return
+        renewed: bool | None = False
+        if not self._lease_fresh():
+            ok, renewed = self._attempt("session", self.coord.ensure_session)
+            if not ok:
+                return
+        if renewed:
+            self.lease_lost = True  # our ranks are judged once etcd has our new keys
+        if renewed and not self._rejoin():
+            return
+        self._write_lease()
+        if self.fenced:
+            self.fenced, self.answered_at = False, time.monotonic()
+            self.log.info("unfenced", lease="new" if self.lease_lost else "kept")
+            self.watch.disarm(self.coord)  # the stream may have gone quiet while fenced
+        if not self._read_job():  # etcd away: one request's timeout per round
+            return
+        self._attempt("leadership", lambda: self.leadership.update(self.view))
+        job = self.view.job
+        if not self.view.etcd_up or job is None:
+            return
+        self._follow_epoch(job.leader_epoch)
+        self._follow_lighthouse(job.lighthouse)
+        self._publish_checkpoint()
+        self._attempt("record", self._update_record)
+
+    def _read_job(self) -> bool:
+        """Read the job when the watch says so (``daemon.coordination.job_watch``); False if the read
+        failed (True also when the view was current without one)."""
+        if not self.watch.due(time.monotonic() - self.snapshot_at):
+            return True
+        self.watch.reading()
+        ok, job = self._attempt("snapshot", self.coord.snapshot)
+        if not ok or job is None:  # an unreachable etcd took the stream with the connection
+            self.watch.disarm(self.coord if self.view.etcd_up else None)
+            return False
+        self.view.job, self.snapshot_at = job, time.monotonic()
+        self.watch.arm(self.coord, job.revision + 1)
+        return True
+
+    def _lease_fresh(self) -> bool:
+        """The session lives and etcd confirmed it within ``refresh_every_s``: this round
+        need not refresh it (the leadership and snapshot reads still find etcd away)."""
+        ttl = self.cfg.etcd.lease_ttl_s
+        return self.coord.session_alive and not self.coord.session_unconfirmed(
+            ttl - refresh_every_s(ttl)
+        )
+
+    def _rejoin(self) -> bool:
+        """A new lease (etcd expired the old one, and our keys with it): register and
+        claim a slot again, the one we held if it is still free."""
+        self.log.info("etcd_session_renewed", slot=self.view.slot)
+        self.watch.invalidate()
+        ok, _ = self._attempt("register", self._register)
+        if not ok:
+            return False
+        held = self.view.slot
+        if held is not None:
+            ok, slot = self._attempt(
+                "reclaim", lambda: self.coord.claim_slot(self.cfg.job.max_replicas, preferred=held)
+            )
+            if not ok:
+                return False
+            if slot == held:
+                self.log.info("slot_reclaimed", slot=slot)
+            else:
+                self.log.warning("slot_lost", previous=held, now=slot)
+                self.view.slot = slot
+                self.events.append(Event.SLOT_LOST)
+        return True
+
+    def _write_lease(self) -> None:
+        """Our lease and its last confirmation, for the ranks' checkpoint fence."""
+        now = self.coord.lease_confirmation()
+        if now is None or now == self._lease_written:
+            return
+        lease, confirmed = now
+        tmp = self.lease_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"lease": lease, "confirmed_ns": int(confirmed * 1e9)}))
+        os.replace(tmp, self.lease_file)
+        self._lease_written = now
+
+    def fence_verdict(self) -> tuple[Fence, str]:
+        """What paused ranks may do (daemon.coordination.fencing): HOLD while fenced or undecided;
+        KEEP or DISCARD once, logged, after which the lost lease counts as judged."""
+        if self.fenced:
+            return Fence.HOLD, "etcd has not confirmed our lease"
+        if self.lease_lost and self.snapshot_at < self.answered_at:
+            return Fence.HOLD, "no view of the job since etcd answered"
+        verdict, why = Fence.KEEP, "the lease was kept: nothing changed hands"
+        if self.lease_lost:
+            job = self.view.job
+            verdict, why = after_fence(
+                node_id=self.cfg.node_id,
+                step=self.view.step,
+                trained_epoch=self.trained_epoch,
+                epoch=job.leader_epoch if job else None,
+                nodes=job.nodes if job else {},
+                held_s=time.monotonic() - self.answered_at,
+            )
+        if verdict == Fence.HOLD:
+            if why != self.view.waiting_for:
+                self.log.info("fence_holding", reason=why, step=self.view.step)
+                self.view.waiting_for = why
+        elif verdict == Fence.DISCARD:
+            self.log.warning("fence_discarding", reason=why, step=self.view.step)
+        if verdict != Fence.HOLD:
+            self.lease_lost = False
+        return verdict, why
+
+    def _follow_epoch(self, epoch: int | None) -> None:
+        """While our ranks train (not fenced, no lost lease to judge), note the leader
+        epoch they train under and our step when it began."""
+        if epoch is None or self.lease_lost or epoch == self.trained_epoch:
+            return
+        if self.view.state == State.RUNNING:
+            self.trained_epoch, self.epoch_step = epoch, self.view.step
+
+    def _follow_lighthouse(self, address: str | None) -> None:
+        """Point the forwarder at the published address; a key briefly absent during a
+        leader change keeps the old target, and a malformed value is reported and ignored."""
+        if not address:
+            return
+        if parse_address(address) is None:
+            if address != self._bad_lighthouse:
+                self.log.error("lighthouse_address_invalid", value=str(address)[:200])
+                self._bad_lighthouse = address
+            return
+        self.view.lighthouse = address
+        self.forwarder.set_target(address)
+
+    def _register(self) -> None:
+        self.record.forget()
+        self._update_record(force=True)
+
+    def _update_record(self, force: bool = False) -> None:
+        self.record.update(self.trained_epoch, self.epoch_step, force=force)
+
+    def _publish_checkpoint(self) -> None:
+        """checkpoints/latest in etcd, from the main loop (rank threads only record it)."""
+        record = self.view.take_checkpoint()
+        if record is None:
+            return
+        ok, _ = self._attempt("checkpoint", lambda: self.coord.publish_checkpoint(record))
+        if ok:
+            self.log.info("checkpoint_published", step=record["step"], path=record["path"])
+        else:
+            self.view.return_checkpoint(record)
+
+    # ----------------------------------------------------------------- the job
+
+    def set_state(self, state: str, **extra: object) -> None:
+        """The job's persistent state (running, completed, failed); best effort."""
+        ok, _ = self._attempt(
+            "state",
+            lambda: self.coord.set_state(state, self.view.step, node=self.cfg.node_id, **extra),
+        )
+        if not ok:
+            self.log.warning("state_not_written", state=state)
+
+    def fail_job(self, message: str) -> None:
+        """Mark the job failed, but only when no other node's group carries it on."""
+        job = self.view.job
+        if job is not None and set(job.groups.values()) <= {self.cfg.node_id}:
+            self.set_state("failed", error=message)
+
+    def release(self) -> None:
+        """Give back the slot and leadership now, rather than after the lease TTL."""
+        self._retry_at = 0.0
+
+        def give_back() -> None:
+            self.leadership.resign(self.view)
+            if self.view.slot is not None:
+                self.coord.release_slot(self.view.slot)
+
+        ok, _ = self._attempt("release", give_back)
+        if not ok:
+            self.log.warning("release_deferred", note="the lease TTL frees them")
+
+    def take_events(self) -> list[Event]:
+        events, self.events = self.events, []
+        return events
+
+    def close(self) -> None:
+        self.watch.disarm()
+        self.leadership.stop()
+        self.forwarder.close()
+        try:
+            self.coord.close(revoke=True)
+        except Exception as e:
+            self.log.warning("etcd_close_failed", error=str(e))

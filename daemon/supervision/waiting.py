@@ -1,0 +1,59 @@
+"""What WAITING waits for before a group may start, reported as it changes and every 30 s.
+
+A node waits for a lighthouse address in etcd, for ``job.min_replicas``
+groups holding a slot and, after ranks that failed on their own, for their
+quorum requests to expire at the lighthouse; ``node.wait_timeout_s`` (0:
+forever) bounds the wait.
+"""
+
+from __future__ import annotations
+
+import time
+
+from daemon.config import DaemonConfig
+from daemon.node_state.view import NodeView
+from trainer import logs
+
+REPORT_EVERY_S = 30.0
+QUIET_MARGIN_S = 0.2  # past the heartbeat timeout: the lighthouse's tick and a clock's drift
+
+
+class Waiting:
+    def __init__(self, cfg: DaemonConfig, view: NodeView) -> None:
+        self.cfg = cfg
+        self.view = view
+        self.reported_at = 0.0
+        self.quiet_until = 0.0  # no start before this (see after_exit)
+        self.log = logs.get()
+
+    def missing(self, forwarding: bool, now: float | None = None) -> str | None:
+        """What is still missing (None: start the group); `forwarding`: the lighthouse
+        forwarder has a target."""
+        if not self.view.lighthouse or not forwarding:
+            return "a lighthouse address in etcd"
+        now = time.monotonic() if now is None else now
+        if now < self.quiet_until:
+            return "the failed ranks' quorum requests to expire at the lighthouse"
+        return self.view.missing_groups(self.cfg.job.min_replicas)
+
+    def after_exit(self, codes: list[int | None] | None, now: float) -> None:
+        """A rank that failed on its own (an exit code, not a signal) may have died waiting
+        for a quorum: the lighthouse keeps that request, with the dead process's id, until
+        its heartbeat times out, and would pair it with the group's next start (whose
+        quorum then waits on a dead store). The next start waits that long. Only rank 0
+        counts: its torchft manager server is the group's one client of the lighthouse."""
+        first = codes[0] if codes else None
+        if first is not None and 0 < first < 128:
+            timeout_s = self.cfg.lighthouse.heartbeat_timeout_ms / 1000
+            self.quiet_until = now + timeout_s + QUIET_MARGIN_S
+
+    def report(self, missing: str, since: float) -> str | None:
+        """Log what is missing when it changes (and every 30 s); the error once the wait
+        is over node.wait_timeout_s, else None."""
+        now = time.monotonic()
+        waited = now - since
+        if missing != self.view.waiting_for or now - self.reported_at > REPORT_EVERY_S:
+            self.log.info("waiting", waiting_for=missing, waited_s=round(waited, 1))
+            self.view.waiting_for, self.reported_at = missing, now
+        timeout = self.cfg.node.wait_timeout_s
+        return f"waited {timeout:.0f}s for {missing}" if timeout and waited > timeout else None

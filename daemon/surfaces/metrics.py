@@ -1,0 +1,105 @@
+"""The daemon's Prometheus metrics, read from the supervisor's view at scrape time.
+
+A custom collector rather than module-level gauges: the supervisor's
+:class:`NodeView` is the single source of truth, and a scrape sees it whole.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.registry import Collector
+
+from daemon import __version__
+from daemon.supervision.supervisor import Supervisor
+
+RESTART_REASONS = ("rank_exit", "hang")
+
+
+class _NodeCollector(Collector):
+    def __init__(self, sup: Supervisor) -> None:
+        self.sup = sup
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily | InfoMetricFamily]:
+        sup, v = self.sup, self.sup.view
+        base = {"phalanx_job": sup.cfg.job.name, "node": sup.cfg.node_id}
+        names, values = list(base), list(base.values())
+
+        info = InfoMetricFamily(
+            "phalanx_node", "Static facts about this Phalanx daemon.", labels=names
+        )
+        info.add_metric(values, {"version": __version__})
+        yield info
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(name, doc, labels=names)
+            g.add_metric(values, value)
+            return g
+
+        yield gauge(
+            "phalanx_is_leader",
+            "1 if this daemon is the elected leader (runs the lighthouse).",
+            float(v.leader),
+        )
+        yield gauge(
+            "phalanx_replica_group",
+            "Replica-group slot this node holds (-1 when none).",
+            -1.0 if v.slot is None else float(v.slot),
+        )
+        yield gauge(
+            "phalanx_ranks_running",
+            "Rank processes of this node that are alive.",
+            float(len(v.pids)),
+        )
+        yield gauge(
+            "phalanx_min_replicas",
+            "job.min_replicas: replica groups a step needs to commit.",
+            float(sup.cfg.job.min_replicas),
+        )
+        yield gauge("phalanx_etcd_up", "1 if the last etcd request succeeded.", float(v.etcd_up))
+        lighthouse_up = sup.upkeep.forwarder.target is not None and (
+            not v.leader or sup.upkeep.leadership.lighthouse_alive
+        )
+        yield gauge(
+            "phalanx_lighthouse_up",
+            "1 if a lighthouse address is known (and, on the leader, its process is alive).",
+            float(lighthouse_up),
+        )
+
+        restarts = CounterMetricFamily(
+            "phalanx_group_restarts",
+            "Restarts of this node's replica group, by reason.",
+            labels=[*names, "reason"],
+        )
+        for reason in sorted({*RESTART_REASONS, *v.restarts}):
+            restarts.add_metric([*values, reason], float(v.restarts.get(reason, 0)))
+        yield restarts
+        errors = CounterMetricFamily("phalanx_etcd_errors", "Failed etcd requests.", labels=names)
+        errors.add_metric(values, float(v.etcd_errors))
+        yield errors
+
+
+class DaemonMetrics:
+    """One /metrics for the node: the daemon's own collector plus its ranks' files.
+
+    The ranks' directory is wiped when the daemon starts. When a rank exits the
+    supervisor marks it dead (its live gauges go); counters and histograms of
+    exited ranks stay, so totals such as heals stay monotonic across restarts.
+    """
+
+    def __init__(self, sup: Supervisor) -> None:
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_NodeCollector(sup))
+        if sup.cfg.metrics.enabled:
+            directory = sup.cfg.metrics_dir
+            shutil.rmtree(directory, ignore_errors=True)
+            directory.mkdir(parents=True)
+            MultiProcessCollector(self.registry, path=str(directory))  # type: ignore[no-untyped-call]
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,71 @@
+"""`phalanx status`: the job as etcd sees it, as a table or JSON."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from daemon.coordination.coordinator import JobView
+
+
+def status_json(job: str, view: JobView) -> dict[str, Any]:
+    nodes = [
+        {
+            "id": node_id,
+            "group": record.get("group"),
+            "state": record.get("state"),
+            "pid": record.get("pid"),
+            "step": record.get("step"),
+            "host": record.get("host"),
+            "http_port": record.get("http_port"),
+            "leader": node_id == view.leader,
+        }
+        for node_id, record in sorted(view.nodes.items())
+    ]
+    steps = [n["step"] for n in nodes if isinstance(n["step"], int)]
+    state = (view.state or {}).get("state") or ("running" if nodes else None)
+    return {
+        "job": job,
+        "state": state,
+        "step": max(steps) if steps else (view.state or {}).get("step"),
+        "leader": view.leader,
+        "lighthouse": view.lighthouse,
+        "groups": {str(gid): node for gid, node in sorted(view.groups.items())},
+        "checkpoint": view.checkpoint,
+        "nodes": nodes,
+    }
+
+
+def status_table(doc: dict[str, Any]) -> str:
+    head = (
+        f"job {doc['job']}  state {doc['state'] or '-'}  step {doc['step'] if doc['step'] is not None else '-'}  "
+        f"leader {doc['leader'] or '-'}  lighthouse {doc['lighthouse'] or '-'}"
+    )
+    checkpoint = doc.get("checkpoint")
+    if checkpoint:
+        head += f"\nlatest checkpoint: step {checkpoint.get('step')} at {checkpoint.get('path')}"
+    rows = [("NODE", "GROUP", "STATE", "STEP", "PID", "HOST", "")]
+    for n in doc["nodes"]:
+        rows.append(
+            (
+                str(n["id"]),
+                "-" if n["group"] is None else str(n["group"]),
+                str(n["state"] or "-"),
+                "-" if n["step"] is None else str(n["step"]),
+                str(n["pid"] or "-"),
+                f"{n['host']}:{n['http_port']}" if n["host"] else "-",
+                "leader" if n["leader"] else "",
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+    if len(rows) == 1:
+        lines.append("(no live nodes)")
+    return head + "\n" + "\n".join(lines)
+
+
+def dumps(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, indent=2, sort_keys=True, default=str)

@@ -1,0 +1,434 @@
+"""Helpers for tests that run real processes: ranks, lighthouses, daemons.
+
+Nothing here mocks torch.distributed, torchft or etcd: it starts the real
+programs, reads their JSON-lines output, and sends them real signals.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from daemon.children import descendants
+from daemon.leadership.lighthouse import lighthouse_command
+from tests.support.netns import Host
+from tests.support.ports import free_port as free_port  # re-exported for the tests
+from trainer.checkpoint.files import MARKER
+
+# The daemon's own helper for /proc walking (not process groups); ports come from tests.support.ports.
+children = descendants
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+Event = dict[str, Any]
+
+
+def read_events(path: Path) -> list[Event]:
+    """Every JSON object line of a log file (other lines are skipped)."""
+    out: list[Event] = []
+    if not path.exists():
+        return out
+    for line in path.read_text(errors="replace").splitlines():
+        if line.startswith("{"):
+            with contextlib.suppress(json.JSONDecodeError):
+                out.append(json.loads(line))
+    return out
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
+    """Poll until predicate() is truthy; return its value or fail naming `what`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def kill_all(pids: Sequence[int], sig: signal.Signals = signal.SIGKILL) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+@dataclass
+class Proc:
+    """A started program with its output in files."""
+
+    popen: subprocess.Popen[bytes]
+    stdout: Path
+    stderr: Path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def events(self, name: str | None = None) -> list[Event]:
+        evs = read_events(self.stderr) + read_events(self.stdout)
+        return [e for e in evs if name is None or e.get("event") == name]
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"pid {self.pid} still running after {timeout:.0f}s; last output:\n{self.tail()}"
+            ) from None
+
+    def tail(self, n: int = 30) -> str:
+        text = self.stderr.read_text(errors="replace") if self.stderr.exists() else ""
+        return "\n".join(text.splitlines()[-n:])
+
+    def stop(self) -> None:
+        """Kill it and everything it started (walking the process tree)."""
+        kill_all([*children(self.pid), self.pid])
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(10)
+
+
+def start(
+    argv: Sequence[str], log_dir: Path, name: str, env: Mapping[str, str] | None = None
+) -> Proc:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    out, err = log_dir / f"{name}.out", log_dir / f"{name}.err"
+    full_env = {**os.environ, **(env or {})}
+    with out.open("wb") as o, err.open("wb") as e:
+        popen = subprocess.Popen(list(argv), stdout=o, stderr=e, env=full_env, cwd=ROOT)
+    return Proc(popen, out, err)
+
+
+@dataclass
+class Lighthouse:
+    proc: Proc
+    address: str
+
+
+def start_lighthouse(log_dir: Path, min_replicas: int = 1) -> Lighthouse:
+    port = free_port()
+    proc = start(
+        [
+            *lighthouse_command(),  # what the daemon runs
+            "--min_replicas",
+            str(min_replicas),
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--join_timeout_ms",
+            "1000",
+            "--heartbeat_timeout_ms",
+            "2000",
+        ],
+        log_dir,
+        "lighthouse",
+    )
+    with socket.socket() as s:
+        wait_for(lambda: s.connect_ex(("127.0.0.1", port)) == 0, 20, "the lighthouse to listen")
+    return Lighthouse(proc, f"http://127.0.0.1:{port}")
+
+
+@dataclass
+class Group:
+    """The ranks of one replica group, launched directly (as the daemon does)."""
+
+    ranks: list[Proc] = field(default_factory=list)
+
+    @property
+    def rank0(self) -> Proc:
+        return self.ranks[0]
+
+    def events(self, name: str | None = None) -> list[Event]:
+        return self.rank0.events(name)
+
+    def wait(self, timeout: float) -> list[int]:
+        deadline = time.monotonic() + timeout
+        return [r.wait(max(1.0, deadline - time.monotonic())) for r in self.ranks]
+
+    def kill(self, sig: signal.Signals = signal.SIGKILL) -> None:
+        kill_all([r.pid for r in self.ranks], sig)
+
+    def stop(self) -> None:
+        for r in self.ranks:
+            r.stop()
+
+    def committed_steps(self) -> list[int]:
+        return [int(e["step"]) for e in self.events("train_step")]
+
+
+def launch_group(
+    config: Path | str,
+    log_dir: Path,
+    group: int = 0,
+    num_groups: int = 1,
+    nproc: int = 1,
+    lighthouse: str | None = None,
+    overrides: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    name: str | None = None,
+) -> Group:
+    """Start nproc ranks of `python -m trainer` with the env contract; fresh store port."""
+    port = free_port()
+    result = Group()
+    argv = [sys.executable, "-m", "trainer", "--config", str(config)]
+    for o in overrides:
+        argv += ["--set", o]
+    for rank in range(nproc):
+        rank_env = {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(nproc),
+            "LOCAL_WORLD_SIZE": str(nproc),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "REPLICA_GROUP_ID": str(group),
+            "NUM_REPLICA_GROUPS": str(num_groups),
+            "OMP_NUM_THREADS": "1",
+            **({"TORCHFT_LIGHTHOUSE": lighthouse} if lighthouse else {}),
+            **(env or {}),
+        }
+        label = f"{name or f'g{group}'}-r{rank}"
+        result.ranks.append(start(argv, log_dir, label, rank_env))
+    return result
+
+
+@contextlib.contextmanager
+def cleanup(*items: Proc | Group | Lighthouse) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        for item in items:
+            if isinstance(item, Lighthouse):
+                item.proc.stop()
+            else:
+                item.stop()
+
+
+DAEMON_JOB = ROOT / "tests" / "integration" / "daemon_job.toml"
+
+
+@dataclass
+class Daemon:
+    """A `phalanx run` process with its HTTP port."""
+
+    proc: Proc
+    node_id: str
+    http_port: int
+    host: str = "127.0.0.1"  # where its HTTP server answers (a test host's address)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def events(self, name: str | None = None) -> list[Event]:
+        return self.proc.events(name)
+
+    def status(self) -> dict[str, Any] | None:
+        """GET /status, or None while the daemon is not answering."""
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(
+                f"http://{self.host}:{self.http_port}/status", timeout=2
+            ) as r:
+                doc: dict[str, Any] = json.loads(r.read())
+                return doc
+        except OSError:
+            return None
+
+    def get(self, path: str) -> tuple[int, str]:
+        import urllib.error
+        import urllib.request
+
+        try:
+            url = f"http://{self.host}:{self.http_port}{path}"
+            with urllib.request.urlopen(url, timeout=2) as r:
+                return int(r.status), r.read().decode()
+        except urllib.error.HTTPError as e:
+            return int(e.code), e.read().decode()
+
+    def require_status(self) -> dict[str, Any]:
+        doc = self.status()
+        assert doc is not None, f"{self.node_id} is not answering /status"
+        return doc
+
+    def rank_pids(self) -> list[int]:
+        doc = self.status()
+        return list(doc["pids"]) if doc else []
+
+    def step(self) -> int:
+        doc = self.status()
+        return int(doc["step"]) if doc else 0
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout)
+
+    def stop(self) -> None:
+        self.proc.stop()
+
+
+def start_daemon(
+    log_dir: Path,
+    node_id: str,
+    endpoints: Sequence[str] | None,
+    config: Path = DAEMON_JOB,
+    overrides: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    name: str | None = None,
+    host: Host | None = None,
+) -> Daemon:
+    """`phalanx run` for one node with its own ports and run directory; on `host` (a
+    network namespace of tests.support.netns) it advertises, and so listens on, the host's address."""
+    http_port = free_port()
+    settings = [
+        f"node.http_port={http_port}",
+        f"node.lighthouse_port={free_port()}",
+        f'node.run_dir="{log_dir / node_id}"',
+    ]
+    if host is not None:  # every listener binds the advertised address by default
+        settings.append(f'node.advertise_host="{host.address}"')
+    if endpoints is not None:
+        settings.append(f"etcd.endpoints={json.dumps(list(endpoints))}")
+    argv = [str(BIN / "phalanx"), "run", "--config", str(config), "--node-id", node_id]
+    for o in [*settings, *overrides]:
+        argv += ["--set", o]
+    if host is not None:
+        argv = host.argv(argv)
+    full_env = {"OMP_NUM_THREADS": "1", "PHALANX_CHAOS_DELAY": "0.05", **(env or {})}
+    proc = start(argv, log_dir, name or node_id, full_env)
+    return Daemon(proc, node_id, http_port, host.address if host else "127.0.0.1")
+
+
+def event_time(event: Event) -> float:
+    """An event's timestamp (ISO 8601 UTC) as seconds since the epoch."""
+    from datetime import datetime
+
+    return datetime.fromisoformat(str(event["time"]).replace("Z", "+00:00")).timestamp()
+
+
+def largest_step_gap(events: list[Event], after: float = 0.0) -> float:
+    """The longest time between consecutive committed steps, over gaps that end after `after`
+    (epoch s): the gap that straddles a failure at `after` counts."""
+    times = [event_time(e) for e in events if e.get("event") == "train_step"]
+    return max((b - a for a, b in itertools.pairwise(times) if b >= after), default=0.0)
+
+
+def job_groups(endpoint: str, job: str = "itest") -> dict[int, str]:
+    """The job's replica-group slots, read from etcd in-process (fast enough to time a lease)."""
+    from daemon.coordination.coordinator import Coordinator, EtcdSettings
+
+    observer = Coordinator(
+        EtcdSettings(endpoints=[endpoint], timeout_s=2.0), job, "test-observer", 4
+    )
+    try:
+        return dict(observer.snapshot().groups)
+    finally:
+        observer.close(revoke=False)
+
+
+def run_dir(ckpt: Path) -> Path:
+    """The one run directory (``<job>/run-<id>``) under a ``checkpoint.dir``."""
+    found = sorted(ckpt.glob("*/run-*"))
+    assert len(found) == 1, found
+    return found[0]
+
+
+def run_to_end(daemons: Sequence[Daemon], timeout: float = 240) -> None:
+    """Wait for every daemon to exit 0 (its tail in the failure otherwise); stop them all."""
+    try:
+        for d in daemons:
+            assert d.wait(timeout) == 0, d.proc.tail()
+    finally:
+        for d in daemons:
+            d.stop()
+
+
+def run_pair_again(
+    tmp_path: Path,
+    endpoint: str,
+    job: list[str],
+    envs: dict[str, dict[str, str]] | None = None,
+) -> tuple[list[Daemon], float]:
+    """node-a and node-b started again once the first pair's slots are free (so each gets
+    its old slot back), run to the end; the daemons and when they were started (epoch s).
+    `envs`: extra environment by node id."""
+    wait_for(lambda: job_groups(endpoint) == {}, 30, "free slots")
+    started_at = time.time()
+    again = [
+        start_daemon(
+            tmp_path, n, [endpoint], overrides=job, name=f"{n}-again", env=(envs or {}).get(n)
+        )
+        for n in ("node-a", "node-b")
+    ]
+    run_to_end(again)
+    return again, started_at
+
+
+def kill_pair_after_checkpoint(
+    tmp_path: Path,
+    endpoint: str,
+    job: list[str],
+    ckpt: Path,
+    step: int,
+    during: Callable[[list[Daemon]], None] | None = None,
+) -> tuple[str, str]:
+    """node-a and node-b train `job` until a marked step-<step> checkpoint is under `ckpt`
+    (`during(pair)` runs first); then both daemons are SIGKILLed, and with them their
+    ranks. Returns the node ids of the writer group (the lower slot) and of the other."""
+    pair = [start_daemon(tmp_path, n, [endpoint], overrides=job) for n in ("node-a", "node-b")]
+    try:
+        if during is not None:
+            during(pair)
+        marker = f"*/run-*/step-{step}/{MARKER}"
+        wait_for(lambda: any(ckpt.glob(marker)), 120, f"the step-{step} checkpoint")
+        writer = min(pair, key=lambda d: int(d.require_status()["replica_group"])).node_id
+        for d in pair:
+            os.kill(d.pid, signal.SIGKILL)
+    finally:
+        for d in pair:
+            d.stop()
+    return writer, "node-b" if writer == "node-a" else "node-a"
+
+
+def status_json(endpoint: str) -> dict[str, Any]:
+    out = subprocess.run(
+        [
+            str(BIN / "phalanx"),
+            "status",
+            "--config",
+            str(DAEMON_JOB),
+            "--set",
+            f'etcd.endpoints=["{endpoint}"]',
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    doc: dict[str, Any] = json.loads(out.stdout)
+    return doc
+
+
+def digest(d: Daemon) -> str:
+    done = d.events("train_done")
+    assert done, d.proc.tail()
+    return str(done[0]["params_sha256"])

@@ -1,0 +1,126 @@
+"""Cross-field checks of a trainer configuration that per-field validation cannot express.
+
+Like trainer/config/sections.py, this never imports torch: the daemon runs these checks too.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from trainer.config.sections import ConfigError, TrainerConfig
+
+
+def check_trainer(cfg: TrainerConfig, world_size: int | None = None) -> None:
+    """Cross-field checks that pydantic's per-field validation cannot express."""
+    p, t = cfg.parallel, cfg.train
+
+    def fail(msg: str) -> None:
+        raise ConfigError(msg)
+
+    if world_size is not None and p.world_size != world_size:
+        fail(
+            f"parallel.dp_shard*tp*pp is {p.dp_shard}*{p.tp}*{p.pp} = {p.world_size}, but the "
+            f"replica group has {world_size} ranks; make the product equal the group's world size."
+        )
+    if t.min_lr > t.lr:
+        fail(f"train.min_lr ({t.min_lr}) must not exceed train.lr ({t.lr}).")
+    per_step = p.dp_shard * t.grad_accum * (p.microbatches if p.pp > 1 else 1)
+    if t.batch_size % per_step:
+        what = "parallel.dp_shard*train.grad_accum" + (
+            "*parallel.pp_microbatches" if p.pp > 1 else ""
+        )
+        fail(f"train.batch_size ({t.batch_size}) must be divisible by {what} ({per_step}).")
+    if p.pp > 1 and t.global_batch_size % (t.batch_size // p.dp_shard):
+        fail(
+            f"train.global_batch_size ({t.global_batch_size}) must be a multiple of "
+            f"train.batch_size/parallel.dp_shard ({t.batch_size // p.dp_shard}) when parallel.pp > 1 "
+            "(the schedule runs whole batches)."
+        )
+    if p.pp > 1:
+        if t.grad_accum > 1:
+            fail(
+                "train.grad_accum must be 1 when parallel.pp > 1; raise parallel.pp_microbatches instead."
+            )
+        if p.pp_schedule == "Interleaved1F1B" and p.stages_per_rank < 2:
+            fail("parallel.pp_stages_per_rank must be at least 2 for the Interleaved1F1B schedule.")
+        if p.pp_schedule != "Interleaved1F1B" and p.stages_per_rank != 1:
+            fail(f"parallel.pp_stages_per_rank must be 1 for the {p.pp_schedule} schedule.")
+        if p.microbatches < p.pp:
+            fail(
+                f"parallel.pp_microbatches ({p.microbatches}) must be at least parallel.pp ({p.pp})."
+            )
+    if cfg.workload.spec is None:
+        _check_builtin(cfg, fail)
+    else:
+        check_workload_findable(cfg)
+
+
+def check_workload_findable(cfg: TrainerConfig) -> None:
+    """Without importing anything: workload.python_path entries are directories and the
+    top-level package of workload.spec is on them or on sys.path (the ranks import it)."""
+    spec = cfg.workload.spec
+    assert spec is not None
+    for entry in cfg.workload.python_path:
+        if not Path(entry).is_dir():
+            raise ConfigError(
+                f"workload.python_path entry {entry!r} is not a directory; point it at the "
+                "directory that holds the workload's package."
+            )
+    top = spec.partition(":")[0].split(".")[0]
+    search = [*cfg.workload.python_path, os.getcwd(), *sys.path]
+    if importlib.machinery.PathFinder.find_spec(top, search) is None:
+        raise ConfigError(
+            f"workload.spec {spec!r}: no module {top!r} on workload.python_path or the "
+            "interpreter's path; add its directory to workload.python_path."
+        )
+
+
+def _check_builtin(cfg: TrainerConfig, fail: Callable[[str], None]) -> None:
+    """[model] and [data] belong to the built-in Llama workload; checked only when it runs."""
+    m, p, t, d = cfg.model, cfg.parallel, cfg.train, cfg.data
+    if m.dim % m.n_heads:
+        fail(f"model.dim ({m.dim}) must be divisible by model.n_heads ({m.n_heads}).")
+    if m.n_heads % m.kv_heads:
+        fail(f"model.n_heads ({m.n_heads}) must be divisible by model.n_kv_heads ({m.kv_heads}).")
+    if (m.dim // m.n_heads) % 2:
+        fail(f"model.dim / model.n_heads ({m.dim // m.n_heads}) must be even for RoPE.")
+    if t.seq_len > m.max_seq_len:
+        fail(
+            f"train.seq_len ({t.seq_len}) exceeds model.max_seq_len ({m.max_seq_len}); raise model.max_seq_len."
+        )
+    if p.tp > 1:
+        for name, value in (
+            ("model.n_heads", m.n_heads),
+            ("model.n_kv_heads", m.kv_heads),
+            ("model.ffn_hidden", m.hidden),
+            ("model.vocab_size", m.vocab_size),
+            ("train.seq_len", t.seq_len),
+        ):
+            if value % p.tp:
+                fail(f"{name} ({value}) must be divisible by parallel.tp ({p.tp}).")
+    if m.tie_embeddings and (p.tp > 1 or p.pp > 1):
+        fail(
+            "model.tie_embeddings needs parallel.tp = 1 and parallel.pp = 1; untie it or drop tp/pp."
+        )
+    stages = p.pp * p.stages_per_rank
+    if p.pp > 1 and m.n_layers < stages:
+        fail(
+            f"model.n_layers ({m.n_layers}) must be at least the number of pipeline stages ({stages})."
+        )
+    if d.source == "text" and m.vocab_size < 256:
+        fail(
+            f"model.vocab_size ({m.vocab_size}) must be at least 256 for data.source = text (byte tokens)."
+        )
+    if d.source == "synthetic" and d.successors > m.vocab_size:
+        fail(f"data.successors ({d.successors}) must not exceed model.vocab_size ({m.vocab_size}).")
+    if d.source in ("text", "tokens"):
+        if not d.path:
+            fail(
+                f"data.path is required for data.source = {d.source}; set it to the {d.source} file."
+            )
+        elif not Path(d.path).is_file():
+            fail(f"data.path {d.path} does not exist; point it at a {d.source} file.")

@@ -1,0 +1,128 @@
+"""The environment contract between a launcher (the daemon or torchrun) and a rank.
+
+torchrun's names (RANK, WORLD_SIZE, MASTER_ADDR, ...) so that ``torchrun -m trainer``
+works without the daemon, plus the replica-group variables torchft uses and a few
+Phalanx ones. Torch-free.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainer.config.sections import ConfigError
+
+
+@dataclass(frozen=True)
+class RankEnv:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    master_addr: str | None = None
+    master_port: int | None = None
+    replica_group: int = 0
+    num_replica_groups: int = 1
+    lighthouse: str | None = None  # TORCHFT_LIGHTHOUSE; unset = fault tolerance off
+    min_replicas: int = 1
+    heartbeat: Path | None = None  # a file this rank touches on progress
+    lease_file: Path | None = (
+        None  # the daemon's lease confirmations (trainer.checkpoint.lease_fence)
+    )
+    job: str | None = None
+    node: str | None = None
+    torchelastic: bool = False  # launched by torchrun (its agent hosts the store)
+    # PHALANX_REPLICA_UUID: the uuid of the group's torchft replica id, kept by the daemon
+    # across the group's restarts; unset: torchft's fresh one per process.
+    replica_uuid: str | None = None
+
+    @property
+    def fault_tolerant(self) -> bool:
+        return bool(self.lighthouse)
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> RankEnv:
+        env = os.environ if environ is None else environ
+
+        def integer(name: str, default: int, minimum: int = 0) -> int:
+            raw = env.get(name)
+            if raw is None or raw == "":
+                return default
+            try:
+                value = int(raw)
+            except ValueError:
+                raise ConfigError(
+                    f"environment variable {name}={raw!r} must be an integer."
+                ) from None
+            if value < minimum:
+                raise ConfigError(
+                    f"environment variable {name}={value} must be at least {minimum}."
+                )
+            return value
+
+        world = integer("WORLD_SIZE", 1, 1)
+        rank = integer("RANK", 0)
+        if rank >= world:
+            raise ConfigError(f"environment variable RANK={rank} must be below WORLD_SIZE={world}.")
+        groups = integer("NUM_REPLICA_GROUPS", 1, 1)
+        group = integer("REPLICA_GROUP_ID", 0)
+        if group >= groups:
+            raise ConfigError(
+                f"environment variable REPLICA_GROUP_ID={group} must be below NUM_REPLICA_GROUPS={groups}."
+            )
+        port = integer("MASTER_PORT", 0)
+        lighthouse = env.get("TORCHFT_LIGHTHOUSE") or None
+        if lighthouse and not env.get("MASTER_ADDR"):
+            raise ConfigError(
+                "TORCHFT_LIGHTHOUSE is set but MASTER_ADDR/MASTER_PORT are not; torchft needs the group's store."
+            )
+        heartbeat, lease_file = env.get("PHALANX_HEARTBEAT"), env.get("PHALANX_LEASE_FILE")
+        return cls(
+            rank=rank,
+            local_rank=integer("LOCAL_RANK", rank),
+            world_size=world,
+            local_world_size=integer("LOCAL_WORLD_SIZE", world, 1),
+            master_addr=env.get("MASTER_ADDR") or None,
+            master_port=port or None,
+            replica_group=group,
+            num_replica_groups=groups,
+            lighthouse=lighthouse,
+            min_replicas=integer("PHALANX_MIN_REPLICAS", 1, 1),
+            heartbeat=Path(heartbeat) if heartbeat else None,
+            lease_file=Path(lease_file) if lease_file else None,
+            job=env.get("PHALANX_JOB") or None,
+            node=env.get("PHALANX_NODE") or None,
+            torchelastic=bool(env.get("TORCHELASTIC_RUN_ID")),
+            replica_uuid=replica_uuid(env.get("PHALANX_REPLICA_UUID")),
+        )
+
+
+def replica_uuid(raw: str | None) -> str | None:
+    """PHALANX_REPLICA_UUID, checked: lowercase hex and dashes (a uuid), or unset."""
+    if not raw:
+        return None
+    if not re.fullmatch(r"[0-9a-f-]{8,64}", raw):
+        raise ConfigError(
+            f"environment variable PHALANX_REPLICA_UUID={raw!r} must be a uuid (lowercase hex "
+            "and dashes); unset it to let torchft pick one."
+        )
+    return raw
+
+
+def advertise_host() -> str:
+    return os.environ.get("PHALANX_ADVERTISE_HOST") or socket.gethostname()
+
+
+def bind_host() -> str:
+    """The address this rank's listeners bind: ``PHALANX_BIND_HOST`` (the daemon's
+    node.bind_host), else the address the advertised name resolves to."""
+    explicit = os.environ.get("PHALANX_BIND_HOST")
+    if explicit:
+        return explicit
+    infos = socket.getaddrinfo(advertise_host(), None, type=socket.SOCK_STREAM)
+    infos.sort(key=lambda info: info[0] != socket.AF_INET)
+    return str(infos[0][4][0])

@@ -1,0 +1,139 @@
+"""Reading a job file for the trainer: TOML or JSON, ``--set`` overrides, validation
+into the section models with one-sentence errors, and the hash of chosen sections."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import tomllib
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from trainer.config.checks import check_trainer
+from trainer.config.sections import DAEMON_SECTIONS, C, ConfigError, TrainerConfig
+
+
+def add_override_option(parser: argparse.ArgumentParser) -> None:
+    """The `--set section.key=value` option every Phalanx command shares."""
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a setting; the value is a TOML literal (bare words are strings)",
+    )
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Split ``section.key=value`` and read the value as a TOML literal (bare words are strings)."""
+    key, sep, raw = text.partition("=")
+    parts = key.strip().split(".")
+    if not sep or len(parts) < 2 or not all(parts):
+        raise ConfigError(
+            f"--set {text!r} is not of the form section.key=value; write for example --set train.steps=100."
+        )
+    raw = raw.strip()
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return parts, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
+    """Return a copy of ``data`` with each ``section.key=value`` override applied."""
+    result: dict[str, Any] = json.loads(json.dumps(data))
+    for text in overrides:
+        parts, value = parse_override(text)
+        node = result
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(
+                    f"--set {text!r} goes through {part!r}, which is a value and not a section."
+                )
+            node = child
+        node[parts[-1]] = value
+    return result
+
+
+def read_job_file(path: str | Path) -> dict[str, Any]:
+    """Read a TOML job file (or the JSON the daemon writes) into a dict."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(
+            f"job file {p} does not exist; pass an existing file to --config."
+        ) from None
+    except OSError as e:
+        raise ConfigError(
+            f"job file {p} cannot be read ({e.strerror}); check its permissions."
+        ) from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"job file {p} is not UTF-8 text (byte {e.start} is invalid); save it as UTF-8."
+        ) from None
+    try:
+        loaded = json.loads(text) if p.suffix == ".json" else tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(
+            f"job file {p} is not valid {p.suffix.lstrip('.') or 'TOML'}: {e}."
+        ) from None
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"job file {p} must hold a table of sections.")
+    return loaded
+
+
+def _describe(error: Mapping[str, Any], model: type[BaseModel], source: str) -> str:
+    loc = [str(x) for x in error["loc"]]
+    field = ".".join(loc)
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        if len(loc) == 1:
+            known = ", ".join(sorted(model.model_fields))
+            return f"{source}: [{field}] is not a known section; the sections are {known}."
+        parent: Any = model
+        for part in loc[:-1]:
+            parent = parent.model_fields[part].annotation
+        known = ", ".join(sorted(f.alias or name for name, f in parent.model_fields.items()))
+        return f"{source}: {field} is not a known setting; [{'.'.join(loc[:-1])}] accepts {known}."
+    got = error.get("input")
+    message = str(error["msg"])
+    message = message.removeprefix("Input ").removeprefix("Value error, ")
+    message = message[0].lower() + message[1:]
+    return f"{source}: {field} {message} (got {got!r}); fix it in the job file or with --set {field}=..."
+
+
+def validate(model: type[C], data: Mapping[str, Any], source: str) -> C:
+    """Validate ``data`` against ``model``, turning the first error into a ConfigError."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_describe(e.errors()[0], model, source)) from None
+
+
+def load_trainer_config(
+    path: str | Path, overrides: Sequence[str] = (), world_size: int | None = None
+) -> TrainerConfig:
+    """Read, override, validate and cross-check a job file for the trainer."""
+    data = apply_overrides(read_job_file(path), overrides)
+    own = {k: v for k, v in data.items() if k not in DAEMON_SECTIONS}
+    cfg = validate(TrainerConfig, own, str(path))
+    try:
+        check_trainer(cfg, world_size)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    return cfg
+
+
+def spec_hash(data: Mapping[str, Any], sections: Iterable[str]) -> str:
+    """SHA-256 of the given sections of a resolved config, independent of key order."""
+    picked = {name: data.get(name) for name in sorted(sections)}
+    blob = json.dumps(picked, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()

@@ -1,0 +1,48 @@
+"""Fault tolerance across replica groups: the replication protocol a training loop
+sees, its torchft implementation (the Manager, the reconfigurable process group,
+gradient buckets, the healing transport), every reach into torchft's private parts
+(the adapter and its check), divergence detection, the training state one group
+hands another, and the report of a step attempt.
+"""
+
+from __future__ import annotations
+
+from trainer.ft.divergence import (
+    ReplicasDiverged,
+    Verdict,
+    compare_groups,
+    local_digest,
+    verdict,
+    votes,
+)
+from trainer.ft.grad_buckets import buckets
+from trainer.ft.replication import DRAIN_QUORUM_WAIT_S, Replication, SingleGroup, StepAbandoned
+from trainer.ft.state import TrainState, local
+from trainer.ft.step_report import Attempt, StepReport
+from trainer.ft.torchft_adapter import SafeHTTPTransport, scoped_process_group
+from trainer.ft.torchft_group import TorchFTGroup, membership_token
+from trainer.ft.transport import SnapshotTransport, checkpoint_transport
+
+__all__ = [
+    "DRAIN_QUORUM_WAIT_S",
+    "Attempt",
+    "ReplicasDiverged",
+    "Replication",
+    "SafeHTTPTransport",
+    "SingleGroup",
+    "SnapshotTransport",
+    "StepAbandoned",
+    "StepReport",
+    "TorchFTGroup",
+    "TrainState",
+    "Verdict",
+    "buckets",
+    "checkpoint_transport",
+    "compare_groups",
+    "local",
+    "local_digest",
+    "membership_token",
+    "scoped_process_group",
+    "verdict",
+    "votes",
+]

@@ -1,0 +1,355 @@
+"""One ``torchft.Manager`` per replica group: the :class:`~trainer.ft.replication.Replication`
+of a fault-tolerant job.
+
+* a reconfigurable torchft process group (Gloo on CPU, NCCL on CUDA) links rank r of
+  every participating group;
+* gradients are averaged across groups through a ``ManagedProcessGroup``, either from
+  FSDP2's all-reduce hook (called on each reduce-scatter output, i.e. on the already
+  sharded gradient) or, for a group without sharding, by one bucketed all-reduce after
+  backward;
+* ``should_commit`` gates the optimizer step, so a step that lost a peer mid-all-reduce
+  is discarded everywhere and retried by the survivors;
+* live healing: a group whose step is behind receives :class:`TrainState` from a peer
+  through :class:`~trainer.ft.transport.SnapshotTransport`. The healing group joins the
+  step's gradient exchange (with zeros) as soon as its process group is configured,
+  while the state still arrives: the survivors' step does not wait for the transfer,
+  and the heal is applied before the healing group's optimizer step (should_commit).
+
+Everything that touches torchft's private internals (the quorum id, the healing flag,
+the quorum's members, the rendezvous prefix, the transport's loader) goes through
+:mod:`trainer.ft.torchft_adapter`, which checks it all at startup.
+
+``torchft.DistributedDataParallel`` is deliberately not used: in torchft 0.2.0 its comm
+hook asserts when a peer dies during the all-reduce and takes the surviving group down
+with it. The paths here report the error to the manager instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import wait
+from datetime import timedelta
+
+import torch
+from torch.distributed import AllreduceOptions, ReduceOp
+from torch.distributed.fsdp import FSDPModule
+
+from trainer import logs
+from trainer.chaos import Chaos
+from trainer.config import FaultToleranceConfig
+from trainer.config.env import RankEnv
+from trainer.data.shares import Quorum
+from trainer.ft import torchft_adapter as ft
+from trainer.ft.grad_buckets import buckets
+from trainer.ft.replication import DRAIN_QUORUM_WAIT_S, NonFiniteStep, StepAbandoned
+from trainer.ft.state import TrainState
+from trainer.ft.transport import advertise_host, bind_host, checkpoint_transport
+
+
+def membership_token(replica_ids: Iterable[str], *, step: int) -> str:
+    """A short name for a quorum's exact members and its members' `step` (max_step).
+
+    A replica id names a group and its daemon (a restarted rank keeps its predecessor's,
+    see :func:`~trainer.ft.torchft_adapter.replica_uuid`), so the ids alone repeat after a
+    restart; the quorum id tells such quorums apart until a lighthouse restart numbers
+    from 1 again, and the step then still does."""
+    names = "\n".join(sorted(replica_ids))
+    return hashlib.sha256(f"{names}\n@{step}".encode()).hexdigest()[:16]
+
+
+class TorchFTGroup:
+    def __init__(
+        self,
+        cfg: FaultToleranceConfig,
+        env: RankEnv,
+        device: torch.device,
+        state: TrainState,
+        chaos: Chaos,
+    ) -> None:
+        from torchft.manager import Manager
+        from torchft.process_group import (
+            ManagedProcessGroup,
+            ProcessGroupGloo,
+            ProcessGroupNCCL,
+        )
+
+        ft.check_torchft()
+        self.state = state
+        self.chaos = chaos
+        self.device = device
+        self.log = logs.get()
+        self._step_started = time.monotonic()
+        timeout = timedelta(seconds=cfg.timeout_s)
+        pg = ft.scoped_process_group(
+            ProcessGroupNCCL if device.type == "cuda" else ProcessGroupGloo
+        )(timeout=timeout)
+        state.on_load.append(self._healed)
+        self.transport = checkpoint_transport(timeout)
+        # Rank 0's manager server listens on the bind address only (torchft: every interface).
+        with ft.manager_server_bound_to(bind_host()), ft.replica_uuid(env.replica_uuid):
+            self.manager = Manager(
+                pg=pg,
+                load_state_dict=state.load_healing_state_dict,
+                state_dict=state.healing_state_dict,
+                min_replica_size=env.min_replicas,
+                use_async_quorum=cfg.async_quorum,
+                timeout=timeout,
+                quorum_timeout=timedelta(seconds=cfg.quorum_timeout_s),
+                connect_timeout=timedelta(seconds=cfg.connect_timeout_s),
+                rank=env.rank,
+                world_size=env.world_size,
+                store_addr=env.master_addr,
+                store_port=env.master_port,
+                lighthouse_addr=env.lighthouse,
+                # Zero-padded: torchft orders a quorum's groups by this string, so the
+                # lowest id sorts first (the checkpoint writer, see is_writer).
+                replica_id=f"phalanx_group_{env.replica_group:05d}",
+                hostname=advertise_host(),
+                checkpoint_transport=self.transport,
+                # Every group initialises identical weights from train.seed.
+                init_sync=False,
+                # torchft 0.2.0's manager does not tell its ranks when a lighthouse call fails
+                # (they wait out the quorum timeout); retrying, with a fresh lighthouse client
+                # each time, rides out a leader change behind the daemon's forwarder.
+                quorum_retries=cfg.quorum_retries,
+            )
+        if env.replica_uuid is not None:
+            # The daemon keeps a group's replica id across its restarts: the replacement
+            # takes the place of the process it replaces at the lighthouse at once, where
+            # a new id would wait out the dead one's heartbeat timeout (DESIGN.md).
+            ft.count_as_new(self.manager)
+        self.pg = pg  # configured by each quorum for this rank's peers in every group
+        self.recorder = recorder = ft.record_quorums(self.manager)
+        pg.membership = lambda: (
+            membership_token(recorder.replica_ids, step=recorder.max_step)
+            if recorder.replica_ids is not None
+            else "0"
+        )
+        self.managed_pg = ManagedProcessGroup(self.manager)
+        # Whether this group was the writer in the quorum of its last committed step; a
+        # drain that leaves a step's quorum unformed must not wait on it to ask.
+        self._writer: bool | None = None
+        self.stop_requested: Callable[[], bool] = lambda: False
+        self.on_heal: list[Callable[[int, float], None]] = []
+        self._last_quorum: Quorum | None = None
+        self._next: Quorum | None = None  # see last_quorum
+
+    def _healed(self, step: int, load_seconds: float) -> None:
+        seconds = time.monotonic() - self._step_started
+        self.log.info(
+            "heal_done", step=step, seconds=round(seconds, 3), load_seconds=round(load_seconds, 3)
+        )
+        for callback in self.on_heal:
+            callback(step, seconds)
+
+    def start_step(self) -> None:
+        self._step_started = time.monotonic()
+        self.transport.close()  # a copy served to a healer in the last step
+        self.manager.start_quorum()
+
+    def current_step(self) -> int:
+        return int(self.manager.current_step())
+
+    def participants(self) -> int:
+        return int(self.manager.num_participants())
+
+    def quorum(self) -> Quorum:
+        """This step's quorum as the data contract needs it (waits for it to form; a SIGTERM
+        meanwhile leaves the step if it does not form soon, see _quorum_or_drain). A group
+        that heals in it knows as soon as its process group is ready: it takes no share."""
+        if self._quorum_or_drain():
+            last = self.recorder.last  # this step's: the healing flag is set after it
+            self._last_quorum = Quorum(max(1, int(last.max_world_size)), None)
+            return self._last_quorum
+        participants = max(1, int(self.manager.num_participants()))
+        rank = self.manager.participating_rank() if self.manager.is_participating() else None
+        self._last_quorum = Quorum(participants, None if rank is None else int(rank))
+        return self._last_quorum
+
+    def last_quorum(self) -> Quorum | None:
+        """This step's likely quorum, before it forms: the previous step's if that step
+        committed with every member taking part, or this group alone if a two-group
+        step failed because the other group did (a replacement joins healing and takes
+        no share). None otherwise: one heals or joins, and guessing would waste a forward."""
+        return self._next
+
+    def quorum_id(self) -> int | None:
+        return ft.quorum_id(self.manager)
+
+    def is_writer(self) -> bool:
+        """True for the lowest-id group among the up-to-date participants of the quorum
+        of the last committed step (of this step's quorum before any commit)."""
+        if self._writer is None:
+            return bool(self.manager.participating_rank() == 0)
+        return self._writer
+
+    def fresh_start(self) -> bool:
+        """After this step's quorum: no participant has committed a step (every group is new)."""
+        if self._heals_now():
+            return False  # a peer has committed: this group heals from it
+        self.manager.wait_quorum()
+        return not ft.is_healing(self.manager) and int(self.manager.current_step()) == 0
+
+    def ft_state(self) -> dict[str, int]:
+        return dict(self.manager.state_dict())
+
+    def restore(self, step: int, ft_state: dict[str, int]) -> None:
+        self.manager.load_state_dict(
+            {"step": step, "batches_committed": ft_state.get("batches_committed", 0)}
+        )
+        self.state.step = step
+
+    def _started(self, exchange: Callable[[torch.Tensor], object], flat: torch.Tensor) -> object:
+        """`exchange(flat)`, or None with the error reported to the manager (the step fails)."""
+        try:
+            return exchange(flat)
+        except Exception as e:  # torchft's managed all-reduce reports its own
+            self.manager.report_error(e)
+            return None
+
+    def _healing_allreduce(self, tensor: torch.Tensor) -> object:
+        """This healing group's part of an all-reduce (zeros: it contributes nothing),
+        straight on the process group its quorum configured; summed, not averaged."""
+        tensor.zero_()
+        opts = AllreduceOptions()
+        opts.reduceOp = ReduceOp.SUM  # type: ignore[assignment]
+        return self.pg.allreduce([tensor], opts)
+
+    def _allreduce(self, tensor: torch.Tensor) -> object:
+        opts = AllreduceOptions()
+        opts.reduceOp = ReduceOp.AVG  # type: ignore[assignment]
+        return self.managed_pg.allreduce([tensor], opts)
+
+    def hook_fsdp(self, modules: Iterable[torch.nn.Module]) -> None:
+        def hook(output: torch.Tensor) -> None:
+            self._quorum_or_drain()
+            work = self._allreduce(output)
+            self.chaos.at("allreduce")
+            work.wait()  # type: ignore[attr-defined]
+
+        for module in modules:
+            if isinstance(module, FSDPModule):
+                module.set_all_reduce_hook(hook)
+
+    def sync_gradients(self, grads: list[torch.Tensor]) -> bool:
+        """Average unsharded gradients across groups, one flat all-reduce per bucket; True
+        if the tensors now hold the participating groups' average (False when this group
+        only heals in this step or the exchange failed). A failed exchange leaves the
+        tensors as they were (this rank's own gradients, see Loop._forward_backward).
+
+        A group that heals in this step sends zeros as soon as its process group is ready,
+        while the peer's state still arrives, and keeps the average for its optimizer step
+        after the heal; torchft's managed all-reduce would first wait for the state."""
+        early = self._quorum_or_drain()
+        exchange = self._healing_allreduce if early else self._allreduce
+        pending = []
+        for bucket in buckets(grads):
+            flat = torch.cat([g.reshape(-1) for g in bucket])
+            pending.append((bucket, flat, self._started(exchange, flat)))
+        self.chaos.at("allreduce")
+        for _, _, work in pending:
+            try:
+                if work is not None:
+                    work.wait()  # type: ignore[attr-defined]
+            except Exception as e:  # a raw process group's failure (the healing exchange)
+                self.manager.report_error(e)
+        if self.manager.errored() is not None:
+            return False
+        if early:
+            participants = max(1, int(self.recorder.last.max_world_size))
+            for _, flat, _ in pending:
+                flat /= participants  # as torchft's managed all-reduce averages
+        for bucket, flat, _ in pending:
+            offset = 0
+            for g in bucket:
+                g.copy_(flat[offset : offset + g.numel()].view_as(g))
+                offset += g.numel()
+        return self.manager.errored() is None and bool(self.manager.is_participating())
+
+    def should_commit(self, vote: bool = True) -> bool:
+        """Commit the step unless any rank of any participating group failed it; `vote`
+        False fails it here (torchft skips the step and reconfigures next quorum)."""
+        if not vote:
+            self.manager.report_error(NonFiniteStep(f"step {self.current_step()} is not finite"))
+        committed = bool(self.manager.should_commit())
+        if committed:
+            self.state.step = self.current_step()
+            self._writer = bool(self.manager.participating_rank() == 0)  # quorum formed
+        self._next = self._likely_next(vote, committed)
+        return committed
+
+    def _likely_next(self, vote: bool, committed: bool) -> Quorum | None:
+        """The next step's quorum, when this step's says it (see last_quorum)."""
+        members, quorum = self.recorder.replica_ids, self._last_quorum
+        if quorum is None or members is None or len(members) != quorum.participants:
+            return None  # a member healed in this step: the next quorum differs
+        if committed:
+            return quorum
+        lost_peer = vote and quorum.participants == 2 and self.manager.errored() is not None
+        return Quorum(1, 0) if lost_peer and quorum.rank is not None else None
+
+    def quorum_settles(self, seconds: float) -> bool:
+        """Wait up to `seconds` for this step's quorum; True if it formed (not pending or failed)."""
+        future = ft.quorum_future(self.manager)
+        if future is None:
+            return True
+        done, _ = wait([future], timeout=seconds)
+        return bool(done) and future.exception() is None
+
+    def across_groups(self, values: list[int]) -> tuple[list[int], list[int]]:
+        """Element-wise min and max of `values` over every group of this step's quorum.
+
+        Collective: this rank's peers (same rank) in every group call it in the same step.
+        """
+        self.manager.wait_quorum()
+        out: list[list[int]] = []
+        for op in (ReduceOp.MIN, ReduceOp.MAX):
+            t = torch.tensor(values, dtype=torch.int64, device=self.device)
+            opts = AllreduceOptions()
+            opts.reduceOp = op  # type: ignore[assignment]
+            self.pg.allreduce([t], opts).wait()
+            out.append([int(v) for v in t.cpu().tolist()])
+        return out[0], out[1]
+
+    def quorum_step(self) -> int:
+        """The step of this step's up-to-date groups (a healing group is behind it)."""
+        self.manager.wait_quorum()
+        last = self.recorder.last
+        return int(last.max_step) if last is not None else self.current_step()
+
+    def average_across_groups(self, t: torch.Tensor) -> torch.Tensor | None:
+        """`t` averaged over the participating groups through the managed all-reduce, like
+        gradients; None when this group only heals in this step or the exchange failed."""
+        self._allreduce(t).wait()  # type: ignore[attr-defined]
+        if self.manager.errored() is not None or not self.manager.is_participating():
+            return None
+        return t
+
+    def _heals_now(self) -> bool:
+        """Whether this step's quorum says this group heals, its process group is configured
+        for that quorum and the peer's state is still on its way (torchft sets the healing
+        flag after configuring the process group, before it fetches the state)."""
+        future = ft.quorum_future(self.manager)
+        return future is not None and not future.done() and ft.is_healing(self.manager)
+
+    def _quorum_or_drain(self) -> bool:
+        """Wait for this step's quorum before the first all-reduce across groups; a
+        SIGTERM during that wait leaves the step if the quorum does not form soon. True
+        when it stopped waiting because this group heals (see _heals_now)."""
+        future = ft.quorum_future(self.manager)
+        while future is not None and not future.done():
+            if self._heals_now():
+                return True
+            if self.stop_requested():
+                if not self.quorum_settles(DRAIN_QUORUM_WAIT_S):
+                    raise StepAbandoned(
+                        f"draining, and the step's quorum did not form in {DRAIN_QUORUM_WAIT_S} s"
+                    )
+                return False
+            wait([future], timeout=0.01)  # the healing flag comes before the future ends
+        return False
+
+    def shutdown(self) -> None:
+        self.manager.shutdown(wait=False)

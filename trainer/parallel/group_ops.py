@@ -1,0 +1,38 @@
+"""Small collectives inside one replica group, shared by the training loop and evaluation."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from trainer.data.sources import StepData
+from trainer.parallel.mesh import Layout
+
+
+def group_sum(
+    layout: Layout, last: bool, mine: float, flags: list[bool] | None = None
+) -> tuple[float, list[bool]]:
+    """One all-reduce inside the group: the sum of `mine` over the ranks on the last
+    pipeline stage with tp_rank 0 (each data shard's once), and each flag, true if it is
+    true on any rank."""
+    flags = flags or []
+    if layout.mesh is None:
+        return mine, flags
+    contributes = last and layout.tp_rank == 0
+    t = torch.tensor([mine if contributes else 0.0, *map(float, flags)], dtype=torch.float64)
+    dist.all_reduce(t)
+    return float(t[0]), [bool(v > 0) for v in t[1:].tolist()]
+
+
+def run_schedule(call: Callable[..., object], batch: StepData, first: bool, last: bool) -> float:
+    """One pipeline schedule call (a training step or an evaluation) over a batch: the
+    mean microbatch loss on the last stage, 0.0 on the others."""
+    losses: list[torch.Tensor] = []
+    args = (batch.inputs,) if first else ()
+    if last:
+        call(*args, target=batch.targets, losses=losses)
+    else:
+        call(*args)
+    return float(torch.stack(losses).mean()) if losses else 0.0

@@ -1,0 +1,121 @@
+"""The process group and DeviceMesh inside one replica group.
+
+The mesh has the axes ``("pp", "dp_shard", "tp")`` over the group's ranks (any of
+them may be 1), like torchtitan's ParallelDims. Replication across groups is not a
+mesh axis: torchft's reconfigurable process group does it (fault_tolerance.py).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, not in stubs
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from trainer.config import ParallelConfig
+from trainer.config.env import RankEnv, bind_host
+
+AXES = ("pp", "dp_shard", "tp")
+
+
+def pick_device(cfg: ParallelConfig, env: RankEnv) -> torch.device:
+    kind = cfg.device
+    if kind == "auto":
+        kind = "cuda" if torch.cuda.is_available() else "cpu"
+    if kind == "cuda":
+        torch.cuda.set_device(env.local_rank)
+        return torch.device("cuda", env.local_rank)
+    return torch.device("cpu")
+
+
+@dataclass
+class Layout:
+    device: torch.device
+    mesh: DeviceMesh | None  # None for a single-rank group
+    pp: int = 1
+    dp_shard: int = 1
+    tp: int = 1
+    pp_rank: int = 0
+    dp_rank: int = 0
+    tp_rank: int = 0
+
+    def sub(self, axis: str) -> DeviceMesh | None:
+        """The 1-D mesh of one axis, or None when that axis has degree 1."""
+        if self.mesh is None or getattr(self, axis) == 1:
+            return None
+        return self.mesh[axis]
+
+    def group(self, axis: str) -> dist.ProcessGroup | None:
+        sub = self.sub(axis)
+        return sub.get_group() if sub is not None else None
+
+
+_LISTENERS: list[socket.socket] = []  # the store serves on these for the process's life
+
+
+def group_store(env: RankEnv, timeout: timedelta) -> TCPStore:
+    """The group's TCPStore at MASTER_ADDR:MASTER_PORT; rank 0 serves it on the bind
+    address only (torch's env:// server listens on every interface)."""
+    assert env.master_addr and env.master_port
+    if env.rank != 0:
+        return TCPStore(env.master_addr, env.master_port, env.world_size, False, timeout)
+    host = bind_host()
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.create_server((host, env.master_port), family=family, backlog=1024)
+    _LISTENERS.append(listener)
+    return TCPStore(
+        env.master_addr,
+        env.master_port,
+        env.world_size,
+        True,
+        timeout,
+        wait_for_workers=False,
+        master_listen_fd=listener.fileno(),
+    )
+
+
+def init_distributed(cfg: ParallelConfig, env: RankEnv, timeout_s: float) -> Layout:
+    """Join the group's process group (rank 0 hosts its TCPStore) and build the mesh."""
+    device = pick_device(cfg, env)
+    if env.world_size > 1 or env.master_addr:
+        backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+        timeout = timedelta(seconds=timeout_s)
+        if env.master_addr and env.master_port and not env.torchelastic:
+            dist.init_process_group(
+                backend,
+                store=group_store(env, timeout),
+                rank=env.rank,
+                world_size=env.world_size,
+                timeout=timeout,
+            )
+        else:  # torchrun's agent hosts the store (or a lone rank on loopback)
+            os.environ.setdefault("MASTER_ADDR", env.master_addr or "127.0.0.1")
+            if env.master_port:
+                os.environ.setdefault("MASTER_PORT", str(env.master_port))
+            dist.init_process_group(
+                backend,
+                init_method="env://",
+                rank=env.rank,
+                world_size=env.world_size,
+                timeout=timeout,
+            )
+    if env.world_size == 1:
+        return Layout(device=device, mesh=None)
+    mesh = init_device_mesh(device.type, (cfg.pp, cfg.dp_shard, cfg.tp), mesh_dim_names=AXES)
+    coords = mesh.get_coordinate()
+    assert coords is not None
+    return Layout(
+        device=device,
+        mesh=mesh,
+        pp=cfg.pp,
+        dp_shard=cfg.dp_shard,
+        tp=cfg.tp,
+        pp_rank=coords[0],
+        dp_rank=coords[1],
+        tp_rank=coords[2],
+    )
