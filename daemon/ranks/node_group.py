@@ -18,6 +18,7 @@ from daemon.config import DaemonConfig
 from daemon.node_state.view import NodeView
 from daemon.ranks.spec import GroupSpec
 from daemon.ranks.standby import REFILL_DELAY_S, StandbyPool
+from daemon.ranks.stop_cause import StopCause
 from daemon.ranks.workers import ExitKind, GroupExit, WorkerGroup
 from trainer import logs
 from trainer.spares.scheduling import may_leave_idle
@@ -59,7 +60,7 @@ class NodeGroup:
         self.refill_delay_s = 0.0 if may_leave_idle() else REFILL_DELAY_S
         self.current: WorkerGroup | None = None
         self.attempt = 0
-        self.cause: GroupExit | str | None = None  # why it is being stopped
+        self.cause: StopCause | None = None  # why it is being stopped
         self.restart_reason: str | None = None  # why the next start is a restart
         self.last_codes: list[int | None] | None = None  # the exit codes of the last group
         # The uuid of the group's torchft replica id, drawn by the first start: a restart
@@ -116,19 +117,17 @@ class NodeGroup:
             self.kill()  # every rank has exited 0: this only reaps
         return outcome
 
-    def stop(self, cause: GroupExit | str) -> None:
+    def stop(self, cause: StopCause) -> None:
         """Begin stopping for `cause`: SIGTERM, or SIGKILL at once for a hang or a
         paused group (its state is being thrown away; it must not run another step)."""
         assert self.current is not None
         self.cause = cause
         hung = isinstance(cause, GroupExit) and cause.kind == ExitKind.HUNG
+        if not isinstance(cause, GroupExit):  # the ranks' own exit was logged as it came
+            self.log.info("group_stopping", reason=cause.reason)
         if hung or self.current.paused:
-            if isinstance(cause, str):
-                self.log.info("group_stopping", reason=cause)
             self.current.kill()  # a hung rank may ignore SIGTERM
             return
-        if isinstance(cause, str):
-            self.log.info("group_stopping", reason=cause)
         self.current.request_stop()
 
     def drain(self) -> None:
@@ -168,7 +167,7 @@ class NodeGroup:
             self.last_codes = outcome.codes if outcome else None
         self.current, self.view.pids = None, []
 
-    def take_cause(self) -> GroupExit | str:
+    def take_cause(self) -> StopCause:
         cause, self.cause = self.cause, None
         assert cause is not None, "stopped without a cause"
         return cause

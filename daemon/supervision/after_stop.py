@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 from daemon.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from daemon.node_state.states import State
-from daemon.ranks.workers import ExitKind, GroupExit
+from daemon.ranks.stop_cause import FENCED_OUT, SLOT_LOST, FencedOut, JobEnded, SlotLost, StopCause
+from daemon.ranks.workers import ExitKind
 from daemon.supervision.restarts import RestartBudget
 
-SLOT_LOST = "slot lost while etcd was away"
-FENCED_OUT = "fenced: the ranks' state may lie on a partition's losing side"
+__all__ = ["FENCED_OUT", "SLOT_LOST", "Verdict", "after_stop"]
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class Verdict:
 
 
 def after_stop(
-    cause: GroupExit | str,
+    cause: StopCause,
     *,
     slot_held: bool,
     missing_groups: str | None,
@@ -44,12 +44,12 @@ def after_stop(
     last_error: str | None,
 ) -> Verdict:
     """Where a node goes once its group has stopped for `cause` (an exit or a reason)."""
-    if cause == SLOT_LOST:
+    if isinstance(cause, SlotLost):
         return Verdict(State.WAITING if slot_held else State.CLAIMING)
-    if cause == FENCED_OUT:  # a restart the node did not cause: outside the budget
+    if isinstance(cause, FencedOut):  # a restart the node did not cause: outside the budget
         return Verdict(State.WAITING if slot_held else State.CLAIMING, reason="fenced")
-    if isinstance(cause, str):  # the job completed elsewhere, or another ending
-        return Verdict(State.DONE, reason=cause)
+    if isinstance(cause, JobEnded):  # the job completed elsewhere
+        return Verdict(State.DONE, reason=cause.reason)
     if cause.kind == ExitKind.DRAINED:  # a rank was told to stop by someone else
         error = "ranks were stopped from outside the daemon"
         return Verdict(State.FAILED, error=error, code=EXIT_FAILED)

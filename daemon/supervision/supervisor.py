@@ -41,8 +41,9 @@ from daemon.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from daemon.node_state.states import TERMINAL, IllegalTransition, State, allowed
 from daemon.node_state.view import NodeView
 from daemon.ranks.node_group import NodeGroup
-from daemon.ranks.workers import ExitKind, GroupExit
-from daemon.supervision.after_stop import FENCED_OUT, SLOT_LOST, after_stop
+from daemon.ranks.stop_cause import FENCED_OUT, SLOT_LOST, JobEnded, StopCause
+from daemon.ranks.workers import ExitKind
+from daemon.supervision.after_stop import after_stop
 from daemon.supervision.restarts import RestartBudget
 from daemon.supervision.systemd import Notifier
 from daemon.supervision.upkeep import EtcdUpkeep, Event, Join
@@ -185,7 +186,7 @@ class Supervisor:
         if outcome is None:
             # Another node completed the job: this group gets drain_grace_s to finish too.
             if self.view.completed_for(time.monotonic()) >= self.cfg.node.drain_grace_s:
-                return self._stop("the job completed elsewhere")
+                return self._stop(JobEnded("the job completed elsewhere"))
             return State.RUNNING
         if outcome.kind == ExitKind.COMPLETED:
             self.upkeep.set_state("completed")
@@ -248,7 +249,7 @@ class Supervisor:
 
     # ------------------------------------------------------ what handlers share
 
-    def _stop(self, cause: GroupExit | str) -> State:
+    def _stop(self, cause: StopCause) -> State:
         """Begin stopping the group; STOPPING decides what next once it is gone."""
         self.group.stop(cause)
         return State.STOPPING

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from daemon.exits import EXIT_BAD_INPUT, EXIT_FAILED, RANK_BAD_INPUT, RANK_NO_QUORUM
 from daemon.node_state.states import State
+from daemon.ranks.stop_cause import JobEnded, StopCause
 from daemon.ranks.workers import ExitKind, GroupExit, _failure_kind
 from daemon.supervision.after_stop import SLOT_LOST, Verdict, after_stop
 from daemon.supervision.restarts import RestartBudget
@@ -13,7 +14,7 @@ def _exit(kind: ExitKind, reason: str = "rank 1 exited with code 1") -> GroupExi
     return GroupExit(kind, [1, None], reason)
 
 
-def _decide(cause: GroupExit | str, **kw: object) -> Verdict:
+def _decide(cause: StopCause, **kw: object) -> Verdict:
     args: dict[str, object] = {
         "slot_held": True,
         "missing_groups": None,
@@ -31,7 +32,7 @@ def test_a_lost_slot_waits_with_its_new_slot_or_claims_again() -> None:
 
 
 def test_a_reason_given_by_the_node_ends_it() -> None:
-    v = _decide("the job completed elsewhere")
+    v = _decide(JobEnded("the job completed elsewhere"))
     assert (v.state, v.reason) == (State.DONE, "the job completed elsewhere")
 
 

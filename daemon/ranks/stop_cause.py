@@ -1,0 +1,39 @@
+"""Why a node stops its group: the ranks' own exit, or a reason of the node's.
+
+:data:`StopCause` is a closed union: the supervisor hands one to the node group when it
+begins stopping, and ``daemon.supervision.after_stop`` matches on its type, never on text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from daemon.ranks.workers import GroupExit
+
+
+@dataclass(frozen=True)
+class SlotLost:
+    """etcd gave our slot to another node while it was away."""
+
+    reason: ClassVar[str] = "slot lost while etcd was away"
+
+
+@dataclass(frozen=True)
+class FencedOut:
+    """A fence ended with the ranks' state discarded (it may lie on a partition's losing side)."""
+
+    reason: ClassVar[str] = "fenced: the ranks' state may lie on a partition's losing side"
+
+
+@dataclass(frozen=True)
+class JobEnded:
+    """The job ended without this node's ranks finishing it (completed elsewhere)."""
+
+    reason: str
+
+
+StopCause = GroupExit | SlotLost | FencedOut | JobEnded
+
+SLOT_LOST = SlotLost()
+FENCED_OUT = FencedOut()
