@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from trainer import logs
@@ -37,12 +36,12 @@ from trainer.config import TrainerConfig
 from trainer.config.env import RankEnv
 from trainer.data.shares import Quorum, RankPlan, group_share, rank_plan
 from trainer.data.sources import Sampler
-from trainer.ft.divergence import ReplicasDiverged, compare_groups
+from trainer.ft.divergence import check_replicas
 from trainer.ft.replication import DRAIN_QUORUM_WAIT_S, Replication, StepAbandoned
 from trainer.ft.state import TrainState, local
 from trainer.ft.step_report import Attempt, StepReport
 from trainer.optim import clip_grad_norm
-from trainer.parallel.group_ops import group_sum, run_schedule
+from trainer.parallel.group_ops import group_any, group_sum, run_schedule
 from trainer.parallel.mesh import Layout
 from trainer.parallel.parallelize import autocast, autocast_dtype
 from trainer.workloads import LossFn
@@ -226,31 +225,11 @@ class Loop:
         step = self.replication.quorum_step()  # equal on every group of the quorum
         if step == 0 or step % every:
             return False
-        seen = compare_groups([local(p) for p in self.params], self.replication, self._group_any)
-        if seen is None or not seen.diverged:
-            return False
-        if self.env.rank == 0:
-            self.log.warning(
-                "replicas_diverged",
-                step=step,
-                share=round(seen.share, 3),
-                group="minority: restarting to heal" if seen.minority else "majority",
-            )
-        if seen.minority:
-            raise ReplicasDiverged(
-                f"this group's parameters at step {step} differ from the majority's "
-                f"({seen.share:.0%} of the groups match rank {self.env.rank}'s shard); "
-                "it restarts and heals from them."
-            )
-        return True
+        shards = [local(p) for p in self.params]
+        return check_replicas(step, shards, self.replication, self._group_any, self.env.rank)
 
     def _group_any(self, flags: list[bool]) -> list[bool]:
-        """Each flag, true if it is true on any rank of the group."""
-        if self.layout.mesh is None:
-            return flags
-        t = torch.tensor([1.0 if f else 0.0 for f in flags], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return [bool(v > 0) for v in t.tolist()]
+        return group_any(self.layout, flags)
 
     def _non_finite(self, step: int, loss: float, grad_norm: float) -> None:
         """Count a step voted down for a NaN/inf; too many in a row end the job."""

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
+from trainer import logs
 from trainer.ft.replication import Replication
 
 SLICES = 4  # 6-bit slices of the digest, each voted on separately
@@ -119,3 +120,31 @@ def compare_groups(
     seen = verdict(mine, averaged)
     diverged, minority = group_any([seen.diverged, seen.minority])
     return GroupVerdict(diverged=diverged, minority=minority, share=seen.share)
+
+
+def check_replicas(
+    step: int,
+    shards: list[torch.Tensor],
+    replication: Replication,
+    group_any: Callable[[list[bool]], list[bool]],
+    rank: int,
+) -> bool:
+    """One comparison at quorum step `step`: True when the groups differ and this group is
+    in the majority (logged on rank 0); raises :class:`ReplicasDiverged` in the minority."""
+    seen = compare_groups(shards, replication, group_any)
+    if seen is None or not seen.diverged:
+        return False
+    if rank == 0:
+        logs.get().warning(
+            "replicas_diverged",
+            step=step,
+            share=round(seen.share, 3),
+            group="minority: restarting to heal" if seen.minority else "majority",
+        )
+    if seen.minority:
+        raise ReplicasDiverged(
+            f"this group's parameters at step {step} differ from the majority's "
+            f"({seen.share:.0%} of the groups match rank {rank}'s shard); "
+            "it restarts and heals from them."
+        )
+    return True

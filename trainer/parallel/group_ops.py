@@ -26,6 +26,15 @@ def group_sum(
     return float(t[0]), [bool(v > 0) for v in t[1:].tolist()]
 
 
+def group_any(layout: Layout, flags: list[bool]) -> list[bool]:
+    """Each flag, true if it is true on any rank of the group."""
+    if layout.mesh is None:
+        return flags
+    t = torch.tensor([1.0 if f else 0.0 for f in flags], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return [bool(v > 0) for v in t.tolist()]
+
+
 def run_schedule(call: Callable[..., object], batch: StepData, first: bool, last: bool) -> float:
     """One pipeline schedule call (a training step or an evaluation) over a batch: the
     mean microbatch loss on the last stage, 0.0 on the others."""
