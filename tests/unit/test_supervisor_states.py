@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import inspect
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -84,6 +85,11 @@ def test_every_move_in_the_code_is_in_the_table_and_every_entry_is_used() -> Non
 def test_the_docstring_diagram_is_the_table() -> None:
     doc = supervisor.__doc__ or ""
     assert textwrap.indent(diagram(), "    ") in doc
+
+
+def test_the_architecture_doc_shows_the_table() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text()
+    assert "```\n" + diagram() + "\n```" in doc
 
 
 def test_terminal_states_go_nowhere_and_draining_only_ends() -> None:
