@@ -29,7 +29,7 @@ from trainer.checkpoint.files import MARKER
 # The daemon's own helper for /proc walking (not process groups); ports come from tests.support.ports.
 children = descendants
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 Event = dict[str, Any]
 

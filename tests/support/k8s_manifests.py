@@ -13,7 +13,7 @@ import yaml
 from daemon.config import DaemonConfig
 from trainer.config import validate
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "ops" / "k8s"
 
 Doc = dict[str, Any]

@@ -23,7 +23,7 @@ import yaml
 
 from tests.support.harness import free_port, wait_for
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROM_DIR = ROOT / "ops" / "prometheus"
 ALERTS = PROM_DIR / "alerts.yml"
 DASHBOARD = ROOT / "ops" / "grafana" / "phalanx.json"
