@@ -37,7 +37,12 @@ from trainer.config.env import RankEnv
 from trainer.data.shares import Quorum, RankPlan, group_share, rank_plan
 from trainer.data.sources import Sampler
 from trainer.ft.divergence import check_replicas
-from trainer.ft.replication import DRAIN_QUORUM_WAIT_S, Replication, StepAbandoned
+from trainer.ft.replication import (
+    DRAIN_QUORUM_WAIT_S,
+    Replication,
+    StepAbandoned,
+    leave_unless_formed,
+)
 from trainer.ft.state import TrainState, local
 from trainer.ft.step_report import Attempt, StepReport
 from trainer.optim import clip_grad_norm
@@ -192,10 +197,8 @@ class Loop:
         mine, quorum = self._forward_backward(step)
         own = self.share
         total = self._group_total(mine)
-        if self.drained and not self._quorum_settles():
-            raise StepAbandoned(
-                f"draining, and the step's quorum did not form in {DRAIN_QUORUM_WAIT_S} s"
-            )
+        if self.drained:
+            leave_unless_formed(self._quorum_settles())
         if self.chaos.at("gradients"):
             for p in self.params:
                 if p.grad is not None:

@@ -46,7 +46,7 @@ from trainer.checkpoint.safe_load import SafeReader, TensorOnlyPlanner
 from trainer.checkpoint.saver import Checkpointer
 from trainer.config import ConfigError
 from trainer.ft.divergence import compare_groups
-from trainer.ft.replication import Replication
+from trainer.ft.replication import Checkpointing
 from trainer.ft.state import local
 
 NONE = -1
@@ -70,7 +70,7 @@ class Source:
 
 def resume(
     ckpt: Checkpointer,
-    replication: Replication,
+    replication: Checkpointing,
     chaos: Chaos | None = None,
     resume_from: str | None = None,
 ) -> int | None:
@@ -99,7 +99,7 @@ def resume(
     return step
 
 
-def _agree_and_load(ckpt: Checkpointer, replication: Replication, source: Source) -> int | None:
+def _agree_and_load(ckpt: Checkpointer, replication: Checkpointing, source: Source) -> int | None:
     bound: int | None = None
     while True:
         refusal: ConfigError | None = None
@@ -162,7 +162,7 @@ def _from_rank0(ckpt: Checkpointer, value: int) -> int:
     return int(t.item())
 
 
-def _load(ckpt: Checkpointer, replication: Replication, path: Path) -> bool:
+def _load(ckpt: Checkpointer, replication: Checkpointing, path: Path) -> bool:
     """Load the checkpoint at path on every rank of the group (collective); False if it failed."""
     try:
         dcp_load(
@@ -183,7 +183,7 @@ def _load(ckpt: Checkpointer, replication: Replication, path: Path) -> bool:
 
 
 def _compare_digests(
-    ckpt: Checkpointer, replication: Replication, step: int, chaos: Chaos | None
+    ckpt: Checkpointer, replication: Checkpointing, step: int, chaos: Chaos | None
 ) -> None:
     """Before the first commit: did every group restore the same parameters? The vote of
     trainer.ft.divergence: a group in the minority stops (its daemon restarts it and it heals

@@ -53,7 +53,7 @@ from trainer.checkpoint.files import (
 )
 from trainer.checkpoint.lease_fence import Fence, LeaseFence
 from trainer.config import CheckpointConfig
-from trainer.ft.replication import Replication
+from trainer.ft.replication import Checkpointing
 from trainer.ft.state import TrainState
 from trainer.metrics import TrainMetrics
 
@@ -66,7 +66,7 @@ class Checkpointer:
         cfg: CheckpointConfig,
         root: Path,
         state: TrainState,
-        replication: Replication,
+        replication: Checkpointing,
         metrics: TrainMetrics,
         model_hash: str,
         layout: dict[str, int],

@@ -16,7 +16,19 @@ from trainer.ft.divergence import (
     votes,
 )
 from trainer.ft.grad_buckets import buckets
-from trainer.ft.replication import DRAIN_QUORUM_WAIT_S, Replication, SingleGroup, StepAbandoned
+from trainer.ft.replication import (
+    DRAIN_QUORUM_WAIT_S,
+    Checkpointing,
+    Comparing,
+    CrossGroup,
+    QuorumView,
+    Replication,
+    ResumableState,
+    SingleGroup,
+    StepAbandoned,
+    StepLifecycle,
+    leave_unless_formed,
+)
 from trainer.ft.state import TrainState, local
 from trainer.ft.step_report import Attempt, StepReport
 from trainer.ft.torchft_adapter import SafeHTTPTransport, scoped_process_group
@@ -26,12 +38,18 @@ from trainer.ft.transport import SnapshotTransport, checkpoint_transport
 __all__ = [
     "DRAIN_QUORUM_WAIT_S",
     "Attempt",
+    "Checkpointing",
+    "Comparing",
+    "CrossGroup",
+    "QuorumView",
     "ReplicasDiverged",
     "Replication",
+    "ResumableState",
     "SafeHTTPTransport",
     "SingleGroup",
     "SnapshotTransport",
     "StepAbandoned",
+    "StepLifecycle",
     "StepReport",
     "TorchFTGroup",
     "TrainState",
@@ -39,6 +57,7 @@ __all__ = [
     "buckets",
     "checkpoint_transport",
     "compare_groups",
+    "leave_unless_formed",
     "local",
     "local_digest",
     "membership_token",

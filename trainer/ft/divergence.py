@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from trainer import logs
-from trainer.ft.replication import Replication
+from trainer.ft.replication import Comparing
 
 SLICES = 4  # 6-bit slices of the digest, each voted on separately
 BUCKETS = 64
@@ -107,7 +107,7 @@ class GroupVerdict:
 
 def compare_groups(
     shards: list[torch.Tensor],
-    replication: Replication,
+    replication: Comparing,
     group_any: Callable[[list[bool]], list[bool]],
 ) -> GroupVerdict | None:
     """One comparison of every group's parameters (collective across and within groups);
@@ -125,7 +125,7 @@ def compare_groups(
 def check_replicas(
     step: int,
     shards: list[torch.Tensor],
-    replication: Replication,
+    replication: Comparing,
     group_any: Callable[[list[bool]], list[bool]],
     rank: int,
 ) -> bool:

@@ -16,25 +16,117 @@ from trainer.data.shares import Quorum
 from trainer.ft.state import TrainState
 
 
-class Replication(Protocol):
-    def start_step(self) -> None: ...
-    def current_step(self) -> int: ...
-    def participants(self) -> int: ...
-    def quorum(self) -> Quorum: ...
-    def last_quorum(self) -> Quorum | None: ...
-    def quorum_id(self) -> int | None: ...
-    def is_writer(self) -> bool: ...
-    def fresh_start(self) -> bool: ...
-    def ft_state(self) -> dict[str, int]: ...
-    def restore(self, step: int, ft_state: dict[str, int]) -> None: ...
-    def hook_fsdp(self, modules: Iterable[torch.nn.Module]) -> None: ...
-    def sync_gradients(self, grads: list[torch.Tensor]) -> bool: ...
-    def should_commit(self, vote: bool = True) -> bool: ...
-    def quorum_settles(self, seconds: float) -> bool: ...
-    def across_groups(self, values: list[int]) -> tuple[list[int], list[int]]: ...
-    def quorum_step(self) -> int: ...
-    def average_across_groups(self, t: torch.Tensor) -> torch.Tensor | None: ...
-    def shutdown(self) -> None: ...
+class StepLifecycle(Protocol):
+    """One step attempt's life across groups: begin it, commit it or not, and leave."""
+
+    def start_step(self) -> None:
+        """Begin a step attempt: ask for its quorum (torchft may heal this group in it)."""
+        ...
+
+    def current_step(self) -> int:
+        """Returns: the committed steps so far; the attempt under way is step + 1."""
+        ...
+
+    def should_commit(self, vote: bool = True) -> bool:
+        """Args: vote: this rank's vote (False: its loss or gradient norm is not finite).
+
+        Returns: whether every rank of every participating group voted yes; the step
+        count advances when it did."""
+        ...
+
+    def quorum_settles(self, seconds: float) -> bool:
+        """Args: seconds: how long to wait for this step's quorum.
+
+        Returns: whether it formed (neither pending nor failed) in that time."""
+        ...
+
+    def shutdown(self) -> None:
+        """Leave the quorum for good (the last step has been committed or abandoned)."""
+        ...
+
+
+class QuorumView(Protocol):
+    """What this step's quorum says about the groups in it."""
+
+    def participants(self) -> int:
+        """Returns: how many groups take part in the last quorum."""
+        ...
+
+    def quorum(self) -> Quorum:
+        """Returns: this step's quorum as the data contract needs it (waits for it)."""
+        ...
+
+    def last_quorum(self) -> Quorum | None:
+        """Returns: this step's likely quorum before it forms (the previous one when it
+        will repeat), or None when guessing would waste a forward."""
+        ...
+
+    def quorum_id(self) -> int | None:
+        """Returns: the lighthouse's id of the last quorum (None without one)."""
+        ...
+
+    def quorum_step(self) -> int:
+        """Returns: the step of this quorum's up-to-date groups (a healing group is behind)."""
+        ...
+
+    def is_writer(self) -> bool:
+        """Returns: whether this group writes checkpoints (the lowest-id up-to-date one)."""
+        ...
+
+    def fresh_start(self) -> bool:
+        """Returns: whether no participant of this quorum has committed a step yet."""
+        ...
+
+
+class CrossGroup(Protocol):
+    """Collectives across the replica groups of this step's quorum."""
+
+    def hook_fsdp(self, modules: Iterable[torch.nn.Module]) -> None:
+        """Args: modules: the FSDP2 modules whose reduce-scatter output crosses groups."""
+        ...
+
+    def sync_gradients(self, grads: list[torch.Tensor]) -> bool:
+        """Args: grads: unsharded gradients to average across groups, in place.
+
+        Returns: whether they were averaged (False: the exchange failed or this group
+        only heals in this step, and `grads` are this group's own)."""
+        ...
+
+    def average_across_groups(self, t: torch.Tensor) -> torch.Tensor | None:
+        """Args: t: a tensor to average like gradients.
+
+        Returns: the average, or None when this group only heals or the exchange failed."""
+        ...
+
+    def across_groups(self, values: list[int]) -> tuple[list[int], list[int]]:
+        """Args: values: this group's integers.
+
+        Returns: their element-wise minimum and maximum over every group of the quorum."""
+        ...
+
+
+class ResumableState(Protocol):
+    """The fault-tolerance state a checkpoint keeps beside the training state."""
+
+    def ft_state(self) -> dict[str, int]:
+        """Returns: what must be saved to resume the groups' step count (torchft's)."""
+        ...
+
+    def restore(self, step: int, ft_state: dict[str, int]) -> None:
+        """Args: step: the loaded checkpoint's step; ft_state: what ft_state() saved."""
+        ...
+
+
+class Comparing(QuorumView, CrossGroup, Protocol):
+    """What comparing the groups' parameters needs: who writes, and an average across groups."""
+
+
+class Checkpointing(QuorumView, CrossGroup, ResumableState, Protocol):
+    """What saving and resuming need: who writes, agreement across groups, the ft state."""
+
+
+class Replication(StepLifecycle, QuorumView, CrossGroup, ResumableState, Protocol):
+    """All of it: what the training loop drives (SingleGroup, TorchFTGroup)."""
 
 
 # A group told to drain finishes its step only if the step's quorum forms within this
@@ -44,6 +136,17 @@ DRAIN_QUORUM_WAIT_S = 3.0
 
 class StepAbandoned(RuntimeError):
     """A draining group left a step whose quorum did not form; nothing of it was committed."""
+
+
+def leave_unless_formed(formed: bool) -> None:
+    """The one way a draining group leaves a step: when its quorum did not form in
+    DRAIN_QUORUM_WAIT_S (`formed` False), nothing of the step may be committed.
+
+    Raises: StepAbandoned, caught by the loop, which logs ``step_abandoned`` and stops."""
+    if not formed:
+        raise StepAbandoned(
+            f"draining, and the step's quorum did not form in {DRAIN_QUORUM_WAIT_S} s"
+        )
 
 
 class NonFiniteStep(RuntimeError):

@@ -43,7 +43,7 @@ from trainer.config.env import RankEnv
 from trainer.data.shares import Quorum
 from trainer.ft import torchft_adapter as ft
 from trainer.ft.grad_buckets import buckets
-from trainer.ft.replication import DRAIN_QUORUM_WAIT_S, NonFiniteStep, StepAbandoned
+from trainer.ft.replication import DRAIN_QUORUM_WAIT_S, NonFiniteStep, leave_unless_formed
 from trainer.ft.state import TrainState
 from trainer.ft.transport import advertise_host, bind_host, checkpoint_transport
 
@@ -343,10 +343,7 @@ class TorchFTGroup:
             if self._heals_now():
                 return True
             if self.stop_requested():
-                if not self.quorum_settles(DRAIN_QUORUM_WAIT_S):
-                    raise StepAbandoned(
-                        f"draining, and the step's quorum did not form in {DRAIN_QUORUM_WAIT_S} s"
-                    )
+                leave_unless_formed(self.quorum_settles(DRAIN_QUORUM_WAIT_S))
                 return False
             wait([future], timeout=0.01)  # the healing flag comes before the future ends
         return False
