@@ -74,10 +74,10 @@ def warm(config_path: str, world_size: int) -> Prepared:
             add_python_path(cfg)
             importlib.import_module(cfg.workload.spec.partition(":")[0])
         return None
-    from trainer.workloads.llama.workload import llama_workload
+    from trainer.workloads import load  # the built-in's entry point reads only its options
 
     try:
-        return cfg, llama_workload(cfg)
+        return cfg, load(cfg)
     except Exception:
         return None
 

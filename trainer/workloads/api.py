@@ -39,7 +39,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor.parallel import ParallelStyle
 
-from trainer.config import ConfigError
+from trainer.config import ConfigError, TrainerConfig
 
 Item = tuple[torch.Tensor, torch.Tensor]  # (input, target) of one training example
 InitFn = Callable[[str, torch.Tensor, torch.Generator], torch.Tensor]
@@ -55,14 +55,39 @@ class Dataset(Protocol):
     def __getitem__(self, index: int) -> Any: ...
 
 
+# The built-in Llama's entry point: what a job without workload.spec trains.
+BUILTIN = "trainer.workloads.llama:llama"
+
+
 @dataclass(frozen=True)
 class WorkloadContext:
     """What the entry point is told about the run."""
 
-    options: Mapping[str, Any]  # [workload.options]
+    options: Mapping[str, Any]  # [workload.options]; the built-in's: [model] and [data]
     seed: int  # train.seed
     seq_len: int  # train.seq_len (for sequence workloads)
     batch_size: int  # train.batch_size: items per micro-batch of one replica group
+    stages: int = 1  # pipeline stages (parallel.pp x stages per rank; 1 without a pipeline)
+
+    @classmethod
+    def of(cls, cfg: TrainerConfig) -> WorkloadContext:
+        """The context a job gives its entry point (the built-in is given [model] and
+        [data] as its options, so its job files stay as they are)."""
+        p = cfg.parallel
+        if cfg.workload.spec is None:
+            options: dict[str, Any] = {
+                "model": cfg.model.model_dump(),
+                "data": cfg.data.model_dump(),
+            }
+        else:
+            options = dict(cfg.workload.options)
+        return cls(
+            options=options,
+            seed=cfg.train.seed,
+            seq_len=cfg.train.seq_len,
+            batch_size=cfg.train.batch_size,
+            stages=p.pp * p.stages_per_rank if p.pp > 1 else 1,
+        )
 
 
 @dataclass(frozen=True)

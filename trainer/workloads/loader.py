@@ -1,5 +1,6 @@
 """Finding a job's workload: the entry point that ``workload.spec`` names (its module
-made importable from ``workload.python_path``), else the built-in Llama; and the
+made importable from ``workload.python_path``), else the built-in Llama's, which is
+reached the same way; and the
 checks every workload's model and data pass before anything is built for real."""
 
 from __future__ import annotations
@@ -12,8 +13,14 @@ import torch
 from torch import nn
 
 from trainer.config import ConfigError, TrainerConfig
-from trainer.workloads.api import TP_STYLES, Workload, WorkloadContext, WorkloadError, matches
-from trainer.workloads.llama.workload import llama_workload
+from trainer.workloads.api import (
+    BUILTIN,
+    TP_STYLES,
+    Workload,
+    WorkloadContext,
+    WorkloadError,
+    matches,
+)
 
 
 def add_python_path(cfg: TrainerConfig) -> None:
@@ -24,17 +31,11 @@ def add_python_path(cfg: TrainerConfig) -> None:
 
 
 def load(cfg: TrainerConfig) -> Workload:
-    """The job's workload: the named entry point's, else the built-in Llama."""
-    ctx = WorkloadContext(
-        options=dict(cfg.workload.options),
-        seed=cfg.train.seed,
-        seq_len=cfg.train.seq_len,
-        batch_size=cfg.train.batch_size,
-    )
-    if cfg.workload.spec is None:
-        return llama_workload(cfg)
+    """The job's workload: the named entry point's, else the built-in Llama's (BUILTIN),
+    each called with the job's WorkloadContext."""
+    ctx = WorkloadContext.of(cfg)
     add_python_path(cfg)
-    entry = cfg.workload.spec
+    entry = cfg.workload.spec or BUILTIN
     where = f"workload.spec {entry!r}"
     module_name, _, attr = entry.partition(":")
     try:

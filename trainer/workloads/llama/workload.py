@@ -1,8 +1,8 @@
 """The built-in workload: the Llama-style decoder of model.py on a [data] token source.
 
-It is what a job without ``workload.spec`` trains, and it is written against the
-same API as a user's workload (trainer/workloads/api.py): its settings are the job
-file's ``[model]`` and ``[data]`` sections.
+It is what a job without ``workload.spec`` trains, reached like a user's workload:
+the loader calls its entry point, :func:`llama`, with the job's WorkloadContext, whose
+options are the job file's ``[model]`` and ``[data]`` sections.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
 )
 
-from trainer.config import ModelConfig, TrainerConfig
+from trainer.config import DataConfig, ModelConfig, TrainerConfig, validate
 from trainer.data.sources import SyntheticTokens, WindowTokens, token_dataset
-from trainer.workloads.api import InitFn, Workload
+from trainer.workloads.api import InitFn, Workload, WorkloadContext
 from trainer.workloads.llama.model import Block, Transformer, rope_tables
 
 
@@ -98,22 +98,29 @@ def held_out(data: SyntheticTokens | WindowTokens, seed: int) -> SyntheticTokens
     return WindowTokens(data.windows, seed + EVAL_SEED_OFFSET)
 
 
-def llama_workload(cfg: TrainerConfig) -> Workload:
-    m = cfg.model
-    data = token_dataset(cfg.data, m.vocab_size, cfg.train.seq_len, cfg.train.seed)
-    p = cfg.parallel
-    stages = split_layers(m.n_layers, p.pp * p.stages_per_rank) if p.pp > 1 else []
+def llama(ctx: WorkloadContext) -> Workload:
+    """The entry point (``trainer.workloads.llama:llama``). Options: ``model`` and
+    ``data``, the fields of [model] and [data], which a job without workload.spec gives."""
+    m = validate(ModelConfig, ctx.options.get("model", {}), "workload.options.model")
+    d = validate(DataConfig, ctx.options.get("data", {}), "workload.options.data")
+    data = token_dataset(d, m.vocab_size, ctx.seq_len, ctx.seed)
+    stages = split_layers(m.n_layers, ctx.stages) if ctx.stages > 1 else []
     return Workload(
         name="llama",
         build_model=lambda: Transformer(m),
         init=llama_init(m),
         loss=cross_entropy,
         train_data=data,
-        eval_data=held_out(data, cfg.train.seed),
+        eval_data=held_out(data, ctx.seed),
         shard_units=Block,
         tp_plan=tp_plan(),
         trunk="layers",
         split_points=[f"layers.{ids[0]}" for ids in stages[1:]],
-        tokens_per_item=cfg.train.seq_len,
+        tokens_per_item=ctx.seq_len,
         extra={"entropy": data.corpus.entropy()} if isinstance(data, SyntheticTokens) else {},
     )
+
+
+def llama_workload(cfg: TrainerConfig) -> Workload:
+    """The built-in workload of a job file's [model] and [data] (for benchmarks and tests)."""
+    return llama(WorkloadContext.of(cfg))
