@@ -10,8 +10,7 @@ talking to the others; a healed group or a cold restart evaluates the same items
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -42,14 +41,10 @@ class Evaluator:
     schedule: Schedule | None = None
     first: bool = True
     last: bool = True
-    on_eval: list[Callable[[int, float], None]] = field(default_factory=list)
 
-    def after_step(self, report: StepReport) -> None:
-        """An on_step callback of the loop: evaluate after every `every`-th committed step."""
-        if report.committed and self.every and report.step % self.every == 0:
-            loss = self.evaluate()
-            for callback in self.on_eval:
-                callback(report.step, loss)
+    def due(self, report: StepReport) -> bool:
+        """Whether to evaluate after this step: every `every`-th committed one."""
+        return report.committed and bool(self.every) and report.step % self.every == 0
 
     @torch.no_grad()
     def evaluate(self) -> float:

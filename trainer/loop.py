@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -78,11 +78,10 @@ class Loop:
     pipeline_loss: WeightedLoss | None = None  # the schedule's loss function
     first: bool = True  # this rank holds the first pipeline stage (feeds the inputs)
     last: bool = True  # ... the last stage (computes the loss)
-    on_step: list[Callable[[StepReport], None]] = field(default_factory=list)
-    stop_requested: Callable[[], bool] = lambda: False
+    stop_requested: Callable[[], bool] = lambda: False  # SIGTERM: drain after this step
     # Run in every step attempt until one commits, before its forward: while no group
     # of the quorum has committed, every group takes part in a cold start's resume.
-    before_first_commit: list[Callable[[], None]] = field(default_factory=list)
+    cold_start: Callable[[], None] | None = None
     last_loss: float | None = None  # of the last committed step (None: no step ran here)
     drained: bool = False  # the group agreed to stop early (SIGTERM)
     non_finite_in_a_row: int = 0  # steps voted down for a NaN/inf loss or gradient norm
@@ -106,34 +105,27 @@ class Loop:
         # Whether a failed attempt's gradients may be reused (see _reuse): one rank per
         # group, so no collective inside the group depends on how many items it computes.
         self.may_reuse = self.may_guess and self.layout.mesh is None
-        self._healed = False
+        self._heals_seen = self.state.heals  # TrainState.heals when this step began
         # This rank's gradients of the last attempt, if its exchange failed (see _reuse).
         self._failed: Attempt | None = None
-        self.state.on_load.append(self._note_heal)
         self.log = logs.get()
 
-    def _note_heal(self, step: int, seconds: float) -> None:
-        self._healed = True
-        self._failed = None  # the parameters changed
-
-    def run(self) -> None:
-        while self.replication.current_step() < self.cfg.train.steps and not self.drained:
-            report = self.step()
-            if report is None:  # resumed at the final step, or a drain left this step
-                break
-            for callback in self.on_step:
-                callback(report)
-            touch(self.env.heartbeat)
+    def done(self) -> bool:
+        """Whether training is over: every step committed, or the group drained."""
+        return self.replication.current_step() >= self.cfg.train.steps or self.drained
 
     def step(self) -> StepReport | None:
+        """One step attempt; None when there is nothing to report (resumed at the final
+        step, or a drain left the step)."""
         started = time.monotonic()
         self.replication.start_step()
+        if self.state.heals != self._heals_seen:  # healed in start_step (a synchronous quorum)
+            self._failed = None  # the parameters changed
         # A heal from here on (torchft's async quorum applies it in should_commit) comes
         # after this step's forward, which then ran on stale parameters.
-        self._healed = False
-        if self.replication.current_step() == 0:
-            for hook in self.before_first_commit:
-                hook()
+        self._heals_seen = self.state.heals
+        if self.replication.current_step() == 0 and self.cold_start is not None:
+            self.cold_start()
         step = self.replication.current_step()
         if step >= self.cfg.train.steps:
             return None
@@ -160,9 +152,10 @@ class Loop:
         committed = self.replication.should_commit(finite)
         if not finite:
             self._non_finite(step, loss, grad_norm)
-        if committed or not finite or self._healed or step == 0:
+        healed = self.state.heals != self._heals_seen
+        if committed or not finite or healed or step == 0:
             self._failed = None  # step 0 may load a checkpoint before its next attempt
-        reported: float | None = None if self._healed else loss
+        reported: float | None = None if healed else loss
         lr = float(self.state.scheduler.get_last_lr()[0])
         items = self.share if committed else range(0)
         tokens = len(items) * self.tokens_per_item

@@ -1,6 +1,11 @@
-"""Build one rank of the trainer in order and run it: config -> workload -> device mesh ->
-model (meta) -> pipeline stages -> parallelize -> materialise -> optimizer + LR -> torchft
-wiring -> data -> loop.
+"""One rank of the trainer: :func:`build` makes its components in a fixed order and
+returns them as :class:`Built`; :func:`train` runs the steps, and after each one, in
+plain sight, the metrics, the step log, the evaluation and the checkpoint.
+
+The order of build: workload -> device mesh -> model (meta) -> pipeline stages ->
+parallelize -> materialise -> optimizer + LR -> training state -> replication across
+groups (torchft) -> pipeline schedule -> data -> loop -> metrics -> evaluator ->
+checkpointer.
 """
 
 from __future__ import annotations
@@ -9,10 +14,13 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from trainer import logs
 from trainer import workloads as workload
@@ -39,15 +47,44 @@ from trainer.parallel.mesh import Layout, init_distributed
 from trainer.parallel.parallelize import parallelize
 
 
+@dataclass
+class Built:
+    """One rank's components, in the order :func:`build` makes them."""
+
+    cfg: TrainerConfig
+    env: RankEnv
+    started: float  # when build began (monotonic)
+    chaos: Chaos
+    stop: threading.Event  # set by SIGTERM: the group drains after the step
+    work: workload.Workload
+    layout: Layout
+    models: list[nn.Module]  # the model, or this rank's pipeline stages
+    params: dict[str, nn.Parameter]
+    init_digest: str | None  # train.log_init_digest
+    state: TrainState
+    replication: Replication
+    loop: Loop
+    metrics: TrainMetrics
+    step_log: StepLogger | None  # rank 0's train_step events
+    evaluator: Evaluator | None  # train.eval_every
+    checkpointer: Checkpointer | None  # checkpoint.dir
+
+
 def run(cfg: TrainerConfig, env: RankEnv, work: workload.Workload | None = None) -> int:
     """Train to cfg.train.steps (exit code 0), or until SIGTERM drains the group (143).
     `work`: the job's workload, already loaded (by a standby), else loaded here."""
-    log = logs.get()
+    return train(build(cfg, env, work))
+
+
+def build(cfg: TrainerConfig, env: RankEnv, work: workload.Workload | None = None) -> Built:
+    """Every component of one rank, in order; nothing trains yet."""
     started = time.monotonic()
     chaos = Chaos()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     torch.manual_seed(cfg.train.seed)
+
+    # The workload, checked on the meta device before the mesh exists.
     work = work or workload.load(cfg)
     where = f"workload {cfg.workload.spec or work.name!r}"
     workload.probe_data(work, where)
@@ -55,6 +92,7 @@ def run(cfg: TrainerConfig, env: RankEnv, work: workload.Workload | None = None)
     layout = init_distributed(cfg.parallel, env, cfg.ft.timeout_s)
     touch(env.heartbeat)
 
+    # Pipeline stages, then parallelize and materialise each.
     n_stages = cfg.parallel.pp * cfg.parallel.stages_per_rank
     if cfg.parallel.pp > 1:
         # Imported here: torch.distributed.pipelining adds about 0.5 s to every rank's start.
@@ -69,15 +107,16 @@ def run(cfg: TrainerConfig, env: RankEnv, work: workload.Workload | None = None)
     params = {name: p for m in models for name, p in m.named_parameters()}
     init_digest = params_sha256(params, layout.group("pp")) if cfg.train.log_init_digest else None
 
+    # Optimizer, schedule and the state one group hands another.
     optimizer = build_optimizer(params, cfg.train, work.param_groups)
     init_optimizer_state(optimizer)
     scheduler = build_scheduler(optimizer, cfg.train)
     state = TrainState(params=params, optimizer=optimizer, scheduler=scheduler)
 
+    # Replication across replica groups.
     replication: Replication
     if env.fault_tolerant:
-        replication = TorchFTGroup(cfg.ft, env, layout.device, state, chaos)
-        replication.stop_requested = stop.is_set
+        replication = TorchFTGroup(cfg.ft, env, layout.device, state, chaos, stop.is_set)
     else:
         replication = SingleGroup(state)
     replication.hook_fsdp(m for model in models for m in model.modules())
@@ -91,90 +130,121 @@ def run(cfg: TrainerConfig, env: RankEnv, work: workload.Workload | None = None)
             list(zip((i for i, _ in stages), models, strict=True)), cfg, layout, pipeline_loss
         )
 
-    sampler = Sampler(work.train_data, work.collate)
+    # The loop, then what follows its steps.
     indices = [i for i, _ in stages]
+    metrics = TrainMetrics(env)
+    checkpointer = _checkpointer(cfg, env, layout, state, replication, metrics, chaos)
     loop = Loop(
-        cfg, env, layout, models, state, replication, sampler, chaos, work.loss,
+        cfg, env, layout, models, state, replication, Sampler(work.train_data, work.collate),
+        chaos, work.loss,
         tokens_per_item=work.tokens_per_item,
         schedule=schedule,
         pipeline_loss=pipeline_loss,
         first=0 in indices,
         last=n_stages - 1 in indices,
+        stop_requested=stop.is_set,
+        cold_start=None if checkpointer is None else _resume(cfg, checkpointer, replication, chaos),
     )  # fmt: skip
-    loop.stop_requested = stop.is_set
-    metrics = _observe(loop, replication, env, cfg.train.log_every)
-    if cfg.train.eval_every:
-        _evaluate(cfg, work, where, loop, metrics)
-    checkpointer = _checkpoints(cfg, env, layout, loop, state, replication, metrics, chaos)
-    if env.rank == 0:
+    return Built(
+        cfg=cfg,
+        env=env,
+        started=started,
+        chaos=chaos,
+        stop=stop,
+        work=work,
+        layout=layout,
+        models=models,
+        params=params,
+        init_digest=init_digest,
+        state=state,
+        replication=replication,
+        loop=loop,
+        metrics=metrics,
+        step_log=StepLogger(cfg.train.log_every) if env.rank == 0 else None,
+        evaluator=_evaluator(cfg, work, where, loop) if cfg.train.eval_every else None,
+        checkpointer=checkpointer,
+    )
+
+
+def train(b: Built) -> int:
+    """Run the steps; after each: metrics, the step log, evaluation, checkpoint, heartbeat."""
+    log = logs.get()
+    if b.env.rank == 0:
         log.info(
             "rank_started",
             pid=os.getpid(),
-            device=str(layout.device),
-            layout={"pp": layout.pp, "dp_shard": layout.dp_shard, "tp": layout.tp},
-            params=sum(p.numel() for p in params.values()),
-            fault_tolerant=env.fault_tolerant,
-            workload=cfg.workload.spec or work.name,
-            init_sha256=init_digest,
-            **work.extra,
-            checkpoints=None if checkpointer is None else str(checkpointer.root),
-            build_seconds=round(time.monotonic() - started, 3),  # from run() to the loop
+            device=str(b.layout.device),
+            layout={"pp": b.layout.pp, "dp_shard": b.layout.dp_shard, "tp": b.layout.tp},
+            params=sum(p.numel() for p in b.params.values()),
+            fault_tolerant=b.env.fault_tolerant,
+            workload=b.cfg.workload.spec or b.work.name,
+            init_sha256=b.init_digest,
+            **b.work.extra,
+            checkpoints=None if b.checkpointer is None else str(b.checkpointer.root),
+            build_seconds=round(time.monotonic() - b.started, 3),  # from build() to the loop
         )
-    chaos.at("start")
-    loop.run()
-    if checkpointer is not None:
+    b.chaos.at("start")
+    while not b.loop.done():
+        report = b.loop.step()
+        if report is None:  # resumed at the final step, or a drain left this step
+            break
+        b.metrics.observe_step(
+            report.step, report.committed, report.loss, report.lr, report.seconds,
+            report.tokens, report.participants, report.quorum_id, report.finite,
+            report.diverged, len(report.items),
+        )  # fmt: skip
+        for seconds in b.replication.take_heals():
+            b.metrics.observe_heal(seconds)
+        if b.step_log is not None:
+            b.step_log(report)
+        if b.evaluator is not None and b.evaluator.due(report):
+            loss = b.evaluator.evaluate()
+            b.metrics.observe_eval(report.step, loss)
+            if b.env.rank == 0:
+                items = b.cfg.train.eval_batches * b.cfg.train.batch_size
+                log.info("eval", step=report.step, loss=loss, items=items)
+        if b.checkpointer is not None and report.committed:
+            b.checkpointer.after_commit(report.step)
+        touch(b.env.heartbeat)
+    return _finish(b)
+
+
+def _finish(b: Built) -> int:
+    """The last save, then `train_done` (or `train_stopped` on a drain), and leave."""
+    log = logs.get()
+    step = b.replication.current_step()
+    if b.checkpointer is not None:
         # At the end and on a drain (SIGTERM) alike, the writer group saves the last
         # committed step: stopping every node and starting them later loses nothing.
-        checkpointer.save(replication.current_step(), final=True)
-        checkpointer.close()  # never leave a save half-written on a clean exit
-
-    if loop.drained:
-        if env.rank == 0:
-            log.info("train_stopped", step=replication.current_step(), reason="SIGTERM")
-        _leave(replication)
+        b.checkpointer.save(step, final=True)
+        b.checkpointer.close()  # never leave a save half-written on a clean exit
+    if b.loop.drained:
+        if b.env.rank == 0:
+            log.info("train_stopped", step=step, reason="SIGTERM")
+        _leave(b.replication)
         return EXIT_DRAINED
-    digest = params_sha256(params, layout.group("pp"))
-    if env.rank == 0:
+    digest = params_sha256(b.params, b.layout.group("pp"))
+    if b.env.rank == 0:
         log.info(
             "train_done",
-            step=replication.current_step(),
-            loss=loop.last_loss,
+            step=step,
+            loss=b.loop.last_loss,
             params_sha256=digest,
-            tokens=state.tokens,
-            seconds=round(time.monotonic() - started, 3),
+            tokens=b.state.tokens,
+            seconds=round(time.monotonic() - b.started, 3),
         )
-    _leave(replication)
+    _leave(b.replication)
     return 0
 
 
-def _observe(loop: Loop, replication: Replication, env: RankEnv, log_every: int) -> TrainMetrics:
-    """Metrics for every step and heal; `train_step` events from rank 0."""
-    metrics = TrainMetrics(env)
-
-    def record(r: StepReport) -> None:
-        metrics.observe_step(
-            r.step, r.committed, r.loss, r.lr, r.seconds, r.tokens, r.participants, r.quorum_id,
-            r.finite, r.diverged, len(r.items),
-        )  # fmt: skip
-
-    loop.on_step.append(record)
-    if isinstance(replication, TorchFTGroup):
-        replication.on_heal.append(lambda _step, seconds: metrics.observe_heal(seconds))
-    if env.rank == 0:
-        loop.on_step.append(StepLogger(log_every))
-    return metrics
-
-
-def _evaluate(
-    cfg: TrainerConfig, work: workload.Workload, where: str, loop: Loop, metrics: TrainMetrics
-) -> None:
-    """Every train.eval_every committed steps: the `eval` event and phalanx_eval_loss."""
+def _evaluator(cfg: TrainerConfig, work: workload.Workload, where: str, loop: Loop) -> Evaluator:
+    """Every train.eval_every committed steps: the mean loss over fixed evaluation items."""
     if work.eval_data is None:
         raise workload.WorkloadError(
             f"{where} has no eval_data, but train.eval_every is {cfg.train.eval_every}; give the "
             "workload an eval_data or set train.eval_every = 0."
         )
-    evaluator = Evaluator(
+    return Evaluator(
         every=cfg.train.eval_every,
         batches=cfg.train.eval_batches,
         sampler=Sampler(work.eval_data, work.collate),
@@ -188,34 +258,25 @@ def _evaluate(
         first=loop.first,
         last=loop.last,
     )
-    evaluator.on_eval.append(metrics.observe_eval)
-    if loop.env.rank == 0:
-        log = logs.get()
-        items = cfg.train.eval_batches * cfg.train.batch_size
-        evaluator.on_eval.append(
-            lambda step, loss: log.info("eval", step=step, loss=loss, items=items)
-        )
-    loop.on_step.append(evaluator.after_step)
 
 
-def _checkpoints(
+def _checkpointer(
     cfg: TrainerConfig,
     env: RankEnv,
     layout: Layout,
-    loop: Loop,
     state: TrainState,
     replication: Replication,
     metrics: TrainMetrics,
     chaos: Chaos,
 ) -> Checkpointer | None:
-    """Periodic saves after committed steps; a fresh start resumes from the newest checkpoint."""
+    """Periodic saves after committed steps (checkpoint.dir); its wait for a background
+    copy guards the state against the next mutation."""
     if not cfg.checkpoint.dir:
         return None
     config = cfg.model_dump(mode="json")
-    root = run_root(Path(cfg.checkpoint.dir), env.job, config)
     checkpointer = Checkpointer(
         cfg.checkpoint,
-        root,
+        run_root(Path(cfg.checkpoint.dir), env.job, config),
         state,
         replication,
         metrics,
@@ -225,16 +286,21 @@ def _checkpoints(
         chaos=chaos,
         fence=LeaseFence(env.lease_file) if env.lease_file else None,
     )
+    state.guard = checkpointer.wait_staged
+    return checkpointer
+
+
+def _resume(
+    cfg: TrainerConfig, checkpointer: Checkpointer, replication: Replication, chaos: Chaos
+) -> Callable[[], None]:
+    """The loop's cold start: while no group of this quorum has committed a step (no live
+    peer to heal from), every group continues from the same checkpoint on disk."""
 
     def resume() -> None:
-        # No group of this quorum has committed a step (no live peer to heal from): every
-        # group continues from the same checkpoint on disk, if there is one.
         if replication.fresh_start():
             checkpoint_resume.resume(checkpointer, replication, chaos, cfg.checkpoint.resume_from)
 
-    loop.before_first_commit.append(resume)
-    loop.on_step.append(lambda r: checkpointer.after_commit(r.step) if r.committed else None)
-    return checkpointer
+    return resume
 
 
 def _leave(replication: Replication) -> None:

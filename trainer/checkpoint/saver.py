@@ -99,7 +99,6 @@ class Checkpointer:
         self.hashing: Future[dict[str, Any]] | None = None
         self.trusted: set[Path] = set()  # valid checkpoint paths (used by the hasher only)
         self.reported: set[Path] = set()
-        state.guards.append(self.wait_staged)
         if rank == 0:
             try:
                 self.root.mkdir(parents=True, exist_ok=True)

@@ -40,6 +40,11 @@ class StepLifecycle(Protocol):
         Returns: whether it formed (neither pending nor failed) in that time."""
         ...
 
+    def take_heals(self) -> list[float]:
+        """Returns: how long each heal since the last call took, from its step's start to
+        the peer's state applied (an empty list when none came)."""
+        ...
+
     def shutdown(self) -> None:
         """Leave the quorum for good (the last step has been committed or abandoned)."""
         ...
@@ -211,6 +216,9 @@ class SingleGroup:
 
     def average_across_groups(self, t: torch.Tensor) -> torch.Tensor | None:
         return None
+
+    def take_heals(self) -> list[float]:
+        return []
 
     def shutdown(self) -> None:
         pass

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -45,14 +45,14 @@ class TrainState:
     scheduler: LRScheduler
     step: int = 0  # committed optimizer steps
     tokens: int = 0  # tokens this replica group has trained on
-    on_load: list[Callable[[int, float], None]] = field(default_factory=list)
-    # Called before anything mutates the parameters or optimizer state (a background
-    # checkpoint copy must finish first).
-    guards: list[Callable[[], None]] = field(default_factory=list)
+    heals: int = 0  # peer states loaded into this one (a step that sees it change healed)
+    # Called before anything mutates the parameters or optimizer state: build() sets the
+    # checkpointer's wait for its background copy here (None: nothing to wait for).
+    guard: Callable[[], None] | None = None
 
     def before_mutation(self) -> None:
-        for guard in self.guards:
-            guard()
+        if self.guard is not None:
+            self.guard()
 
     def optimizer_tensors(self) -> dict[str, dict[str, torch.Tensor]]:
         """The optimizer's per-parameter state keyed by parameter name (live tensors)."""
@@ -86,7 +86,8 @@ class TrainState:
             "scalars": self.scalars(),
         }
 
-    def load_healing_state_dict(self, state: dict[str, Any]) -> None:
+    def load_healing_state_dict(self, state: dict[str, Any]) -> float:
+        """Apply a peer's state; returns the seconds the copy took."""
         self.before_mutation()
         started = time.monotonic()
         targets = {name: local(p) for name, p in self.params.items()}
@@ -100,8 +101,8 @@ class TrainState:
                 received[f"{name}#{key}"] = value
         copy_into(targets, received, "healing state")
         self.load_scalars(state["scalars"])
-        for callback in self.on_load:
-            callback(self.step, time.monotonic() - started)
+        self.heals += 1
+        return time.monotonic() - started
 
 
 def copy_into(

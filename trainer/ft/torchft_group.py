@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import wait
 from datetime import timedelta
+from typing import Any
 
 import torch
 from torch.distributed import AllreduceOptions, ReduceOp
@@ -67,6 +68,7 @@ class TorchFTGroup:
         device: torch.device,
         state: TrainState,
         chaos: Chaos,
+        stop_requested: Callable[[], bool] = lambda: False,
     ) -> None:
         from torchft.manager import Manager
         from torchft.process_group import (
@@ -85,13 +87,12 @@ class TorchFTGroup:
         pg = ft.scoped_process_group(
             ProcessGroupNCCL if device.type == "cuda" else ProcessGroupGloo
         )(timeout=timeout)
-        state.on_load.append(self._healed)
         self.transport = checkpoint_transport(timeout)
         # Rank 0's manager server listens on the bind address only (torchft: every interface).
         with ft.manager_server_bound_to(bind_host()), ft.replica_uuid(env.replica_uuid):
             self.manager = Manager(
                 pg=pg,
-                load_state_dict=state.load_healing_state_dict,
+                load_state_dict=self._load_healing,
                 state_dict=state.healing_state_dict,
                 min_replica_size=env.min_replicas,
                 use_async_quorum=cfg.async_quorum,
@@ -131,18 +132,26 @@ class TorchFTGroup:
         # Whether this group was the writer in the quorum of its last committed step; a
         # drain that leaves a step's quorum unformed must not wait on it to ask.
         self._writer: bool | None = None
-        self.stop_requested: Callable[[], bool] = lambda: False
-        self.on_heal: list[Callable[[int, float], None]] = []
+        self.stop_requested = stop_requested
+        self._heal_seconds: list[float] = []  # see take_heals
         self._last_quorum: Quorum | None = None
         self._next: Quorum | None = None  # see last_quorum
 
-    def _healed(self, step: int, load_seconds: float) -> None:
+    def _load_healing(self, state_dict: dict[str, Any]) -> None:
+        """torchft's load of a peer's state: apply it, then say how long the heal took."""
+        load_seconds = self.state.load_healing_state_dict(state_dict)
         seconds = time.monotonic() - self._step_started
         self.log.info(
-            "heal_done", step=step, seconds=round(seconds, 3), load_seconds=round(load_seconds, 3)
+            "heal_done",
+            step=self.state.step,
+            seconds=round(seconds, 3),
+            load_seconds=round(load_seconds, 3),
         )
-        for callback in self.on_heal:
-            callback(step, seconds)
+        self._heal_seconds.append(seconds)
+
+    def take_heals(self) -> list[float]:
+        heals, self._heal_seconds = self._heal_seconds, []
+        return heals
 
     def start_step(self) -> None:
         self._step_started = time.monotonic()
