@@ -46,7 +46,7 @@ from daemon.ranks.workers import ExitKind
 from daemon.supervision.after_stop import after_stop
 from daemon.supervision.restarts import RestartBudget
 from daemon.supervision.systemd import Notifier
-from daemon.supervision.upkeep import EtcdUpkeep, Event, Join
+from daemon.supervision.upkeep import EtcdUpkeep, Join, UpkeepReport
 from daemon.supervision.waiting import Waiting
 from trainer import logs
 
@@ -72,6 +72,7 @@ class Supervisor:
         self.wake = threading.Event()
         self.group = NodeGroup(cfg, self.view, rank_config, self.wake)
         self.upkeep = EtcdUpkeep(cfg, coordinator, self.view, self.run_dir, self.wake.set)
+        self.upkept = UpkeepReport()  # the last round's (the metrics read it too)
         self.waiting = Waiting(cfg, self.view)
         self.budget = RestartBudget.for_node(cfg.node)
         self.exit_code = EXIT_OK
@@ -103,9 +104,8 @@ class Supervisor:
         state = self.view.state
         if self.drain_requested.is_set() and state not in (*TERMINAL, State.DRAINING):
             self.move(self._drain())
-        self.upkeep.tick()
-        lost = Event.SLOT_LOST in self.upkeep.take_events()
-        if lost and self.view.state in (State.RUNNING, State.FENCED):
+        self.upkept = self.upkeep.tick()
+        if self.upkept.slot_lost and self.view.state in (State.RUNNING, State.FENCED):
             self.move(self._stop(SLOT_LOST))
         # Each live state X has its handler _x. A move runs the new state's handler in the
         # same tick, so a failed group goes STOPPING -> RESTARTING -> WAITING -> RUNNING
@@ -167,10 +167,12 @@ class Supervisor:
             return self._done("job completed")
         if self.view.slot is None:
             return State.CLAIMING
-        missing = self.waiting.missing(self.upkeep.forwarder.target is not None)
+        lighthouse = self.upkept.lighthouse
+        missing = self.waiting.missing(lighthouse is not None)
         if missing is None:
-            self.upkeep.lease_lost = False  # fresh ranks: nothing of theirs to judge
-            self.group.start(self.view.slot, self.upkeep.forwarder.url)
+            assert lighthouse is not None  # missing() asks for it first
+            self.upkeep.ranks_started()
+            self.group.start(self.view.slot, lighthouse)
             job_state = self.view.job.state if self.view.job else None
             if not job_state or job_state.get("state") not in ("running", "completed"):
                 self.upkeep.set_state("running")
@@ -179,7 +181,7 @@ class Supervisor:
         return State.WAITING if error is None else self._fail(error, EXIT_FAILED)
 
     def _running(self) -> State:
-        if self.upkeep.fenced or self.upkeep.lease_lost:  # nothing may commit here now
+        if self.upkeep.ranks_must_pause():  # nothing may commit here now
             self.group.pause()
             return State.FENCED
         outcome = self.group.poll()
@@ -205,7 +207,10 @@ class Supervisor:
         if verdict == Fence.KEEP:
             self.group.resume(why)
             return State.RUNNING
-        return State.FENCED if verdict == Fence.HOLD else self._stop(FENCED_OUT)
+        if verdict == Fence.HOLD:
+            self.view.waiting_for = why  # shown on /status while the ranks stay paused
+            return State.FENCED
+        return self._stop(FENCED_OUT)
 
     def _stopping(self) -> State:
         if not self.group.stopped(STOP_GRACE_S):

@@ -12,7 +12,12 @@ becomes what the state machine needs to know:
 * a refusal that is the user's to fix (another job file, wrong credentials, a
   node id that another live daemon holds): only while joining, returned as
   :data:`Join.REFUSED` with its message;
-* a lost slot after a new session: an :data:`Event.SLOT_LOST` for the supervisor.
+* a lost slot after a new session: ``slot_lost`` in the round's :class:`UpkeepReport`.
+
+Each round (:meth:`EtcdUpkeep.tick`) returns an :class:`UpkeepReport`, the values the
+supervisor acts on; the fence is asked through :meth:`EtcdUpkeep.ranks_must_pause` and
+:meth:`EtcdUpkeep.fence_verdict`, and :meth:`EtcdUpkeep.ranks_started` ends the judging
+of a lost lease, each owned here.
 
 A node id held by another daemon process is waited on for one lease TTL (plus
 the request deadline): a dead process's record expires by then, so one still
@@ -29,6 +34,7 @@ import json
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import TypeVar
@@ -45,12 +51,12 @@ from daemon.coordination import (
     JobWatch,
     NodeIdHeld,
     SpecMismatch,
-    after_fence,
     fence_margin_s,
     refresh_every_s,
 )
 from daemon.leadership import Forwarder, Leadership, parse_address
 from daemon.node_state import NodeView, State
+from daemon.supervision.fence_judge import FenceJudge
 from daemon.supervision.node_record import NodeRecord
 from trainer import logs
 
@@ -64,8 +70,13 @@ class Join(StrEnum):
     REFUSED = "refused"  # bad input: another job file, wrong credentials
 
 
-class Event(StrEnum):
-    SLOT_LOST = "slot_lost"  # a new session could not keep this node's slot
+@dataclass(frozen=True)
+class UpkeepReport:
+    """What one round of upkeep leaves the supervisor to act on."""
+
+    slot_lost: bool = False  # a new session could not keep this node's slot
+    lighthouse: str | None = None  # the ranks' TORCHFT_LIGHTHOUSE once the forwarder has a target
+    lighthouse_up: bool = False  # that target, and our lighthouse process while we lead
 
 
 class EtcdUpkeep:
@@ -85,20 +96,14 @@ class EtcdUpkeep:
         self.forwarder = Forwarder(port=cfg.node.lighthouse_proxy_port)
         self.watch = JobWatch(f"{coord.prefix}nodes/{cfg.node_id}", wake)
         self.refusal = ""
-        self.events: list[Event] = []
+        self._slot_lost = False  # since the last report
         self.record = NodeRecord(cfg, coord, view)
         self._retry_at = 0.0
         self._backoff = BACKOFF_FIRST_S
         self._bad_lighthouse: object = None
         self._held_by: tuple[str, float] | None = None  # (other instance, first seen)
-        # Partition safety (daemon.coordination.fencing): fenced while the lease is unconfirmed;
-        # lease_lost once a new session replaced the one we were fenced with.
-        self.fenced = False
-        self.lease_lost = False
-        self.answered_at = 0.0  # when etcd answered again after the fence
+        self.judge = FenceJudge(cfg.node_id)  # partition safety (fence_judge.py)
         self.snapshot_at = 0.0  # when view.job was last read
-        self.trained_epoch: int | None = None  # the leader epoch our ranks train under
-        self.epoch_step = 0  # our step when they began to
         self.lease_file = run_dir / LEASE_FILE
         self.slot_file = run_dir / "slot"
         self._lease_written: tuple[str, float] | None = None
@@ -195,15 +200,45 @@ class EtcdUpkeep:
 
     # -------------------------------------------------------------------- rounds
 
-    def tick(self) -> None:
+    def tick(self) -> UpkeepReport:
         """One round of upkeep: fence, session, leadership, the job view, forwarder, record,
-        checkpoint."""
+        checkpoint; returns what the supervisor acts on."""
+        self._round()
+        lighthouse_up = self.forwarder.target is not None and (
+            not self.view.leader or self.leadership.lighthouse_alive
+        )
+        report = UpkeepReport(
+            slot_lost=self._slot_lost,
+            lighthouse=self.forwarder.url if self.forwarder.target is not None else None,
+            lighthouse_up=lighthouse_up,
+        )
+        self._slot_lost = False
+        return report
+
+    @property
+    def fenced(self) -> bool:
+        return self.judge.fenced
+
+    def ranks_must_pause(self) -> bool:
+        """Nothing may commit here now: the lease is unconfirmed, or a new session replaced
+        it and the ranks' state is not judged yet (see fence_verdict)."""
+        return self.judge.must_pause()
+
+    def ranks_started(self) -> None:
+        """Fresh ranks: nothing of theirs is left to judge after a lost lease."""
+        self.judge.ranks_started()
+
+    def fence_verdict(self) -> tuple[Fence, str]:
+        """What paused ranks may do: see FenceJudge.verdict."""
+        view = self.view
+        return self.judge.verdict(view.job, view.step, self.snapshot_at, view.waiting_for)
+
+    def _round(self) -> None:
         if not self.view.registered:
             return
         margin = fence_margin_s(self.cfg.etcd.lease_ttl_s)
-        if not self.fenced and self.coord.session_unconfirmed(margin):
-            self.fenced = True
-            self.log.warning("fenced", reason="etcd lease unconfirmed", step=self.view.step)
+        if not self.judge.fenced and self.coord.session_unconfirmed(margin):
+            self.judge.fence(self.view.step)
             self.leadership.fence(self.view)
         if not self._due():
             return
@@ -213,13 +248,12 @@ class EtcdUpkeep:
             if not ok:
                 return
         if renewed:
-            self.lease_lost = True  # our ranks are judged once etcd has our new keys
+            self.judge.renewed()
         if renewed and not self._rejoin():
             return
         self._write_lease()
-        if self.fenced:
-            self.fenced, self.answered_at = False, time.monotonic()
-            self.log.info("unfenced", lease="new" if self.lease_lost else "kept")
+        if self.judge.fenced:
+            self.judge.answered()
             self.watch.disarm(self.coord)  # the stream may have gone quiet while fenced
         if not self._read_job():  # etcd away: one request's timeout per round
             return
@@ -227,7 +261,7 @@ class EtcdUpkeep:
         job = self.view.job
         if not self.view.etcd_up or job is None:
             return
-        self._follow_epoch(job.leader_epoch)
+        self.judge.follow_epoch(job.leader_epoch, self.view.state == State.RUNNING, self.view.step)
         self._follow_lighthouse(job.lighthouse)
         self._publish_checkpoint()
         self._attempt("record", self._update_record)
@@ -274,7 +308,7 @@ class EtcdUpkeep:
             else:
                 self.log.warning("slot_lost", previous=held, now=slot)
                 self.view.slot = slot
-                self.events.append(Event.SLOT_LOST)
+                self._slot_lost = True
         return True
 
     def _write_lease(self) -> None:
@@ -287,42 +321,6 @@ class EtcdUpkeep:
         tmp.write_text(json.dumps({"lease": lease, "confirmed_ns": int(confirmed * 1e9)}))
         os.replace(tmp, self.lease_file)
         self._lease_written = now
-
-    def fence_verdict(self) -> tuple[Fence, str]:
-        """What paused ranks may do (daemon.coordination.fencing): HOLD while fenced or undecided;
-        KEEP or DISCARD once, logged, after which the lost lease counts as judged."""
-        if self.fenced:
-            return Fence.HOLD, "etcd has not confirmed our lease"
-        if self.lease_lost and self.snapshot_at < self.answered_at:
-            return Fence.HOLD, "no view of the job since etcd answered"
-        verdict, why = Fence.KEEP, "the lease was kept: nothing changed hands"
-        if self.lease_lost:
-            job = self.view.job
-            verdict, why = after_fence(
-                node_id=self.cfg.node_id,
-                step=self.view.step,
-                trained_epoch=self.trained_epoch,
-                epoch=job.leader_epoch if job else None,
-                nodes=job.nodes if job else {},
-                held_s=time.monotonic() - self.answered_at,
-            )
-        if verdict == Fence.HOLD:
-            if why != self.view.waiting_for:
-                self.log.info("fence_holding", reason=why, step=self.view.step)
-                self.view.waiting_for = why
-        elif verdict == Fence.DISCARD:
-            self.log.warning("fence_discarding", reason=why, step=self.view.step)
-        if verdict != Fence.HOLD:
-            self.lease_lost = False
-        return verdict, why
-
-    def _follow_epoch(self, epoch: int | None) -> None:
-        """While our ranks train (not fenced, no lost lease to judge), note the leader
-        epoch they train under and our step when it began."""
-        if epoch is None or self.lease_lost or epoch == self.trained_epoch:
-            return
-        if self.view.state == State.RUNNING:
-            self.trained_epoch, self.epoch_step = epoch, self.view.step
 
     def _follow_lighthouse(self, address: str | None) -> None:
         """Point the forwarder at the published address; a key briefly absent during a
@@ -342,7 +340,7 @@ class EtcdUpkeep:
         self._update_record(force=True)
 
     def _update_record(self, force: bool = False) -> None:
-        self.record.update(self.trained_epoch, self.epoch_step, force=force)
+        self.record.update(self.judge.trained_epoch, self.judge.epoch_step, force=force)
 
     def _publish_checkpoint(self) -> None:
         """checkpoints/latest in etcd, from the main loop (rank threads only record it)."""
@@ -384,10 +382,6 @@ class EtcdUpkeep:
         ok, _ = self._attempt("release", give_back)
         if not ok:
             self.log.warning("release_deferred", note="the lease TTL frees them")
-
-    def take_events(self) -> list[Event]:
-        events, self.events = self.events, []
-        return events
 
     def close(self) -> None:
         self.watch.disarm()

@@ -60,9 +60,7 @@ class _NodeCollector(Collector):
             float(sup.cfg.job.min_replicas),
         )
         yield gauge("phalanx_etcd_up", "1 if the last etcd request succeeded.", float(v.etcd_up))
-        lighthouse_up = sup.upkeep.forwarder.target is not None and (
-            not v.leader or sup.upkeep.leadership.lighthouse_alive
-        )
+        lighthouse_up = sup.upkept.lighthouse_up
         yield gauge(
             "phalanx_lighthouse_up",
             "1 if a lighthouse address is known (and, on the leader, its process is alive).",

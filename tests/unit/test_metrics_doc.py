@@ -28,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from daemon.node_state.view import NodeView
 from daemon.supervision.supervisor import Supervisor
+from daemon.supervision.upkeep import UpkeepReport
 from daemon.surfaces.metrics import DaemonMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,10 +81,8 @@ def node_metrics_text(tmp: Path) -> str:
             metrics_dir=tmp / "metrics",
         ),
         view=view,
-        upkeep=SimpleNamespace(
-            forwarder=SimpleNamespace(target="127.0.0.1:1"),
-            leadership=SimpleNamespace(lighthouse_alive=True),
-        ),
+        # The forwarder has a target and, on this leader, the lighthouse process is alive.
+        upkept=UpkeepReport(lighthouse="http://127.0.0.1:1", lighthouse_up=True),
     )
     metrics = DaemonMetrics(cast(Supervisor, fake))  # wipes and creates metrics_dir
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp / "metrics")}

@@ -1,0 +1,84 @@
+"""Partition safety for one node's ranks (``daemon.coordination.fencing``), as state the
+upkeep owns: fenced while etcd has not confirmed our lease; a lost lease (a new
+session replaced it) judged once etcd answers, by :func:`after_fence`, as KEEP the
+paused ranks' state or DISCARD it; and the leader epoch the ranks train under, which
+that judgement and the node's record need.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from daemon.coordination import Fence, after_fence
+from daemon.coordination.job_view import JobView
+from trainer import logs
+
+
+@dataclass
+class FenceJudge:
+    node_id: str
+    fenced: bool = False  # the lease is unconfirmed: nothing may commit here
+    lease_lost: bool = False  # a new session replaced the one we were fenced with
+    answered_at: float = 0.0  # when etcd answered again after the fence
+    trained_epoch: int | None = None  # the leader epoch our ranks train under
+    epoch_step: int = 0  # our step when they began to
+
+    def must_pause(self) -> bool:
+        """Nothing may commit here now: fenced, or a lost lease not judged yet."""
+        return self.fenced or self.lease_lost
+
+    def fence(self, step: int) -> None:
+        self.fenced = True
+        logs.get().warning("fenced", reason="etcd lease unconfirmed", step=step)
+
+    def renewed(self) -> None:
+        """A new session: our ranks are judged once etcd has our new keys."""
+        self.lease_lost = True
+
+    def answered(self) -> None:
+        """etcd confirmed a lease (ours kept, or a new one) after the fence."""
+        self.fenced, self.answered_at = False, time.monotonic()
+        logs.get().info("unfenced", lease="new" if self.lease_lost else "kept")
+
+    def ranks_started(self) -> None:
+        """Fresh ranks: nothing of theirs is left to judge."""
+        self.lease_lost = False
+
+    def follow_epoch(self, epoch: int | None, running: bool, step: int) -> None:
+        """While our ranks train (not fenced, no lost lease to judge), note the leader
+        epoch they train under and our step when it began."""
+        if epoch is None or self.lease_lost or epoch == self.trained_epoch:
+            return
+        if running:
+            self.trained_epoch, self.epoch_step = epoch, step
+
+    def verdict(
+        self, job: JobView | None, step: int, snapshot_at: float, shown: str | None
+    ) -> tuple[Fence, str]:
+        """What paused ranks may do: HOLD while fenced or undecided (`snapshot_at`: when the
+        job was last read); KEEP or DISCARD once, logged, after which the lost lease
+        counts as judged. A HOLD is logged when its reason differs from `shown`, the one
+        the node shows now."""
+        if self.fenced:
+            return Fence.HOLD, "etcd has not confirmed our lease"
+        if self.lease_lost and snapshot_at < self.answered_at:
+            return Fence.HOLD, "no view of the job since etcd answered"
+        verdict, why = Fence.KEEP, "the lease was kept: nothing changed hands"
+        if self.lease_lost:
+            verdict, why = after_fence(
+                node_id=self.node_id,
+                step=step,
+                trained_epoch=self.trained_epoch,
+                epoch=job.leader_epoch if job else None,
+                nodes=job.nodes if job else {},
+                held_s=time.monotonic() - self.answered_at,
+            )
+        if verdict == Fence.HOLD:
+            if why != shown:
+                logs.get().info("fence_holding", reason=why, step=step)
+            return verdict, why
+        if verdict == Fence.DISCARD:
+            logs.get().warning("fence_discarding", reason=why, step=step)
+        self.lease_lost = False
+        return verdict, why
