@@ -15,32 +15,50 @@ __all__ = ["NodeView", "State"]
 
 @dataclass
 class NodeView:
-    """Written by the supervisor loop, and by the rank output threads through :meth:`track`."""
+    """What the node knows, read by /status, the metrics and the node's etcd record.
 
+    Each field has one writer (``tests/unit/test_node_view_writers.py`` holds the code to
+    it): the supervisor (``supervision/supervisor.py``), the etcd upkeep
+    (``supervision/upkeep.py``), the election (``leadership/election.py``), the node group
+    (``ranks/node_group.py``), or the rank output threads through :meth:`track` (under
+    :attr:`lock`). Every other part only reads.
+    """
+
+    # The supervisor's.
     state: State = State.JOINING
+    registered: bool = False
+    restarts: dict[str, int] = field(default_factory=dict)
+    failure: str | None = None  # why the daemon failed (its exit 1 or 2)
+    last_tick: float = field(default_factory=time.monotonic)
+    ticks: int = 0  # supervisor loop iterations: /status shows the loop is alive
+    waiting_for: str | None = None  # what WAITING (or a holding FENCED) waits for
+    completed_seen_at: float | None = None  # when the job was first seen completed
+    # The upkeep's.
     slot: int | None = None
-    leader: bool = False
     lighthouse: str | None = None
     etcd_up: bool = False
     etcd_errors: int = 0
-    registered: bool = False
+    job: JobView | None = None
+    # The election's.
+    leader: bool = False
+    # The node group's.
+    pids: list[int] = field(default_factory=list)
+    standby_pids: list[int] = field(default_factory=list)  # waiting standbys (daemon.ranks.standby)
+    # The rank output threads' (track).
     step: int = 0
     loss: float | None = None
     participants: int | None = None
-    restarts: dict[str, int] = field(default_factory=dict)
     heals: int = 0
     last_heal_s: float | None = None
-    pids: list[int] = field(default_factory=list)
-    standby_pids: list[int] = field(default_factory=list)  # waiting standbys (daemon.ranks.standby)
-    last_error: str | None = None
+    rank_error: str | None = None  # the ranks' last rank_failed or bad_input error
     train_done: dict[str, Any] | None = None
-    checkpoint_to_publish: dict[str, Any] | None = None  # from a rank's checkpoint_saved
-    job: JobView | None = None
-    last_tick: float = field(default_factory=time.monotonic)
-    ticks: int = 0  # supervisor loop iterations: /status shows the loop is alive
-    waiting_for: str | None = None  # what WAITING waits for, None otherwise
-    completed_seen_at: float | None = None  # when the job was first seen completed
+    latest_checkpoint: dict[str, Any] | None = None  # from a rank's checkpoint_saved
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def last_error(self) -> str | None:
+        """The daemon's failure, else the ranks' last error."""
+        return self.failure or self.rank_error
 
     @property
     def slot_label(self) -> str:
@@ -62,14 +80,14 @@ class NodeView:
                 self.train_done = dict(event)
                 self.step = int(event.get("step", self.step))
             elif name == "checkpoint_saved":
-                self.checkpoint_to_publish = {
+                self.latest_checkpoint = {
                     "step": event.get("step"),
                     "path": event.get("path"),
                     "time": event.get("time"),
                     "node": node_id,
                 }
             elif name in ("rank_failed", "bad_input"):
-                self.last_error = str(event.get("error"))
+                self.rank_error = str(event.get("error"))
 
     @property
     def job_completed(self) -> bool:
@@ -86,13 +104,3 @@ class NodeView:
         """Whether fewer than `need` replica groups hold a slot (what is missing), or None."""
         have = len(self.job.groups) if self.job is not None else 0
         return None if have >= need else f"replica groups: {have} of job.min_replicas={need}"
-
-    def take_checkpoint(self) -> dict[str, Any] | None:
-        with self.lock:
-            record, self.checkpoint_to_publish = self.checkpoint_to_publish, None
-            return record
-
-    def return_checkpoint(self, record: dict[str, Any]) -> None:
-        """Publishing failed: keep the record for the next tick unless a newer one arrived."""
-        with self.lock:
-            self.checkpoint_to_publish = self.checkpoint_to_publish or record

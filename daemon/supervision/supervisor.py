@@ -177,7 +177,8 @@ class Supervisor:
             if not job_state or job_state.get("state") not in ("running", "completed"):
                 self.upkeep.set_state("running")
             return State.RUNNING
-        error = self.waiting.report(missing, since=self.entered_at)
+        error = self.waiting.report(missing, since=self.entered_at, shown=self.view.waiting_for)
+        self.view.waiting_for = missing
         return State.WAITING if error is None else self._fail(error, EXIT_FAILED)
 
     def _running(self) -> State:
@@ -273,7 +274,7 @@ class Supervisor:
         return State.DONE
 
     def _fail(self, message: str, code: int) -> State:
-        self.view.last_error, self.exit_code = message, code
+        self.view.failure, self.exit_code = message, code
         self.group.kill()
         if code == EXIT_FAILED:
             self.upkeep.fail_job(message)

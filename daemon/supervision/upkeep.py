@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from daemon.config import DaemonConfig
 from daemon.config.preflight import node_device
@@ -97,6 +97,7 @@ class EtcdUpkeep:
         self.watch = JobWatch(f"{coord.prefix}nodes/{cfg.node_id}", wake)
         self.refusal = ""
         self._slot_lost = False  # since the last report
+        self._published: dict[str, Any] | None = None  # the checkpoint record last published
         self.record = NodeRecord(cfg, coord, view)
         self._retry_at = 0.0
         self._backoff = BACKOFF_FIRST_S
@@ -343,15 +344,15 @@ class EtcdUpkeep:
         self.record.update(self.judge.trained_epoch, self.judge.epoch_step, force=force)
 
     def _publish_checkpoint(self) -> None:
-        """checkpoints/latest in etcd, from the main loop (rank threads only record it)."""
-        record = self.view.take_checkpoint()
-        if record is None:
+        """checkpoints/latest in etcd, from the main loop (rank threads only record it);
+        a failed publication is tried again next round, unless a newer one came."""
+        record = self.view.latest_checkpoint
+        if record is None or record is self._published:
             return
         ok, _ = self._attempt("checkpoint", lambda: self.coord.publish_checkpoint(record))
         if ok:
+            self._published = record
             self.log.info("checkpoint_published", step=record["step"], path=record["path"])
-        else:
-            self.view.return_checkpoint(record)
 
     # ----------------------------------------------------------------- the job
 

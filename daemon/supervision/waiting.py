@@ -47,13 +47,13 @@ class Waiting:
             timeout_s = self.cfg.lighthouse.heartbeat_timeout_ms / 1000
             self.quiet_until = now + timeout_s + QUIET_MARGIN_S
 
-    def report(self, missing: str, since: float) -> str | None:
-        """Log what is missing when it changes (and every 30 s); the error once the wait
-        is over node.wait_timeout_s, else None."""
+    def report(self, missing: str, since: float, shown: str | None) -> str | None:
+        """Log what is missing when it differs from `shown` (what the node shows now) and
+        every 30 s; the error once the wait is over node.wait_timeout_s, else None."""
         now = time.monotonic()
         waited = now - since
-        if missing != self.view.waiting_for or now - self.reported_at > REPORT_EVERY_S:
+        if missing != shown or now - self.reported_at > REPORT_EVERY_S:
             self.log.info("waiting", waiting_for=missing, waited_s=round(waited, 1))
-            self.view.waiting_for, self.reported_at = missing, now
+            self.reported_at = now
         timeout = self.cfg.node.wait_timeout_s
         return f"waited {timeout:.0f}s for {missing}" if timeout and waited > timeout else None
