@@ -34,7 +34,12 @@ from daemon.coordination.fencing import (
     refresh_every_s,
 )
 from daemon.coordination.identity import Identity, holder_of, new_instance, take_identity
-from daemon.coordination.job_view import JobView, differing_sections, mismatch_message, spec_hash
+from daemon.coordination.job_view import (
+    JobView,
+    differing_sections,
+    mismatch_message,
+    overall_spec_hash,
+)
 from daemon.coordination.job_watch import MAX_AGE_S, JobWatch
 
 __all__ = [
@@ -65,8 +70,8 @@ __all__ = [
     "holder_of",
     "mismatch_message",
     "new_instance",
+    "overall_spec_hash",
     "refresh_every_s",
-    "spec_hash",
     "take_identity",
     "translate_error",
 ]

@@ -20,7 +20,7 @@ from daemon.coordination.job_view import (
     dump,
     json_dict,
     mismatch_message,
-    spec_hash,
+    overall_spec_hash,
 )
 from trainer import logs
 
@@ -33,7 +33,7 @@ def put_spec(job: str, sections: dict[str, str], do_txn: Txn, key_of: Callable[[
     nodes are registered. `do_txn` and `key_of` are the coordinator's."""
     key, nodes = key_of("spec"), key_of("nodes/")
     all_nodes = (nodes, pyetcd.utils.prefix_range_end(nodes.encode()))
-    overall = spec_hash(sections)
+    overall = overall_spec_hash(sections)
     value = dump({"hash": overall, "sections": sections})
     for _ in range(5):
         ok, responses = do_txn([txn.Create(key) == 0], [txn.Put(key, value)], [txn.Get(key)])

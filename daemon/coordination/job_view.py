@@ -40,7 +40,7 @@ def dump(value: object) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
-def spec_hash(sections: dict[str, str]) -> str:
+def overall_spec_hash(sections: dict[str, str]) -> str:
     """The overall hash of a job file's shared sections."""
     return hashlib.sha256(dump(sections).encode()).hexdigest()
 

@@ -6,7 +6,7 @@ record, and the systemd notifications the loop sends.
 
 from __future__ import annotations
 
-from daemon.supervision.after_stop import FENCED_OUT, SLOT_LOST, Verdict
+from daemon.supervision.after_stop import FENCED_OUT, SLOT_LOST, StopDecision
 from daemon.supervision.node_record import RECORD_EVERY_S
 from daemon.supervision.restarts import RestartBudget
 from daemon.supervision.supervisor import TICK_S, Supervisor
@@ -21,7 +21,7 @@ __all__ = [
     "TICK_S",
     "Notifier",
     "RestartBudget",
+    "StopDecision",
     "Supervisor",
-    "Verdict",
     "Waiting",
 ]

@@ -17,11 +17,11 @@ from daemon.ranks.stop_cause import FENCED_OUT, SLOT_LOST, FencedOut, JobEnded, 
 from daemon.ranks.workers import ExitKind
 from daemon.supervision.restarts import RestartBudget
 
-__all__ = ["FENCED_OUT", "SLOT_LOST", "Verdict", "after_stop"]
+__all__ = ["FENCED_OUT", "SLOT_LOST", "StopDecision", "after_stop"]
 
 
 @dataclass(frozen=True)
-class Verdict:
+class StopDecision:
     state: State
     reason: str = ""  # RESTARTING/WAITING: hang, rank_exit or peers; DONE: why the node ends
     detail: str = ""  # what the ranks said, for the log
@@ -42,29 +42,29 @@ def after_stop(
     budget: RestartBudget,
     now: float,
     last_error: str | None,
-) -> Verdict:
+) -> StopDecision:
     """Where a node goes once its group has stopped for `cause` (an exit or a reason)."""
     if isinstance(cause, SlotLost):
-        return Verdict(State.WAITING if slot_held else State.CLAIMING)
+        return StopDecision(State.WAITING if slot_held else State.CLAIMING)
     if isinstance(cause, FencedOut):  # a restart the node did not cause: outside the budget
-        return Verdict(State.WAITING if slot_held else State.CLAIMING, reason="fenced")
+        return StopDecision(State.WAITING if slot_held else State.CLAIMING, reason="fenced")
     if isinstance(cause, JobEnded):  # the job completed elsewhere
-        return Verdict(State.DONE, reason=cause.reason)
+        return StopDecision(State.DONE, reason=cause.reason)
     if cause.kind == ExitKind.DRAINED:  # a rank was told to stop by someone else
         error = "ranks were stopped from outside the daemon"
-        return Verdict(State.FAILED, error=error, code=EXIT_FAILED)
+        return StopDecision(State.FAILED, error=error, code=EXIT_FAILED)
     if cause.kind == ExitKind.BAD_INPUT:
-        return Verdict(State.FAILED, error=last_error or cause.reason, code=EXIT_BAD_INPUT)
+        return StopDecision(State.FAILED, error=last_error or cause.reason, code=EXIT_BAD_INPUT)
     # Not a crash: the ranks timed out waiting for peers that are gone, or that hold a
     # slot but whose ranks did not join the quorum in ft.quorum_timeout_s (still starting).
     if missing_groups or cause.kind == ExitKind.NO_QUORUM:
-        return Verdict(State.WAITING, reason="peers", detail=cause.reason)
+        return StopDecision(State.WAITING, reason="peers", detail=cause.reason)
     if not budget.allows(now):
         error = (
             f"gave up after {budget.max_restarts} restarts in {budget.window_s:.0f}s; "
             f"last error: {last_error or cause.reason}"
         )
-        return Verdict(State.FAILED, error=error, code=EXIT_FAILED)
+        return StopDecision(State.FAILED, error=error, code=EXIT_FAILED)
     reason = "hang" if cause.kind == ExitKind.HUNG else "rank_exit"
     delay = budget.record(now)
-    return Verdict(State.RESTARTING, reason=reason, detail=cause.reason, delay_s=delay)
+    return StopDecision(State.RESTARTING, reason=reason, detail=cause.reason, delay_s=delay)

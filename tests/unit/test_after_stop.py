@@ -6,7 +6,7 @@ from daemon.exits import EXIT_BAD_INPUT, EXIT_FAILED, RANK_BAD_INPUT, RANK_NO_QU
 from daemon.node_state.states import State
 from daemon.ranks.stop_cause import JobEnded, StopCause
 from daemon.ranks.workers import ExitKind, GroupExit, _failure_kind
-from daemon.supervision.after_stop import SLOT_LOST, Verdict, after_stop
+from daemon.supervision.after_stop import SLOT_LOST, StopDecision, after_stop
 from daemon.supervision.restarts import RestartBudget
 
 
@@ -14,7 +14,7 @@ def _exit(kind: ExitKind, reason: str = "rank 1 exited with code 1") -> GroupExi
     return GroupExit(kind, [1, None], reason)
 
 
-def _decide(cause: StopCause, **kw: object) -> Verdict:
+def _decide(cause: StopCause, **kw: object) -> StopDecision:
     args: dict[str, object] = {
         "slot_held": True,
         "missing_groups": None,

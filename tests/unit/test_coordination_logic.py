@@ -18,7 +18,7 @@ from daemon.coordination.coordinator import (
     SessionExpired,
     translate_error,
 )
-from daemon.coordination.job_view import differing_sections, mismatch_message, spec_hash
+from daemon.coordination.job_view import differing_sections, mismatch_message, overall_spec_hash
 
 SETTINGS = EtcdSettings(
     endpoints=["127.0.0.1:2379"], ca_file="/etc/ca.pem", user="u", password="p", timeout_s=5.0
@@ -45,9 +45,9 @@ def translate(code: grpc.StatusCode, details: str) -> CoordinationError:
 
 
 def test_spec_hash_is_order_independent_and_sensitive() -> None:
-    a = spec_hash({"model": "1", "train": "2"})
-    assert a == spec_hash({"train": "2", "model": "1"})
-    assert a != spec_hash({"model": "1", "train": "3"})
+    a = overall_spec_hash({"model": "1", "train": "2"})
+    assert a == overall_spec_hash({"train": "2", "model": "1"})
+    assert a != overall_spec_hash({"model": "1", "train": "3"})
 
 
 def test_differing_sections_includes_added_and_removed() -> None:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from trainer.ft import divergence
-from trainer.ft.divergence import Verdict, local_digest, verdict, votes
+from trainer.ft.divergence import Tally, local_digest, verdict, votes
 
 
 def average(*ballots: torch.Tensor) -> torch.Tensor:
@@ -38,7 +38,7 @@ def test_equal_groups_agree() -> None:
     ballots = [votes(d, writer=i == 0) for i in range(3)]
     for mine in ballots:
         seen = verdict(mine, average(*ballots))
-        assert seen == Verdict(share=1.0, with_writer=True) and not seen.diverged
+        assert seen == Tally(share=1.0, with_writer=True) and not seen.diverged
 
 
 def test_the_one_group_that_differs_is_the_minority_even_as_the_writer() -> None:

@@ -53,3 +53,10 @@ def test_an_import_up_the_layers_or_across_peers_or_packages_is_reported() -> No
         "p.mid.y (layer 2) imports p.other.w (layer 2): only lower layers may be imported",
         "p.stray is in no layer of DESIGN.md",
     ]
+
+
+def test_no_test_module_imports_another() -> None:
+    """Shared helpers live in tests/support/; a test module imports only those."""
+    graph = import_graph(ROOT, ["tests"])
+    tests = {m for m in graph if m.rpartition(".")[2].startswith("test_")}
+    assert {m: sorted(graph[m] & tests) for m in sorted(tests) if graph[m] & tests} == {}

@@ -7,7 +7,7 @@ import threading
 import time
 from pathlib import Path
 
-from trainer.checkpoint.lease_fence import Fence, LeaseFence
+from trainer.checkpoint.lease_fence import Confirmation, LeaseFence
 
 
 def confirm(path: Path, lease: str, at_ns: int | None = None) -> None:
@@ -18,9 +18,9 @@ def test_a_save_waits_for_a_confirmation_after_its_step(tmp_path: Path) -> None:
     fence = LeaseFence(tmp_path / "lease.json", wait_s=5)
     confirm(fence.path, "a1")
     stamp = fence.stamp()
-    assert stamp.lease == "a1" and fence.verdict(stamp) == Fence.WAIT  # confirmed before it
+    assert stamp.lease == "a1" and fence.verdict(stamp) == Confirmation.WAIT  # confirmed before it
     confirm(fence.path, "a1")
-    assert fence.verdict(stamp) == Fence.OK
+    assert fence.verdict(stamp) == Confirmation.OK
 
 
 def test_a_new_lease_means_the_step_may_be_on_the_losing_side(tmp_path: Path) -> None:
@@ -28,24 +28,24 @@ def test_a_new_lease_means_the_step_may_be_on_the_losing_side(tmp_path: Path) ->
     confirm(fence.path, "a1")
     stamp = fence.stamp()
     confirm(fence.path, "b2")
-    assert fence.verdict(stamp) == Fence.LOST
-    assert fence.wait(stamp) == Fence.LOST
+    assert fence.verdict(stamp) == Confirmation.LOST
+    assert fence.wait(stamp) == Confirmation.LOST
 
 
 def test_a_blocking_wait_ends_with_the_confirmation_or_gives_up(tmp_path: Path) -> None:
     fence = LeaseFence(tmp_path / "lease.json", wait_s=0.3)
     confirm(fence.path, "a1")
     stamp = fence.stamp()
-    assert fence.wait(stamp) == Fence.WAIT  # nobody confirmed: not marked
+    assert fence.wait(stamp) == Confirmation.WAIT  # nobody confirmed: not marked
     later = threading.Timer(0.2, lambda: confirm(fence.path, "a1"))
     later.start()
-    assert LeaseFence(fence.path, wait_s=5).wait(stamp) == Fence.OK
+    assert LeaseFence(fence.path, wait_s=5).wait(stamp) == Confirmation.OK
     later.join()
 
 
 def test_an_unreadable_or_missing_file_never_confirms(tmp_path: Path) -> None:
     fence = LeaseFence(tmp_path / "lease.json", wait_s=0.1)
     stamp = fence.stamp()
-    assert stamp.lease is None and fence.verdict(stamp) == Fence.WAIT
+    assert stamp.lease is None and fence.verdict(stamp) == Confirmation.WAIT
     fence.path.write_text("{not json")
-    assert fence.verdict(stamp) == Fence.WAIT
+    assert fence.verdict(stamp) == Confirmation.WAIT

@@ -17,7 +17,7 @@ from trainer.checkpoint.files import (
     run_root,
     write_json_atomic,
 )
-from trainer.checkpoint.lease_fence import Fence, LeaseFence
+from trainer.checkpoint.lease_fence import Confirmation, LeaseFence
 from trainer.checkpoint.safe_load import SafeReader
 from trainer.checkpoint.saver import Checkpointer
 
@@ -25,7 +25,7 @@ __all__ = [
     "MARKER",
     "Candidate",
     "Checkpointer",
-    "Fence",
+    "Confirmation",
     "LeaseFence",
     "SafeReader",
     "candidates",

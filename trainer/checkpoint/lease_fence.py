@@ -21,7 +21,9 @@ from enum import StrEnum
 from pathlib import Path
 
 
-class Fence(StrEnum):
+class Confirmation(StrEnum):
+    """Whether the lease was confirmed after a step, so its checkpoint may be marked."""
+
     OK = "ok"
     WAIT = "wait"  # not confirmed since the commit yet
     LOST = "lost"  # the lease changed: the step may lie on a partition's losing side
@@ -49,19 +51,19 @@ class LeaseFence:
         now = self.read()
         return Stamp(now[0] if now else None, time.monotonic_ns())
 
-    def verdict(self, stamp: Stamp) -> Fence:
+    def verdict(self, stamp: Stamp) -> Confirmation:
         now = self.read()
         if now is None or stamp.lease is None:
-            return Fence.WAIT
+            return Confirmation.WAIT
         lease, confirmed_ns = now
         if lease != stamp.lease:
-            return Fence.LOST
-        return Fence.OK if confirmed_ns > stamp.commit_ns else Fence.WAIT
+            return Confirmation.LOST
+        return Confirmation.OK if confirmed_ns > stamp.commit_ns else Confirmation.WAIT
 
-    def wait(self, stamp: Stamp) -> Fence:
+    def wait(self, stamp: Stamp) -> Confirmation:
         deadline = time.monotonic() + self.wait_s
         verdict = self.verdict(stamp)
-        while verdict == Fence.WAIT and time.monotonic() < deadline:
+        while verdict == Confirmation.WAIT and time.monotonic() < deadline:
             time.sleep(0.1)
             verdict = self.verdict(stamp)
         return verdict

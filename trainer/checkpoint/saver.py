@@ -51,7 +51,7 @@ from trainer.checkpoint.files import (
     retain,
     write_json_atomic,
 )
-from trainer.checkpoint.lease_fence import Fence, LeaseFence
+from trainer.checkpoint.lease_fence import Confirmation, LeaseFence
 from trainer.config import CheckpointConfig
 from trainer.ft.replication import Checkpointing
 from trainer.ft.state import TrainState
@@ -298,14 +298,18 @@ class Checkpointer:
         if self.fence is None or stamp is None:
             return True
         verdict = self.fence.wait(stamp) if block else self.fence.verdict(stamp)
-        if verdict == Fence.WAIT and not block:
+        if verdict == Confirmation.WAIT and not block:
             self.pending = pending  # the files are written; only the marker waits
             return False
-        if verdict != Fence.OK:
+        if verdict != Confirmation.OK:
             self.metrics.observe_checkpoint_failure()
-            why = "the lease changed" if verdict == Fence.LOST else "the lease was not confirmed"
+            why = (
+                "the lease changed"
+                if verdict == Confirmation.LOST
+                else "the lease was not confirmed"
+            )
             self.log.error("checkpoint_fenced", step=pending["step"], reason=why)
-        return verdict == Fence.OK
+        return verdict == Confirmation.OK
 
     def close(self) -> None:
         self.finish(block=True)

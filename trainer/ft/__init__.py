@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from trainer.ft.divergence import (
     ReplicasDiverged,
-    Verdict,
+    Tally,
     compare_groups,
     local_digest,
     verdict,
@@ -51,9 +51,9 @@ __all__ = [
     "StepAbandoned",
     "StepLifecycle",
     "StepReport",
+    "Tally",
     "TorchFTGroup",
     "TrainState",
-    "Verdict",
     "buckets",
     "checkpoint_transport",
     "compare_groups",

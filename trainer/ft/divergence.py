@@ -76,7 +76,7 @@ def votes(digest: torch.Tensor, writer: bool) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class Tally:
     share: float  # the fraction of participating groups whose parameters match this rank's
     with_writer: bool  # the writer group's parameters match this rank's
 
@@ -89,13 +89,13 @@ class Verdict:
         return self.share < 0.5 or (self.share == 0.5 and not self.with_writer)
 
 
-def verdict(mine: torch.Tensor, averaged: torch.Tensor) -> Verdict:
+def verdict(mine: torch.Tensor, averaged: torch.Tensor) -> Tally:
     """What the averaged votes say about this rank's vote (one host sync)."""
     half = SLICES * BUCKETS
     voted = mine[:half] > 0
     share = averaged[:half][voted].cpu().tolist()
     writer = averaged[half:][voted].cpu().tolist()
-    return Verdict(share=min(share), with_writer=min(writer) > 0)
+    return Tally(share=min(share), with_writer=min(writer) > 0)
 
 
 @dataclass(frozen=True)
