@@ -22,14 +22,13 @@ from tests.support.harness import (
     Daemon,
     Event,
     alive,
-    digest,
     event_time,
     job_groups,
     largest_step_gap,
     start_daemon,
-    status_json,
     wait_for,
 )
+from tests.support.job_queries import digest, status_json
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.harness import Daemon, digest, start_daemon, wait_for
+from tests.support.harness import Daemon, start_daemon, wait_for
+from tests.support.job_queries import digest
 from tests.support.multihost import NEEDS_NAMESPACES, etcd_on, reaches
 from tests.support.netns import Network
 

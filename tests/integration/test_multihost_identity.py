@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.harness import digest, event_time, start_daemon, wait_for
+from tests.support.harness import event_time, start_daemon, wait_for
+from tests.support.job_queries import digest
 from tests.support.multihost import NEEDS_NAMESPACES, etcd_on
 from tests.support.netns import Network
 from tests.support.ports import free_port

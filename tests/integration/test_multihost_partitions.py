@@ -17,15 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.harness import (
-    Daemon,
-    Proc,
-    digest,
-    event_time,
-    largest_step_gap,
-    start_daemon,
-    wait_for,
-)
+from tests.support.harness import Daemon, Proc, event_time, largest_step_gap, start_daemon, wait_for
+from tests.support.job_queries import digest
 from tests.support.multihost import NEEDS_NAMESPACES, etcd_on
 from tests.support.netns import Host, Network
 

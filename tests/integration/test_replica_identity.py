@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.harness import Daemon, digest, event_time, start_daemon, status_json, wait_for
+from tests.support.harness import Daemon, event_time, start_daemon, wait_for
+from tests.support.job_queries import digest, status_json
 
 pytestmark = pytest.mark.integration
 

@@ -406,29 +406,3 @@ def kill_pair_after_checkpoint(
         for d in pair:
             d.stop()
     return writer, "node-b" if writer == "node-a" else "node-a"
-
-
-def status_json(endpoint: str) -> dict[str, Any]:
-    out = subprocess.run(
-        [
-            str(BIN / "phalanx"),
-            "status",
-            "--config",
-            str(DAEMON_JOB),
-            "--set",
-            f'etcd.endpoints=["{endpoint}"]',
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    )
-    doc: dict[str, Any] = json.loads(out.stdout)
-    return doc
-
-
-def digest(d: Daemon) -> str:
-    done = d.events("train_done")
-    assert done, d.proc.tail()
-    return str(done[0]["params_sha256"])

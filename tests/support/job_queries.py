@@ -1,0 +1,35 @@
+"""What tests ask of a running job: `phalanx status --json`, and a daemon's final digest."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from typing import Any
+
+from tests.support.harness import BIN, DAEMON_JOB, Daemon
+
+
+def status_json(endpoint: str) -> dict[str, Any]:
+    out = subprocess.run(
+        [
+            str(BIN / "phalanx"),
+            "status",
+            "--config",
+            str(DAEMON_JOB),
+            "--set",
+            f'etcd.endpoints=["{endpoint}"]',
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    doc: dict[str, Any] = json.loads(out.stdout)
+    return doc
+
+
+def digest(d: Daemon) -> str:
+    done = d.events("train_done")
+    assert done, d.proc.tail()
+    return str(done[0]["params_sha256"])
