@@ -156,7 +156,6 @@ def run(cfg: DaemonConfig) -> int:
                 file=sys.stderr,
             )
             return EXIT_BAD_INPUT
-        sup.upkeep.record.http_port = server.port
         log.info(
             "http_listening",
             port=server.port,
@@ -164,7 +163,7 @@ def run(cfg: DaemonConfig) -> int:
         )
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: sup.request_drain())
-        return sup.run()
+        return sup.run(http_port=server.port)
     except Exception as e:  # a bug or an unforeseen failure: never 2, so the node is restarted
         log.exception("node_failed", error=f"{type(e).__name__}: {e}", code=EXIT_FAILED)
         return EXIT_FAILED

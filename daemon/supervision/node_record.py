@@ -25,7 +25,7 @@ class NodeRecord:
         self.cfg = cfg
         self.coord = coord
         self.view = view
-        self.http_port = cfg.node.http_port  # the bound port, set by the CLI
+        self.http_port = cfg.node.http_port  # the bound port (EtcdUpkeep.serving_http)
         self._written: dict[str, Any] = {}
         self._written_at = 0.0
 

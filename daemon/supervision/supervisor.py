@@ -83,7 +83,11 @@ class Supervisor:
 
     # ------------------------------------------------------------------ the loop
 
-    def run(self) -> int:
+    def run(self, http_port: int | None = None) -> int:
+        """The loop until a terminal state; returns the exit code. `http_port`: the port the
+        status server is bound to (node.http_port = 0 picks one), for the node's record."""
+        if http_port is not None:
+            self.upkeep.serving_http(http_port)
         self.log.info(
             "daemon_started", version=__version__, pid=os.getpid(), run_dir=str(self.run_dir)
         )

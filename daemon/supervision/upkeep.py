@@ -216,6 +216,10 @@ class EtcdUpkeep:
         self._slot_lost = False
         return report
 
+    def serving_http(self, port: int) -> None:
+        """The status server's bound port, published in the node's record."""
+        self.record.http_port = port
+
     @property
     def fenced(self) -> bool:
         return self.judge.fenced
