@@ -3,9 +3,9 @@ returns them as :class:`Built`; :func:`train` runs the steps, and after each one
 plain sight, the metrics, the step log, the evaluation and the checkpoint.
 
 The order of build: workload -> device mesh -> model (meta) -> pipeline stages ->
-parallelize -> materialise -> optimizer + LR -> training state -> replication across
-groups (torchft) -> pipeline schedule -> data -> loop -> metrics -> evaluator ->
-checkpointer.
+parallelize -> materialise -> pipeline schedule -> optimizer + LR -> training state ->
+replication across groups (torchft) -> metrics -> checkpointer -> data and loop ->
+evaluator.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def build(cfg: TrainerConfig, env: RankEnv, work: workload.Workload | None = Non
     layout = init_distributed(cfg.parallel, env, cfg.ft.timeout_s)
     touch(env.heartbeat)
 
-    # Pipeline stages, then parallelize and materialise each.
+    # Pipeline stages, parallelize and materialise each, then the pipeline's schedule.
     n_stages = cfg.parallel.pp * cfg.parallel.stages_per_rank
     if cfg.parallel.pp > 1:
         # Imported here: torch.distributed.pipelining adds about 0.5 s to every rank's start.
@@ -104,10 +104,18 @@ def build(cfg: TrainerConfig, env: RankEnv, work: workload.Workload | None = Non
     models = [parallelize(m, work, cfg.parallel, layout) for _, m in stages]
     for m in models:
         materialize(m, work.init, cfg.train.seed, layout.device, where)
+    schedule = pipeline_loss = None
+    if cfg.parallel.pp > 1:  # the stages' schedule, with the loss it weights
+        from trainer.parallel.pipeline import WeightedLoss
+
+        pipeline_loss = WeightedLoss(work.loss)
+        schedule, _ = build_schedule(
+            list(zip((i for i, _ in stages), models, strict=True)), cfg, layout, pipeline_loss
+        )
     params = {name: p for m in models for name, p in m.named_parameters()}
     init_digest = params_sha256(params, layout.group("pp")) if cfg.train.log_init_digest else None
 
-    # Optimizer, schedule and the state one group hands another.
+    # Optimizer, LR schedule and the state one group hands another.
     optimizer = build_optimizer(params, cfg.train, work.param_groups)
     init_optimizer_state(optimizer)
     scheduler = build_scheduler(optimizer, cfg.train)
@@ -120,15 +128,6 @@ def build(cfg: TrainerConfig, env: RankEnv, work: workload.Workload | None = Non
     else:
         replication = SingleGroup(state)
     replication.hook_fsdp(m for model in models for m in model.modules())
-
-    schedule = pipeline_loss = None
-    if cfg.parallel.pp > 1:
-        from trainer.parallel.pipeline import WeightedLoss
-
-        pipeline_loss = WeightedLoss(work.loss)
-        schedule, _ = build_schedule(
-            list(zip((i for i, _ in stages), models, strict=True)), cfg, layout, pipeline_loss
-        )
 
     # The loop, then what follows its steps.
     indices = [i for i, _ in stages]
