@@ -55,7 +55,6 @@ class Built:
     env: RankEnv
     started: float  # when build began (monotonic)
     chaos: Chaos
-    stop: threading.Event  # set by SIGTERM: the group drains after the step
     work: workload.Workload
     layout: Layout
     models: list[nn.Module]  # the model, or this rank's pipeline stages
@@ -149,7 +148,6 @@ def build(cfg: TrainerConfig, env: RankEnv, work: workload.Workload | None = Non
         env=env,
         started=started,
         chaos=chaos,
-        stop=stop,
         work=work,
         layout=layout,
         models=models,

@@ -16,7 +16,7 @@ For healing everything travels as plain tensors (DTensors become their local
 shard) and plain containers, so the receiver loads it with
 ``weights_only=True``. Both sides run the same layout (the job's spec hash
 guarantees it), so local shards line up rank by rank. Checkpoints keep the
-DTensors instead (see checkpoint.py), which is what lets DCP reshard.
+DTensors instead (see trainer/checkpoint/saver.py), which is what lets DCP reshard.
 """
 
 from __future__ import annotations
