@@ -1,4 +1,4 @@
-"""A checkpoint volume that refuses writes never stops training.
+"""A checkpoint volume that refuses writes or runs out of space never stops training.
 
 The checkpoint directory is a tmpfs remounted read-only (root ignores file modes,
 so a chmod would not do) under a real daemon and its ranks: every due save fails
@@ -6,6 +6,12 @@ with a ``checkpoint_failed`` event and ``phalanx_checkpoint_failures_total`` gro
 (the metric ``PhalanxCheckpointFailing`` alerts on, tested with ``promtool test
 rules`` in test_observability.py) while training goes on; once the volume is
 writable again the next interval saves a valid checkpoint.
+
+A small tmpfs filled mid-run: the job trains every step and exits 0, each later
+save is refused before it starts with the free and needed space in words, and a
+restart loads the newest complete checkpoint. A save that runs out of space half-way
+(DCP's ``CheckpointException``, a ``BaseException``) is reported the same way and its
+partial files are removed.
 """
 
 from __future__ import annotations
@@ -19,9 +25,17 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import structlog
+import torch
 
-from tests.support.harness import Daemon, start_daemon, wait_for
-from trainer.checkpoint.files import MARKER, Candidate, problem
+from tests.support.harness import Daemon, run_dir, start_daemon, wait_for
+from trainer.checkpoint.files import MARKER, Candidate, candidates, problem
+from trainer.checkpoint.saver import Checkpointer
+from trainer.config import CheckpointConfig
+from trainer.config.env import RankEnv
+from trainer.ft.replication import SingleGroup
+from trainer.ft.state import TrainState
+from trainer.metrics import TrainMetrics
 
 pytestmark = pytest.mark.integration
 
@@ -31,12 +45,12 @@ def _mount(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @contextmanager
-def tmpfs(path: Path) -> Iterator[Callable[[bool], None]]:
+def tmpfs(path: Path, size: str = "256m") -> Iterator[Callable[[bool], None]]:
     """A tmpfs at `path`; the yielded function makes it writable (True) or read-only."""
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root (CI runs as root)")
     path.mkdir()
-    made = _mount("-t", "tmpfs", "-o", "size=256m", "tmpfs", str(path))
+    made = _mount("-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path))
     if made.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
 
@@ -88,3 +102,70 @@ def test_a_read_only_checkpoint_volume_fails_saves_but_not_training(tmp_path: Pa
         assert path.parent.parent.parent == ckpt and path.name == f"step-{step}"
         model_hash = json.loads((path / MARKER).read_text())["model_hash"]
         assert problem(Candidate(step, path), model_hash) is None
+
+
+def fill(volume: Path, leave: int) -> None:
+    """Take all but `leave` bytes of the volume with one file."""
+    free = os.statvfs(volume).f_bavail * os.statvfs(volume).f_frsize
+    with (volume / "filler").open("wb") as f:
+        os.posix_fallocate(f.fileno(), 0, max(0, free - leave))
+
+
+def test_a_volume_filled_mid_run_fails_saves_not_training_and_a_restart_loads(
+    tmp_path: Path,
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    job = [f'checkpoint.dir="{ckpt}"', "checkpoint.interval_steps=20", "train.steps=100"]
+    with tmpfs(ckpt, "8m"):
+        d = start_daemon(tmp_path, "full", None, overrides=job)
+        try:
+            saved = wait_for(lambda: d.events("checkpoint_saved"), 120, "a first checkpoint")
+            fill(ckpt, leave=int(saved[0]["bytes"]) // 2)
+            assert d.wait(240) == 0, d.proc.tail()
+        finally:
+            d.stop()
+        steps = sorted({int(e["step"]) for e in d.events("train_step")})
+        assert steps[-1] == 100 and not d.events("group_restarted"), d.proc.tail()
+        failed = d.events("checkpoint_failed")
+        assert failed and all("no space left on" in e["error"] for e in failed), failed
+        assert all("MB free, a checkpoint needs ~" in e["error"] for e in failed), failed
+        complete = [c for c in candidates(run_dir(ckpt)) if c.marked]
+        assert complete and all(c.step <= 100 for c in complete)
+        # Nothing half-written is left behind: every step directory is a complete save.
+        assert all(c.marked for c in candidates(run_dir(ckpt)))
+
+        again = start_daemon(tmp_path / "again", "full", None, overrides=job)
+        try:
+            loaded = wait_for(lambda: again.events("checkpoint_loaded"), 120, "a resume")
+        finally:
+            again.stop()
+        assert int(loaded[0]["step"]) == complete[0].step
+
+
+def test_a_save_that_runs_out_of_space_mid_write_is_reported_and_removed(
+    tmp_path: Path,
+) -> None:
+    volume = tmp_path / "small"
+    with tmpfs(volume, "256k"):
+        model = torch.nn.Linear(256, 256)  # 257 KB of parameters, 771 KB with Adam's state
+        optimizer = torch.optim.Adam(model.parameters())
+        model(torch.ones(1, 256)).sum().backward()
+        optimizer.step()
+        state = TrainState(
+            dict(model.named_parameters()),
+            optimizer,
+            torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0),
+        )
+        cfg = CheckpointConfig.model_validate({"dir": str(volume), "async": True})
+        saver = Checkpointer(
+            cfg, volume, state, SingleGroup(state), TrainMetrics(RankEnv()), "h", {}, rank=0
+        )
+        saver.needed = 1  # as if checkpoints were tiny: the room check lets the save start
+        with structlog.testing.capture_logs() as events:
+            saver.save(1)
+            saver.close()
+        failed = [e for e in events if e["event"] == "checkpoint_failed"]
+        assert len(failed) == 1, events
+        assert failed[0]["error"].startswith(f"no space left on {volume}"), failed
+        assert not (volume / "step-1").exists()
+        assert saver.last_saved is None

@@ -70,7 +70,12 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a directory's entries (a rename, a new subdirectory) durable."""
+    fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:

@@ -48,13 +48,15 @@ from trainer.checkpoint.files import (
     PREFIX,
     SCALARS,
     describe_files,
+    fsync_dir,
     retain,
     write_json_atomic,
 )
 from trainer.checkpoint.lease_fence import Confirmation, LeaseFence
+from trainer.checkpoint.space import INTERRUPTS, describe, no_room
 from trainer.config import CheckpointConfig
 from trainer.ft.replication import Checkpointing
-from trainer.ft.state import TrainState
+from trainer.ft.state import TrainState, local
 from trainer.metrics import TrainMetrics
 
 # ------------------------------------------------------------------ the saver
@@ -99,6 +101,9 @@ class Checkpointer:
         self.hashing: Future[dict[str, Any]] | None = None
         self.trusted: set[Path] = set()  # valid checkpoint paths (used by the hasher only)
         self.reported: set[Path] = set()
+        # Bytes a checkpoint needs on the volume: the last save's, or until one is known an
+        # estimate from this rank's tensors times the ranks writing (rank 0 checks the room).
+        self.needed: int | None = self._estimate()
         if rank == 0:
             try:
                 self.root.mkdir(parents=True, exist_ok=True)
@@ -109,6 +114,16 @@ class Checkpointer:
         """Group-wide facts (skipped, invalid, loaded) are reported once, by rank 0."""
         if self.rank == 0:
             getattr(self.log, level)(event, **fields)
+
+    def _estimate(self) -> int:
+        mine = sum(
+            local(t).numel() * t.element_size()
+            for group in self.tensors().values()
+            for value in group.values()
+            for t in (value.values() if isinstance(value, dict) else [value])
+            if isinstance(t, torch.Tensor)
+        )
+        return mine * (dist.get_world_size(self.pg) if self.distributed else 1)
 
     def tensors(self) -> dict[str, Any]:
         return {"model": dict(self.state.params), "optimizer": self.state.optimizer_tensors()}
@@ -132,8 +147,9 @@ class Checkpointer:
 
     def save(self, step: int, final: bool = False) -> None:
         """Start a save of the live state at `step` (the writer group only; collective in the
-        group). Any I/O failure is a checkpoint_failed event and a metric, never a crash:
-        training goes on and the next interval tries again."""
+        group). Any failure (DCP's CheckpointException included, a BaseException) is a
+        checkpoint_failed event and a metric, never a crash: training goes on, the partial
+        files are removed and the next interval tries again."""
         if not self.replication.is_writer():
             return
         if not final and not self.agree(self.upload is None or self.upload.done()):
@@ -159,9 +175,11 @@ class Checkpointer:
             return
         try:
             self._write(path)
-        except Exception as e:  # DCP raises on every rank when any rank's write fails
+        except BaseException as e:  # DCP raises on every rank when any rank's write fails
+            if isinstance(e, INTERRUPTS):
+                raise
             self.upload = self.staging = self.hashing = None
-            self._failed(step, f"{type(e).__name__}: {e}")
+            self._failed(step, describe(e, self.root, self.needed), path)
             return
         if self.chaos is not None and self.cfg.async_save:
             self.chaos.at("checkpoint", step)
@@ -177,6 +195,10 @@ class Checkpointer:
         try:
             # Leftovers of an earlier attempt at this step (a save killed mid-way) go first.
             shutil.rmtree(path, ignore_errors=True)
+            # Rather than fill the volume (and fail half-way): skip, and say why.
+            full = no_room(self.root, self.needed)
+            if full is not None:
+                return full + "; the save was not started"
             path.mkdir(parents=True)
             scalars = {**self.state.scalars(), "torchft": self.replication.ft_state()}
             write_json_atomic(path / SCALARS, scalars)
@@ -184,9 +206,13 @@ class Checkpointer:
             return f"{path}: {e.strerror or e}"
         return None
 
-    def _failed(self, step: int, error: str) -> None:
+    def _failed(self, step: int, error: str, partial: Path | None = None) -> None:
+        """Counted, said once for the group; rank 0 removes what the save had written (the
+        last complete checkpoint is untouched, and the space goes back to the volume)."""
         self.metrics.observe_checkpoint_failure()
         self.note("error", "checkpoint_failed", step=step, error=error)
+        if partial is not None and self.rank == 0:
+            shutil.rmtree(partial, ignore_errors=True)
 
     def _write(self, path: Path) -> None:
         """Hand the state to DCP: asynchronously (upload pending) or at once."""
@@ -236,11 +262,10 @@ class Checkpointer:
                 self.upload.result()
             if self.rank == 0 and "files" not in pending:  # a sync save: written just now
                 pending["files"] = hashing.result() if hashing else describe_files(path)
-        except Exception as e:
-            self.metrics.observe_checkpoint_failure()
-            self.log.error(
-                "checkpoint_failed", step=pending["step"], error=f"{type(e).__name__}: {e}"
-            )
+        except BaseException as e:
+            if isinstance(e, INTERRUPTS):
+                raise
+            self._failed(pending["step"], describe(e, self.root, self.needed), path)
             return
         finally:
             self.upload = None
@@ -260,9 +285,11 @@ class Checkpointer:
             }
             try:
                 write_json_atomic(path / MARKER, marker)
+                fsync_dir(self.root)  # the run directory's new step-<N> entry, too
             except OSError as e:
-                self._failed(pending["step"], f"{path / MARKER}: {e.strerror or e}")
+                self._failed(pending["step"], f"{path / MARKER}: {e.strerror or e}", path)
                 return
+            self.needed = sum(f["size"] for f in files.values())
             self.log.info(
                 "checkpoint_saved",
                 step=pending["step"],
