@@ -8,13 +8,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
-import sys
+import socket
 import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http import HTTPStatus
 from typing import Any
 
 from daemon.node_state.view import State
@@ -22,6 +23,21 @@ from daemon.supervision.supervisor import Supervisor
 from trainer import logs
 
 STALE_LOOP_S = 10.0
+MAX_CONNECTIONS = 128
+BACKLOG = 128
+HEAD_TIMEOUT_S = 5.0  # a request line and headers (a probe's arrive at once)
+WRITE_TIMEOUT_S = 10.0
+MAX_HEAD_BYTES = 8192
+
+
+def _response(code: int, ctype: str, body: bytes) -> bytes:
+    head = (
+        f"HTTP/1.1 {code} {HTTPStatus(code).phrase}\r\n"
+        f"Content-Type: {ctype}\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    )
+    return head.encode("ascii") + body
 
 
 def status_document(sup: Supervisor) -> dict[str, Any]:
@@ -49,51 +65,111 @@ def status_document(sup: Supervisor) -> dict[str, Any]:
     }
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def handle_error(self, request: object, client_address: tuple[str, int]) -> None:
-        """A scraper that hung up mid-response is routine; anything else is one structured event
-        (the stdlib would print a traceback into the daemon's JSON log)."""
-        error = sys.exc_info()[1]
-        if isinstance(error, ConnectionError):
-            return
-        logs.get().warning(
-            "http_error", client=client_address[0], error=f"{type(error).__name__}: {error}"
-        )
-
-
 class StatusServer:
+    """One event-loop thread serves every connection: an idle connection costs a socket,
+    never a thread, so no number of clients can starve the supervisor loop, the etcd
+    keepalive or the fence clock of the interpreter (a thread per connection did: 1,000
+    idle probes made 1,021 threads, and their wake-up stalled the loop past its lease).
+
+    Bounds, as etcd's and Kubernetes' servers keep them: at most ``MAX_CONNECTIONS`` open
+    (at the cap, the oldest one still waiting for its request is closed to make room, so
+    a flood of idle sockets cannot lock the kubelet's probe out); a request's head must
+    arrive within ``HEAD_TIMEOUT_S`` and fit ``MAX_HEAD_BYTES``; a response must be taken
+    within ``WRITE_TIMEOUT_S``; one request per connection (``Connection: close``).
+    """
+
     def __init__(
         self, sup: Supervisor, host: str, port: int, metrics: Callable[[], bytes] | None = None
     ) -> None:
         self.sup = sup
         self.metrics = metrics
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                code, ctype, body = server.route(self.path.split("?", 1)[0])
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.httpd = _Server((host, port), Handler)
-        self.port: int = self.httpd.server_address[1]
-        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True, name="http")
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        # Bound here, so a taken port is an error of the constructor, as before.
+        self.sock = socket.create_server((host, port), family=family, backlog=BACKLOG)
+        self.port: int = self.sock.getsockname()[1]
+        self.waiting: dict[asyncio.StreamWriter, float] = {}  # no request yet: since when
+        self.serving: set[asyncio.StreamWriter] = set()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.stopping: asyncio.Event | None = None
+        self.ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="http")
 
     def start(self) -> StatusServer:
         self._thread.start()
+        self.ready.wait(10)
         return self
 
     def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        if self.loop is not None and self.stopping is not None:
+            self.loop.call_soon_threadsafe(self.stopping.set)
+            self._thread.join(5)
+        self.sock.close()
+
+    def _run(self) -> None:
+        asyncio.run(self._serve())
+
+    async def _serve(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.stopping = asyncio.Event()
+        server = await asyncio.start_server(self._connection, sock=self.sock, limit=MAX_HEAD_BYTES)
+        self.ready.set()
+        async with server:
+            await self.stopping.wait()
+        for writer in [*self.waiting, *self.serving]:
+            writer.close()
+
+    def _make_room(self) -> bool:
+        """At the cap: close the connection that has waited longest for its request."""
+        if len(self.waiting) + len(self.serving) < MAX_CONNECTIONS:
+            return True
+        if not self.waiting:
+            return False
+        oldest = min(self.waiting, key=self.waiting.__getitem__)
+        del self.waiting[oldest]
+        oldest.close()
+        return True
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not self._make_room():
+            writer.close()
+            return
+        self.waiting[writer] = time.monotonic()
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_S)
+            if self.waiting.pop(writer, None) is None:
+                return  # closed to make room meanwhile
+            self.serving.add(writer)
+            code, ctype, body = self._answer(head)
+            response = _response(code, ctype, body)
+            writer.write(
+                response[: len(response) - len(body)] if head[:5] == b"HEAD " else response
+            )
+            await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT_S)
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            pass  # slow, silent or oversized: closed without an answer
+        except ConnectionError:
+            pass  # a scraper that hung up mid-response is routine
+        except Exception as e:  # one structured event, never a traceback in the JSON log
+            peer = writer.get_extra_info("peername")
+            logs.get().warning(
+                "http_error",
+                client=peer[0] if peer else None,
+                error=f"{type(e).__name__}: {e}",
+            )
+        finally:
+            self.waiting.pop(writer, None)
+            self.serving.discard(writer)
+            writer.close()
+
+    def _answer(self, head: bytes) -> tuple[int, str, bytes]:
+        text = "text/plain; charset=utf-8"
+        parts = head.split(b"\r\n", 1)[0].split()
+        if len(parts) != 3 or not parts[2].startswith(b"HTTP/"):
+            return 400, text, b"bad request\n"
+        method, target = parts[0], parts[1].decode("ascii", "replace")
+        if method not in (b"GET", b"HEAD"):
+            return 405, text, b"only GET\n"
+        return self.route(target.split("?", 1)[0])
 
     def route(self, path: str) -> tuple[int, str, bytes]:
         v = self.sup.view
