@@ -5,7 +5,8 @@ with :func:`die_with_parent` as its ``preexec_fn``: the kernel SIGKILLs it when 
 thread that started it exits (PR_SET_PDEATHSIG), and the child checks after that
 request that the daemon had not already gone. No Phalanx child outlives its daemon,
 however the daemon ends. Stopping never relies on process groups: :func:`kill_tree`
-signals every descendant found in /proc.
+signals every descendant found in /proc. A chatty child's output goes through
+:func:`capped_log`, which keeps it to a bounded size on disk.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ import ctypes
 import os
 import signal
 import socket
+import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import IO
 
 PR_SET_PDEATHSIG = 1
 
@@ -66,3 +69,32 @@ def kill_tree(pids: Iterable[int], sig: signal.Signals = signal.SIGKILL) -> None
     for pid in [p for root in pids for p in (*descendants(root), root)]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
+
+
+def capped_log(stream: IO[bytes], path: Path, max_bytes: int) -> threading.Thread:
+    """Copy a child's output to `path` until it closes, in a thread: when the file would
+    pass `max_bytes` it becomes ``<path>.1`` (replacing the one before), so the child's
+    log never takes more than twice that on disk, however long it runs."""
+
+    def pump() -> None:
+        out = path.open("ab")
+        try:
+            for line in iter(stream.readline, b""):
+                if out.tell() + len(line) > max_bytes and out.tell() > 0:
+                    out.close()
+                    os.replace(path, path.with_name(path.name + ".1"))
+                    out = path.open("ab")
+                out.write(line)
+                out.flush()
+        except OSError:
+            pass  # the volume is gone or full: the child must not block on a full pipe
+        finally:
+            out.close()
+            with contextlib.suppress(OSError, ValueError):
+                for _ in iter(lambda: stream.read(65536), b""):
+                    pass  # drain whatever is left, so the child never blocks on its pipe
+            stream.close()
+
+    thread = threading.Thread(target=pump, daemon=True, name=f"log:{path.name}")
+    thread.start()
+    return thread

@@ -18,12 +18,13 @@ import sys
 import threading
 from pathlib import Path
 
-from daemon.children import die_with_parent
+from daemon.children import capped_log, die_with_parent
 from daemon.config import LighthouseConfig
 from daemon.leadership.lighthouse_main import native_extension
 from trainer import logs
 
 LAUNCHER = Path(__file__).with_name("lighthouse_main.py")
+LOG_MAX_BYTES = 10 * 1024 * 1024  # lighthouse.log, and as much again in lighthouse.log.1
 
 
 def lighthouse_command() -> list[str]:
@@ -90,15 +91,17 @@ class LighthouseProcess:
             "--heartbeat_timeout_ms", str(self.cfg.heartbeat_timeout_ms),
             "--quorum_tick_ms", str(self.cfg.quorum_tick_ms),
         ]  # fmt: skip
-        with self.log_path.open("ab") as out:
-            self.popen = subprocess.Popen(
-                argv,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                preexec_fn=die_with_parent(),  # no orphaned lighthouse if the daemon dies
-            )
+        self.popen = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=die_with_parent(),  # no orphaned lighthouse if the daemon dies
+        )
+        assert self.popen.stdout is not None
+        # The lighthouse logs every quorum (~1.9 MB in 110 s of a busy job): kept bounded.
+        capped_log(self.popen.stdout, self.log_path, LOG_MAX_BYTES)
 
     def listening(self) -> bool:
         """One quick probe (no waiting): does it accept connections yet?"""

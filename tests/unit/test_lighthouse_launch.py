@@ -7,7 +7,9 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
+from daemon.children import capped_log
 from daemon.leadership.lighthouse import LAUNCHER, lighthouse_command
 from tests.support.ports import free_port
 
@@ -43,3 +45,22 @@ def test_the_launched_lighthouse_listens() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_childs_log_is_rotated_at_its_cap(tmp_path: Path) -> None:
+    log = tmp_path / "child.log"
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys\nfor i in range(2000): print(f'line {i:05d}' + 'x' * 90)",
+        ],
+        stdout=subprocess.PIPE,
+    )
+    assert child.stdout is not None
+    capped_log(child.stdout, log, 50_000).join(30)
+    assert child.wait(30) == 0
+    rotated = log.with_name("child.log.1")
+    assert log.stat().st_size <= 50_000 and rotated.stat().st_size <= 50_000
+    assert log.read_text().splitlines()[-1].startswith("line 01999")  # the newest lines kept
+    assert not list(tmp_path.glob("child.log.2"))
