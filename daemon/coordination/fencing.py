@@ -21,6 +21,14 @@ state that survives (a healing source or a checkpoint).
   the survivors: resumed, they would rejoin a quorum that moved on while they
   were stopped mid-collective. With no leader at all it waits up to
   :data:`HOLD_S`, then restarts them.
+* **What the job recorded.** The records above are only those of nodes still
+  registered: the others may have finished and left. So the judgement first reads
+  what the job itself recorded (:func:`job_moved_on`): a job whose ``state`` says
+  completed, or whose newest published checkpoint is of a later step than ours,
+  went on without us, whatever the records say, and the ranks are never resumed
+  (lease kept or not): they could only commit and save a history that is not the
+  job's. The trainer adds the last line: a save never replaces a complete
+  checkpoint of the same step (trainer/checkpoint/saver.py).
 """
 
 from __future__ import annotations
@@ -54,6 +62,19 @@ def refresh_every_s(ttl_s: float) -> float:
     the margin), so a slow answer or two never fences a node. A refresh on every 0.25 s round
     cost more CPU (a keepalive stream each) than the rest of the round."""
     return min(1.0, (ttl_s - fence_margin_s(ttl_s)) / 4.0)
+
+
+def job_moved_on(
+    step: int, state: Mapping[str, Any] | None, checkpoint: Mapping[str, Any] | None
+) -> str | None:
+    """Why the job went on past a group paused at `step`, from what it recorded (its
+    ``state`` key, its newest published checkpoint), or None."""
+    if state is not None and state.get("state") == "completed":
+        return f"the job completed (at step {_int(state.get('step'))}) while we were fenced"
+    newest = _int(checkpoint.get("step")) if checkpoint is not None else -1
+    if newest >= step + AHEAD_BY:  # our reported step may trail our commits by one
+        return f"the job has a checkpoint of step {newest}, past our step {step}"
+    return None
 
 
 def after_fence(

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 
 from daemon.coordination import Fence, after_fence
+from daemon.coordination.fencing import job_moved_on
 from daemon.coordination.job_view import JobView
 from trainer import logs
 
@@ -62,10 +63,13 @@ class FenceJudge:
         the node shows now."""
         if self.fenced:
             return Fence.HOLD, "etcd has not confirmed our lease"
-        if self.lease_lost and snapshot_at < self.answered_at:
+        if snapshot_at < self.answered_at:  # lease kept or not: the job may have ended
             return Fence.HOLD, "no view of the job since etcd answered"
         verdict, why = Fence.KEEP, "the lease was kept: nothing changed hands"
-        if self.lease_lost:
+        moved_on = job_moved_on(step, job.state, job.checkpoint) if job else None
+        if moved_on is not None:
+            verdict, why = Fence.DISCARD, moved_on
+        elif self.lease_lost:
             verdict, why = after_fence(
                 node_id=self.node_id,
                 step=step,

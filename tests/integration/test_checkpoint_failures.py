@@ -26,16 +26,10 @@ from pathlib import Path
 
 import pytest
 import structlog
-import torch
 
+from tests.support.checkpointers import linear_checkpointer
 from tests.support.harness import Daemon, run_dir, start_daemon, wait_for
 from trainer.checkpoint.files import MARKER, Candidate, candidates, problem
-from trainer.checkpoint.saver import Checkpointer
-from trainer.config import CheckpointConfig
-from trainer.config.env import RankEnv
-from trainer.ft.replication import SingleGroup
-from trainer.ft.state import TrainState
-from trainer.metrics import TrainMetrics
 
 pytestmark = pytest.mark.integration
 
@@ -147,19 +141,7 @@ def test_a_save_that_runs_out_of_space_mid_write_is_reported_and_removed(
 ) -> None:
     volume = tmp_path / "small"
     with tmpfs(volume, "256k"):
-        model = torch.nn.Linear(256, 256)  # 257 KB of parameters, 771 KB with Adam's state
-        optimizer = torch.optim.Adam(model.parameters())
-        model(torch.ones(1, 256)).sum().backward()
-        optimizer.step()
-        state = TrainState(
-            dict(model.named_parameters()),
-            optimizer,
-            torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0),
-        )
-        cfg = CheckpointConfig.model_validate({"dir": str(volume), "async": True})
-        saver = Checkpointer(
-            cfg, volume, state, SingleGroup(state), TrainMetrics(RankEnv()), "h", {}, rank=0
-        )
+        saver, _ = linear_checkpointer(volume)  # 771 KB to write
         saver.needed = 1  # as if checkpoints were tiny: the room check lets the save start
         with structlog.testing.capture_logs() as events:
             saver.save(1)

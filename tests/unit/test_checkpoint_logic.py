@@ -9,10 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 import torch
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
+from tests.support.checkpointers import linear_checkpointer
 from trainer.checkpoint.files import (
     MARKER,
     Candidate,
@@ -182,3 +184,22 @@ def test_resume_from_names_a_run_or_one_of_its_steps() -> None:
     assert resume_source(Path("/c/j/run-x/step-40")) == (Path("/c/j/run-x"), 40)
     assert resume_source(Path("/c/j/run-x")) == (Path("/c/j/run-x"), None)
     assert resume_source(Path("/c/j/run-x/step-x")) == (Path("/c/j/run-x/step-x"), None)
+
+
+def test_a_save_never_replaces_a_complete_checkpoint_of_its_step(tmp_path: Path) -> None:
+    """A group back from a fence after the others finished must not overwrite the job's
+    checkpoint of the same step with its own state (issue 34)."""
+    first, _ = linear_checkpointer(tmp_path)
+    first.save(7)
+    first.close()
+    written = {p.name: p.read_bytes() for p in (tmp_path / "step-7").iterdir()}
+    assert MARKER in written
+    again, model = linear_checkpointer(tmp_path)  # another state, the same step
+    assert not torch.equal(model.weight, first.state.params["weight"])
+    with structlog.testing.capture_logs() as events:
+        again.save(7, final=True)
+        again.close()
+    assert [e["event"] for e in events if e["event"].startswith("checkpoint_")] == [
+        "checkpoint_exists"
+    ]
+    assert {p.name: p.read_bytes() for p in (tmp_path / "step-7").iterdir()} == written

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from daemon.coordination.fencing import (
@@ -10,10 +11,13 @@ from daemon.coordination.fencing import (
     Fence,
     after_fence,
     fence_margin_s,
+    job_moved_on,
     refresh_every_s,
 )
+from daemon.coordination.job_view import JobView
 from daemon.node_state.states import State
 from daemon.supervision.after_stop import FENCED_OUT, after_stop
+from daemon.supervision.fence_judge import FenceJudge
 from daemon.supervision.restarts import RestartBudget
 
 
@@ -96,3 +100,31 @@ def test_the_round_refreshes_the_lease_at_most_once_a_second_and_well_before_the
     for ttl in range(2, 301):
         # Four refreshes fit between a confirmation and the moment the node would fence.
         assert 0 < 4 * refresh_every_s(ttl) <= ttl - fence_margin_s(ttl)
+
+
+def test_what_the_job_recorded_outranks_the_records_of_who_is_left() -> None:
+    """The majority finished and left: no records, but the job's state and newest
+    checkpoint say it went on (issue 34: a fenced minority's save became the final one)."""
+    completed = {"state": "completed", "step": 2500}
+    assert job_moved_on(2498, completed, None) == (
+        "the job completed (at step 2500) while we were fenced"
+    )
+    assert job_moved_on(2498, {"state": "running", "step": 0}, {"step": 2500}) is not None
+    assert job_moved_on(2498, {"state": "running", "step": 0}, {"step": 2499}) is None
+    assert job_moved_on(2498, None, {"step": 2000}) is None
+    assert job_moved_on(2498, None, None) is None
+
+
+def test_a_fenced_node_never_resumes_into_a_completed_job() -> None:
+    """Lease kept or lost: a job that completed meanwhile discards the paused ranks, once
+    the job has been read since etcd answered."""
+    for lease_lost in (False, True):
+        judge = FenceJudge("me", trained_epoch=7)
+        judge.fence(2498)
+        if lease_lost:
+            judge.renewed()
+        judge.answered()
+        job = JobView({}, {}, None, None, None, {"state": "completed", "step": 2500}, None, 9)
+        assert judge.verdict(job, 2498, snapshot_at=0.0, shown=None)[0] == Fence.HOLD
+        verdict, why = judge.verdict(job, 2498, snapshot_at=time.monotonic() + 1, shown=None)
+        assert verdict == Fence.DISCARD and "completed" in why, (lease_lost, why)

@@ -47,8 +47,10 @@ from trainer.checkpoint.files import (
     MARKER,
     PREFIX,
     SCALARS,
+    Candidate,
     describe_files,
     fsync_dir,
+    problem,
     retain,
     write_json_atomic,
 )
@@ -167,6 +169,11 @@ class Checkpointer:
         if final and self.agree(self.last_saved == step):
             return  # on disk already (saved by every rank, or loaded from there)
         path = self.root / f"{PREFIX}{step}"
+        if not self.agree(self.rank != 0 or not self._complete(step, path)):  # rank 0 decides
+            # Never replaced: written by the groups that went on (a fenced minority back
+            # after the end must not overwrite the job's history) or by ourselves before.
+            self.note("info", "checkpoint_exists", step=step, path=str(path))
+            return
         started = time.monotonic()
         problem_here = self._prepare(path) if self.rank == 0 else None
         # Also the barrier of old: nobody writes before rank 0 has prepared the directory.
@@ -189,6 +196,10 @@ class Checkpointer:
             self.pending["stamp"] = self.fence.stamp()
         if not self.cfg.async_save:
             self.finish(block=True)
+
+    def _complete(self, step: int, path: Path) -> bool:
+        """Rank 0: a complete, valid checkpoint of this step is on disk already."""
+        return (path / MARKER).is_file() and problem(Candidate(step, path), self.model_hash) is None
 
     def _prepare(self, path: Path) -> str | None:
         """Rank 0: a fresh directory with the scalars in it; what went wrong, or None."""
