@@ -229,7 +229,8 @@ class CheckpointConfig(Section):
         None,
         description="Start from another run's checkpoint when this run has none of its own: "
         "a step-<N> directory, or a run directory (<dir>/<job>/run-<id>: its newest valid "
-        "one). One saved for another model configuration exits 2.",
+        "one). It must exist when the daemon starts; one saved for another model configuration "
+        "exits 2.",
     )
     async_save: bool = Field(
         True, alias="async", description="Save with DCP async_save (false = synchronous)."
