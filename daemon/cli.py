@@ -13,6 +13,7 @@ import sys
 from daemon.config import DaemonConfig, load_daemon_config
 from daemon.config.etcd_settings import read_password
 from daemon.coordination.coordinator import CoordinationError, Coordinator, EtcdSettings
+from daemon.coordination.etcd_client import EtcdAccessDenied
 from daemon.coordination.identity import take_identity
 from daemon.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from trainer import logs
@@ -177,8 +178,12 @@ def run(cfg: DaemonConfig) -> int:
 
 
 def status(cfg: DaemonConfig, as_json: bool) -> int:
+    """Print the job as etcd sees it. Exit 0 printed, 1 etcd unreachable (or anything
+    unforeseen), 2 bad input (no etcd to ask, a credential etcd refuses); stdout holds only
+    the table or the JSON, warnings go to stderr."""
     from daemon.surfaces.status import dumps, status_json, status_table
 
+    logs.configure()  # stderr: with --json, stdout stays one JSON document
     endpoints = list(cfg.etcd.endpoints)
     if not endpoints:
         path = cfg.run_dir / ENDPOINT_FILE
@@ -199,11 +204,20 @@ def status(cfg: DaemonConfig, as_json: bool) -> int:
         coord = Coordinator(settings, cfg.job.name, f"status-{os.getpid()}", cfg.etcd.lease_ttl_s)
         view = coord.snapshot()
         coord.close(revoke=False)
-    except CoordinationError as e:
+        doc = status_json(cfg.job.name, view)
+        text = dumps(doc) if as_json else status_table(doc)
+    except EtcdAccessDenied as e:  # a wrong password or certificate: bad input
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except CoordinationError as e:  # unreachable: transient
         print(f"error: {e}", file=sys.stderr)
         return EXIT_FAILED
-    doc = status_json(cfg.job.name, view)
-    print(dumps(doc) if as_json else status_table(doc))
+    except Exception as e:  # never a traceback for what etcd holds
+        print(
+            f"error: reading the job from etcd failed ({type(e).__name__}: {e}).", file=sys.stderr
+        )
+        return EXIT_FAILED
+    print(text)
     return EXIT_OK
 
 

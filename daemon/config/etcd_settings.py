@@ -15,13 +15,46 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainer.config import ConfigError
+from trainer.config.limits import shorten
 
 if TYPE_CHECKING:
     from daemon.config.sections import DaemonConfig
 
-# Node ids are etcd key segments and the default run_dir's last component.
-NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-NODE_ID_RULE = "must start with a letter or digit and hold only letters, digits, '.', '_' and '-'"
+# Node ids (and job names) are etcd key segments and the default run_dir's last component;
+# at most 63 characters, like a DNS label or a Kubernetes name, so a StatefulSet pod's
+# name fits.
+NODE_ID_MAX = 63
+NODE_ID = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{NODE_ID_MAX - 1}}}")
+NODE_ID_RULE = (
+    f"must be 1 to {NODE_ID_MAX} characters, start with a letter or digit and hold only "
+    "letters, digits, '.', '_' and '-'"
+)
+SCHEMES = ("http", "https")
+
+
+def check_endpoint(endpoint: str) -> None:
+    """One etcd.endpoints entry: ``host:port`` or ``http(s)://host:port``, no credentials.
+
+    Raises ValueError naming the entry and the fix.
+    """
+    shown = shorten(endpoint)
+    scheme, sep, rest = endpoint.partition("://")
+    if sep and scheme.lower() not in SCHEMES:
+        raise ValueError(
+            f"etcd.endpoints entry {shown} has the scheme {shorten(scheme)}; etcd is reached "
+            "over http:// or https:// (or write host:port)"
+        )
+    if "@" in (rest if sep else endpoint).partition("/")[0]:
+        raise ValueError(
+            f"etcd.endpoints entry {shorten(endpoint.rpartition('@')[2])} carries credentials "
+            "(user@ or user:password@); remove them and set etcd.user and etcd.password_file"
+        )
+    try:
+        split_endpoint(endpoint)
+    except ValueError:
+        raise ValueError(
+            f"etcd.endpoints entry {shown} must be host:port with a port from 1 to 65535"
+        ) from None
 
 
 def split_endpoint(endpoint: str) -> tuple[str, int]:
@@ -73,12 +106,7 @@ def check_etcd_settings(
     if bool(user) != bool(secret):
         raise ValueError("etcd.user and etcd.password_file go together; set both or neither")
     for endpoint in endpoints:
-        try:
-            split_endpoint(endpoint)
-        except ValueError:
-            raise ValueError(
-                f"etcd.endpoints entry {endpoint!r} must be host:port with a port from 1 to 65535"
-            ) from None
+        check_endpoint(endpoint)
     plain = [e for e in endpoints if not (ca_file or cert_file or e.startswith("https://"))]
     remote = [e for e in plain if not _is_loopback(split_endpoint(e)[0])]
     if secret and remote and not allow_insecure_password:
@@ -89,7 +117,7 @@ def check_etcd_settings(
         )
     for name, value in (("job.name", job), ("node id", node_id)):
         if not NODE_ID.fullmatch(value):  # both are etcd key segments
-            raise ValueError(f"{name} {value!r} {NODE_ID_RULE}")
+            raise ValueError(f"{name} {shorten(value)} {NODE_ID_RULE}")
 
 
 def check_etcd_job(cfg: DaemonConfig, path: str | Path) -> None:

@@ -18,6 +18,7 @@ from trainer.config import (
     validate,
 )
 from trainer.config.checks import check_trainer
+from trainer.config.limits import shorten
 
 
 def check_node_id(node_id: str | None, source: str) -> None:
@@ -30,9 +31,9 @@ def check_node_id(node_id: str | None, source: str) -> None:
     if NODE_ID.fullmatch(value):
         return
     if node_id:
-        raise ConfigError(f"{source} {value!r} {NODE_ID_RULE}; choose another node id.")
+        raise ConfigError(f"{source} {shorten(value)} {NODE_ID_RULE}; choose another node id.")
     raise ConfigError(
-        f"the hostname {value!r} is not a valid node id (it {NODE_ID_RULE}); "
+        f"the hostname {shorten(value)} is not a valid node id (it {NODE_ID_RULE}); "
         "set one with --node-id or node.id."
     )
 

@@ -2,7 +2,9 @@
 
 ``daemon.config`` validates what the job file says; this module checks that this
 machine can run it: the run directory is writable and no other daemon holds it,
-the addresses to listen on are this machine's, the HTTP and
+the checkpoint directory can be written and the checkpoint to resume from is there,
+the data file makes at least one window of valid tokens, the addresses to listen on
+are this machine's, the HTTP and
 lighthouse-proxy ports are free, the etcd credential files are
 readable, CUDA is present when the ranks are told to use it, and the chaos
 variables the ranks inherit are well-formed. Each problem is a ConfigError whose
@@ -26,6 +28,7 @@ from daemon.config.etcd_settings import read_password
 from daemon.config.sections import DaemonConfig
 from trainer import chaos
 from trainer.config import ConfigError
+from trainer.config.checks import check_data_contents
 
 LOCK_FILE = "daemon.lock"
 # The address the lighthouse proxy (daemon.leadership.lighthouse.Forwarder) listens on.
@@ -115,31 +118,58 @@ def check_run_dir_free(run_dir: Path) -> None:
         os.close(fd)  # also drops the probe's lock at once
 
 
-def check_run_dir_writable(run_dir: Path) -> None:
-    """run_dir, or the nearest directory above it that exists, must be a writable directory."""
-    for path in (run_dir, *run_dir.parents):
+def check_writable_dir(field: str, directory: Path) -> None:
+    """``directory``, or the nearest directory above it that exists, must be a writable
+    directory (it is created later, by whoever writes there); nothing is created here."""
+    for path in (directory, *directory.parents):
         try:
             mode = os.stat(path).st_mode
         except (FileNotFoundError, NotADirectoryError):
             continue  # not there yet (a file above it is found further up)
         except OSError as e:
             raise ConfigError(
-                f"node.run_dir {run_dir} cannot be reached ({e.strerror} at {path}); "
-                "point node.run_dir at a writable directory."
+                f"{field} {directory} cannot be reached ({e.strerror} at {path}); "
+                f"point {field} at a writable directory."
             ) from None
         if not stat.S_ISDIR(mode):
-            what = "is" if path == run_dir else f"cannot be created: {path} is"
+            what = "is" if path == directory else f"cannot be created: {path} is"
             raise ConfigError(
-                f"node.run_dir {run_dir} {what} a file, not a directory; "
-                "point node.run_dir at a directory or remove the file."
+                f"{field} {directory} {what} a file, not a directory; "
+                f"point {field} at a directory or remove the file."
             )
         if not os.access(path, os.W_OK | os.X_OK):
-            what = "is not writable" if path == run_dir else f"cannot be created in {path}"
+            what = "is not writable" if path == directory else f"cannot be created in {path}"
             raise ConfigError(
-                f"node.run_dir {run_dir} {what} (permission denied); "
-                "point node.run_dir at a directory this user can write."
+                f"{field} {directory} {what} (permission denied); "
+                f"point {field} at a directory this user can write."
             )
         return
+
+
+def check_run_dir_writable(run_dir: Path) -> None:
+    """run_dir, or the nearest directory above it that exists, must be a writable directory."""
+    check_writable_dir("node.run_dir", run_dir)
+
+
+def check_checkpoints(cfg: DaemonConfig) -> None:
+    """checkpoint.dir can be written (the writer group's rank 0 creates it) and
+    checkpoint.resume_from, when set, is a directory (a run or one of its steps)."""
+    ckpt = cfg.checkpoint
+    if ckpt.dir:
+        check_writable_dir("checkpoint.dir", Path(ckpt.dir))
+    if ckpt.resume_from and not Path(ckpt.resume_from).is_dir():
+        what = "is not a directory" if Path(ckpt.resume_from).exists() else "does not exist"
+        raise ConfigError(
+            f"checkpoint.resume_from {ckpt.resume_from} {what}; point it at a run directory "
+            "(<dir>/<job>/run-<id>) or one of its step-<N> directories, or unset it."
+        )
+
+
+def check_data(cfg: DaemonConfig) -> None:
+    """The built-in workload's data file, as its ranks will read it (one window at least,
+    token ids below model.vocab_size)."""
+    if cfg.workload.spec is None:
+        check_data_contents(cfg.data, cfg.model.vocab_size, cfg.train.seq_len)
 
 
 def check_bind_hosts(cfg: DaemonConfig) -> None:
@@ -257,6 +287,8 @@ def preflight(cfg: DaemonConfig) -> RunLock:
     run_dir = cfg.run_dir
     check_run_dir_free(run_dir)  # first: a second daemon would also find its ports taken
     check_run_dir_writable(run_dir)
+    check_checkpoints(cfg)
+    check_data(cfg)
     check_etcd_files(cfg)
     check_bind_hosts(cfg)
     check_port_free("http_port", cfg.http_host, cfg.node.http_port)

@@ -33,6 +33,11 @@ SHARED_SECTIONS: tuple[str, ...] = ("job", "lighthouse", *TRAINER_SECTIONS)
 STOP_MARGIN_S = 15.0
 MAX_DRAIN_GRACE_S = 45.0
 
+# The longest wait any setting may ask for: torchft's lighthouse takes its timeouts in
+# milliseconds and Python's timers overflow long before 1e20 s.
+MAX_WAIT_S = 86400.0  # one day
+MAX_WAIT_MS = 86_400_000
+
 PORT_FIELDS: tuple[str, ...] = ("http_port", "lighthouse_port", "lighthouse_proxy_port")
 
 
@@ -40,7 +45,9 @@ class JobConfig(Section):
     name: str = Field(
         "phalanx",
         pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
-        description="Job name; etcd keys live under /phalanx/<name>/.",
+        max_length=63,
+        description="Job name; etcd keys live under /phalanx/<name>/. At most 63 characters: "
+        "letters, digits, '.', '_' and '-', starting with a letter or digit.",
     )
     min_replicas: int = Field(1, ge=1, description="Replica groups needed to commit a step.")
     max_replicas: int = Field(
@@ -51,7 +58,8 @@ class JobConfig(Section):
 class EtcdConfig(Section):
     endpoints: list[str] = Field(
         default_factory=list,
-        description="host:port of etcd members; empty starts an embedded etcd on loopback.",
+        description="host:port (or http:// or https://host:port, no user:password@) of etcd "
+        "members; empty starts an embedded etcd on loopback.",
     )
     ca_file: str | None = Field(
         None, description="CA bundle that signed the etcd server certificate."
@@ -81,8 +89,8 @@ class EtcdConfig(Section):
 class NodeConfig(Section):
     id: str | None = Field(
         None,
-        description="Node id (default: the hostname): letters, digits, '.', '_' and '-', "
-        "starting with a letter or digit.",
+        description="Node id (default: the hostname): at most 63 characters, letters, digits, "
+        "'.', '_' and '-', starting with a letter or digit.",
     )
     nproc: int = Field(1, ge=1, description="Ranks on this node = the replica group's world size.")
     device: str = Field(
@@ -134,10 +142,13 @@ class NodeConfig(Section):
     max_restarts: int = Field(
         5, ge=0, description="Group restarts allowed within restart_window_s before giving up."
     )
-    restart_window_s: float = Field(600.0, gt=0, description="Window of the restart budget.")
+    restart_window_s: float = Field(
+        600.0, gt=0, le=MAX_WAIT_S, description="Window of the restart budget."
+    )
     restart_backoff_s: float = Field(
         0.0,
         ge=0,
+        le=MAX_WAIT_S,
         description="Delay before a group restart; doubles per restart within restart_window_s "
         "up to 30 s. 0 restarts at once (a standby takes over); max_restarts bounds a crash loop.",
     )
@@ -156,6 +167,7 @@ class NodeConfig(Section):
     wait_timeout_s: float = Field(
         0.0,
         ge=0,
+        le=MAX_WAIT_S,
         description="Give up (exit 1, so the service manager restarts it) after waiting this long "
         "for a lighthouse and job.min_replicas groups; 0 waits forever (reported every 30 s).",
     )
@@ -177,19 +189,21 @@ class LighthouseConfig(Section):
     join_timeout_ms: int = Field(
         10000,
         ge=0,
+        le=MAX_WAIT_MS,
         description="How long a new quorum waits for groups that heartbeat but have not asked "
-        "to join; keep it above the longest step including a heal, or with three or more "
+        "to join (at most 86400000, one day); keep it above the longest step including a heal, or with three or more "
         "groups a late one is left out, heals, and leaves out the next (torchft: 60000). A "
         "dead group stops heartbeating, so it is waited for only heartbeat_timeout_ms.",
     )
     heartbeat_timeout_ms: int = Field(
         500,
         ge=100,
+        le=MAX_WAIT_MS,
         description="A replica silent this long is dead (groups heartbeat every 100 ms); "
         "torchft's default is 5000.",
     )
     quorum_tick_ms: int = Field(
-        20, ge=1, description="How often the lighthouse re-checks for a quorum."
+        20, ge=1, le=MAX_WAIT_MS, description="How often the lighthouse re-checks for a quorum."
     )
 
 

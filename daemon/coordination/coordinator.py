@@ -54,6 +54,7 @@ from daemon.coordination.job_view import (
     json_dict,
     parse_job,
 )
+from daemon.coordination.records import key_text
 from trainer import logs
 
 log = logs.get()
@@ -217,9 +218,9 @@ class Coordinator:
         lease = self._lease()
         held: dict[int, Any] = {}
         for kv in self._range("groups/"):
-            gid = kv.key.decode()[len(self._key("groups/")) :]
-            if gid.isdigit():
-                held[int(gid)] = kv
+            name = (key_text(kv.key) or "")[len(self._key("groups/")) :]
+            if name.isdigit():
+                held[int(name)] = kv
         # Held by this node id: this process or its predecessor (register refused others).
         mine = sorted(
             g

@@ -16,6 +16,8 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
+from daemon.coordination.records import load_value
+
 INSTANCE_FILE = "instance"
 
 
@@ -57,9 +59,8 @@ def holder_of(raw: bytes | str | object) -> tuple[str | None, str | None]:
     """(node id, instance) of a slot or leader value; older plain-string values have no instance."""
     value: object = raw
     if isinstance(raw, bytes | str):
-        try:
-            value = json.loads(raw)
-        except ValueError:
+        ok, value = load_value(raw)
+        if not ok:
             return None, None
     if isinstance(value, dict):
         node, instance = value.get("node"), value.get("instance")

@@ -13,9 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from daemon.coordination.identity import holder_of
-from trainer import logs
-
-log = logs.get()
+from daemon.coordination.records import key_text, load_value
 
 STATES = ("running", "completed", "failed")
 
@@ -75,11 +73,12 @@ def parse_job(prefix: str, kvs: Iterable[Any], revision: int = 0) -> JobView:
     single: dict[str, Any] = {}
     epoch: int | None = None
     for kv in kvs:
-        name = kv.key.decode()[len(prefix) :]
-        try:
-            value = json.loads(kv.value)
-        except ValueError:
-            log.warning("etcd_value_not_json", key=kv.key.decode())
+        key = key_text(kv.key)
+        if key is None:
+            continue
+        name = key[len(prefix) :]
+        ok, value = load_value(kv.value, kv.key)
+        if not ok:
             continue
         if name.startswith("nodes/") and isinstance(value, dict):
             nodes[name[len("nodes/") :]] = value
@@ -103,12 +102,10 @@ def parse_job(prefix: str, kvs: Iterable[Any], revision: int = 0) -> JobView:
 
 
 def json_dict(raw: bytes) -> dict[str, Any]:
-    """A JSON object stored in etcd; anything else (hand-edited, corrupt) reads as empty."""
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
+    """A JSON object stored in etcd; anything else (hand-edited, corrupt, too deep) reads
+    as empty."""
+    ok, value = load_value(raw)
+    return value if ok and isinstance(value, dict) else {}
 
 
 def _str_or_none(value: object) -> str | None:

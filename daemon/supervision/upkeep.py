@@ -101,6 +101,7 @@ class EtcdUpkeep:
         self.record = NodeRecord(cfg, coord, view)
         self._retry_at = 0.0
         self._backoff = BACKOFF_FIRST_S
+        self._outage_reported = False  # etcd_unavailable logged for the outage under way
         self._bad_lighthouse: object = None
         self._held_by: tuple[str, float] | None = None  # (other instance, first seen)
         self.judge = FenceJudge(cfg.node_id)  # partition safety (fence_judge.py)
@@ -122,8 +123,16 @@ class EtcdUpkeep:
             raise
         except EtcdUnavailable as e:  # includes a lost lease (SessionExpired)
             self.view.etcd_errors += 1
-            if self.view.etcd_up:
-                self.log.warning("etcd_unavailable", error=str(e), during=what, ranks="untouched")
+            if self.view.etcd_up or not self._outage_reported:  # also when never reached
+                self._outage_reported = True
+                self.log.warning(
+                    "etcd_unavailable",
+                    error=str(e),
+                    during=what,
+                    endpoints=self.coord.settings.endpoints,
+                    ranks="untouched",
+                    retrying=True,
+                )
             self.view.etcd_up = False
             self._retry_at = time.monotonic() + self._backoff
             self._backoff = min(BACKOFF_CAP_S, self._backoff * 2)
@@ -135,6 +144,7 @@ class EtcdUpkeep:
         if not self.view.etcd_up:
             self.log.info("etcd_up", endpoints=self.coord.settings.endpoints)
         self.view.etcd_up = True
+        self._outage_reported = False
         self._backoff = BACKOFF_FIRST_S
         return True, value
 

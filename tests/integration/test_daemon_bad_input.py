@@ -9,125 +9,35 @@ real etcd) no key written under /phalanx/.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
-import os
-import signal
 import socket
-import subprocess
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pyetcd
 import pytest
 
 from daemon.config import MAX_DRAIN_GRACE_S, load_daemon_config
 from daemon.config.preflight import LOCK_FILE, cuda_present
 from daemon.coordination.coordinator import Coordinator, EtcdSettings
-from tests.support.harness import (
-    BIN,
-    DAEMON_JOB,
-    ROOT,
-    alive,
-    children,
-    free_port,
-    start_daemon,
-    wait_for,
+from tests.support.harness import DAEMON_JOB, free_port, start_daemon, wait_for
+from tests.support.refusals import (
+    Case,
+    Setup,
+    a_file,
+    assert_refused,
+    assert_refused_before_start,
+    honouring_modes,
+    override,
+    phalanx_keys,
+    phalanx_run,
+    read_only_dir,
+    sets,
 )
 
 pytestmark = pytest.mark.integration
 
 NO_CUDA = pytest.mark.skipif(cuda_present(), reason="this machine has a GPU driver")
-# Root reads and writes whatever a file's mode says. Without these two capabilities it
-# meets modes as any user does, so the cases about modes run as root too (CI is root).
-WITHOUT_DAC_OVERRIDE = [
-    "setpriv",
-    "--bounding-set=-dac_override,-dac_read_search",
-    "--inh-caps=-dac_override,-dac_read_search",
-    "--",
-]
-
-
-@dataclass
-class Refusal:
-    code: int
-    stdout: str
-    stderr: str
-    started: set[int] = field(default_factory=set)
-
-
-def phalanx_run(
-    args: list[str], tmp_path: Path, env: dict[str, str] | None = None, modes: bool = False
-) -> Refusal:
-    """Run `phalanx run ARGS` to its end, noting every process it started on the way;
-    `modes`: file modes bind it even when run as root."""
-    out, err = tmp_path / "refused.out", tmp_path / "refused.err"
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    for name in ("PHALANX_CHAOS", "PHALANX_CHAOS_DELAY"):
-        if env is None or name not in env:
-            full_env.pop(name, None)
-    with out.open("wb") as o, err.open("wb") as e:
-        prefix = WITHOUT_DAC_OVERRIDE if modes and os.geteuid() == 0 else []
-        popen = subprocess.Popen(
-            [*prefix, str(BIN / "phalanx"), "run", *args],
-            stdout=o,
-            stderr=e,
-            env=full_env,
-            cwd=ROOT,
-        )
-    started: set[int] = set()
-    deadline = time.monotonic() + 30
-    while popen.poll() is None and time.monotonic() < deadline:
-        started.update(children(popen.pid))
-        time.sleep(0.01)
-    if popen.poll() is None:
-        for pid in [*children(popen.pid), popen.pid]:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        popen.wait(10)
-        raise AssertionError(f"phalanx run {args} still running after 30 s")
-    return Refusal(popen.returncode, out.read_text(), err.read_text(), started)
-
-
-def assert_refused(result: Refusal, names: str) -> str:
-    """Exit 2 with one `error:` line naming `names`; nothing started or left running."""
-    assert result.code == 2, result.stderr
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert "Traceback" not in result.stderr + result.stdout
-    assert names in lines[0], lines[0]
-    assert result.started == set(), f"processes started: {result.started}"
-    assert [pid for pid in result.started if alive(pid)] == []
-    return lines[0]
-
-
-def phalanx_keys(endpoint: str) -> list[bytes]:
-    host, port = endpoint.rsplit(":", 1)
-    client = pyetcd.client(host=host, port=int(port), timeout=5)
-    try:
-        return [meta.key for _, meta in client.get_prefix("/phalanx/")]
-    finally:
-        client.close()
-
-
-@dataclass
-class Case:
-    """A bad input: extra `phalanx run` arguments and environment, and what the error names."""
-
-    names: str
-    args: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-    modes: bool = False  # about file modes: run without root's override of them
-
-
-Setup = Callable[[Path, contextlib.ExitStack], Case]
-
-
-def sets(*overrides: str) -> list[str]:
-    return [a for o in overrides for a in ("--set", o)]
 
 
 def listening_port(stack: contextlib.ExitStack) -> int:
@@ -176,22 +86,12 @@ def run_dir_at(make: Callable[[Path], Path], names: str) -> Setup:
     return setup
 
 
-def a_file(tmp: Path) -> Path:
-    (tmp / "file").write_text("")
-    return tmp / "file"
-
-
 def under_a_file(tmp: Path) -> Path:
     return a_file(tmp) / "run"
 
 
 def on_sysfs(_: Path) -> Path:
     return Path("/sys/phalanx-test/run")  # mkdir is refused there, even to root
-
-
-def read_only_dir(tmp: Path) -> Path:
-    (tmp / "ro").mkdir(mode=0o555)
-    return tmp / "ro" / "run"
 
 
 def password_file(content: bytes, mode: int = 0o600) -> Setup:
@@ -214,10 +114,6 @@ def password_in_clear(tmp: Path, _: contextlib.ExitStack) -> Case:
     )
 
 
-def override(names: str, *overrides: str) -> Setup:
-    return lambda _, __: Case(names, sets(*overrides))
-
-
 def node_id_flag(node_id: str) -> Setup:
     return lambda _, __: Case(f"--node-id {node_id!r}", ["--node-id", node_id])
 
@@ -228,10 +124,6 @@ def endpoints(*entries: str) -> Setup:
 
 def environment(names: str, **env: str) -> Setup:
     return lambda _, __: Case(names, env=env)
-
-
-def honouring_modes(setup: Setup) -> Setup:
-    return lambda tmp, stack: dataclasses.replace(setup(tmp, stack), modes=True)
 
 
 def case(name: str, setup: Setup, with_etcd: bool, *marks: pytest.MarkDecorator) -> Any:
@@ -323,32 +215,9 @@ def test_bad_input_is_refused_before_anything_starts(
     stack: contextlib.ExitStack,
     request: pytest.FixtureRequest,
 ) -> None:
-    bad = setup(tmp_path, stack)
-    run_dir = tmp_path / "run"
-    base = [
-        "--config",
-        str(DAEMON_JOB),
-        *sets(
-            'node.id="refused"',
-            f'node.run_dir="{run_dir}"',
-            f"node.http_port={free_port()}",
-            f"node.lighthouse_port={free_port()}",
-        ),
-    ]
     endpoint = str(request.getfixturevalue("etcd_endpoint")) if with_etcd else None
-    if endpoint:
-        base += sets(f"etcd.endpoints={json.dumps([endpoint])}")
-    before = set(tmp_path.iterdir())
-    result = phalanx_run([*base, *bad.args], tmp_path, bad.env, bad.modes)
-    assert_refused(result, bad.names)
-    assert not run_dir.exists()
-    created = (
-        set(tmp_path.iterdir()) - before - {tmp_path / "refused.out", tmp_path / "refused.err"}
-    )
-    assert created == set()
+    assert_refused_before_start(setup(tmp_path, stack), tmp_path, endpoint)
     assert not Path("/sys/phalanx-test").exists()
-    if endpoint:
-        assert phalanx_keys(endpoint) == []
 
 
 def test_a_second_daemon_on_the_same_run_dir_is_refused(tmp_path: Path) -> None:

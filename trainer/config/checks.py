@@ -11,7 +11,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from trainer.config.sections import ConfigError, TrainerConfig
+from trainer.config.sections import ConfigError, DataConfig, TrainerConfig
+
+TOKEN_BYTES = {"uint16": 2, "int32": 4, "uint32": 4}
 
 
 def check_trainer(cfg: TrainerConfig, world_size: int | None = None) -> None:
@@ -124,3 +126,47 @@ def _check_builtin(cfg: TrainerConfig, fail: Callable[[str], None]) -> None:
             )
         elif not Path(d.path).is_file():
             fail(f"data.path {d.path} does not exist; point it at a {d.source} file.")
+
+
+def check_data_contents(data: DataConfig, vocab: int, seq_len: int) -> None:
+    """What a text or tokens file holds must make at least one window of ``seq_len + 1``
+    tokens (input and target), whole tokens, every id below ``vocab``.
+
+    Run by the daemon before it starts anything and by the ranks as they read the file
+    (trainer/data/sources.py); a tokens file is scanned once (numpy, memory-mapped).
+    """
+    if data.source not in ("text", "tokens") or not data.path:
+        return
+    path = Path(data.path)
+    try:
+        size = path.stat().st_size
+    except OSError as e:
+        raise ConfigError(
+            f"data.path {path} cannot be read ({e.strerror}); point it at a {data.source} file."
+        ) from None
+    itemsize = 1 if data.source == "text" else TOKEN_BYTES[data.token_dtype]
+    if size % itemsize:
+        raise ConfigError(
+            f"data.path {path} is not a whole number of {data.token_dtype} tokens; "
+            "check data.token_dtype."
+        )
+    count, need = size // itemsize, seq_len + 2
+    if count < need:
+        raise ConfigError(
+            f"data.path {path} holds {count} tokens, fewer than train.seq_len + 2 ({need}) "
+            "for one input and target window; use a longer file or a shorter train.seq_len."
+        )
+    if data.source == "tokens":
+        import numpy as np  # only here: the daemon imports this module at start
+
+        try:
+            top = int(np.memmap(path, dtype=data.token_dtype, mode="r").max())
+        except OSError as e:
+            raise ConfigError(
+                f"data.path {path} cannot be read ({e.strerror}); make it readable."
+            ) from None
+        if top >= vocab:
+            raise ConfigError(
+                f"data.path {path} holds token id {top}, but model.vocab_size is {vocab}; "
+                "raise model.vocab_size or fix data.token_dtype."
+            )

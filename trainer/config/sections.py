@@ -26,8 +26,20 @@ class ConfigError(Exception):
     """A user-caused configuration problem; the message is one sentence with the fix."""
 
 
+# Bounds that keep values inside what the consumers accept: a seed torch.manual_seed and
+# numpy take as a signed 64-bit integer, and timeouts that fit a datetime.timedelta and
+# torchft's millisecond fields (inf or 1e20 s overflow there, in the ranks).
+MAX_SEED = 2**63 - 1
+MAX_TIMEOUT_S = 86400.0  # one day
+
+
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=True)
+    """A job-file section: unknown keys refused, no type coercion, every float finite
+    (``inf`` and ``nan`` are refused for every float field of both configs)."""
+
+    model_config = ConfigDict(
+        extra="forbid", strict=True, frozen=True, populate_by_name=True, allow_inf_nan=False
+    )
 
 
 class ModelConfig(Section):
@@ -125,7 +137,12 @@ class TrainConfig(Section):
     grad_accum: int = Field(
         1, ge=1, description="Forward passes each micro-batch of train.batch_size is cut into."
     )
-    seed: int = Field(0, ge=0, description="Seed of the weight init and the data order.")
+    seed: int = Field(
+        0,
+        ge=0,
+        le=MAX_SEED,
+        description="Seed of the weight init and the data order (0 to 2**63-1).",
+    )
     lr: float = Field(3e-3, gt=0, description="Peak learning rate (AdamW).")
     min_lr: float = Field(3e-4, ge=0, description="Learning rate at the end of the cosine decay.")
     warmup_steps: int = Field(5, ge=0, description="Linear warmup steps.")
@@ -170,7 +187,9 @@ class DataConfig(Section):
     token_dtype: Literal["uint16", "int32", "uint32"] = Field(
         "uint16", description="Element type of a tokens file."
     )
-    corpus_seed: int = Field(1234, ge=0, description="Seed of the synthetic bigram model.")
+    corpus_seed: int = Field(
+        1234, ge=0, le=MAX_SEED, description="Seed of the synthetic bigram model (0 to 2**63-1)."
+    )
     successors: int = Field(
         4, ge=1, description="Likely successors per token in the synthetic corpus."
     )
@@ -210,7 +229,8 @@ class CheckpointConfig(Section):
         None,
         description="Start from another run's checkpoint when this run has none of its own: "
         "a step-<N> directory, or a run directory (<dir>/<job>/run-<id>: its newest valid "
-        "one). One saved for another model configuration exits 2.",
+        "one). It must exist when the daemon starts; one saved for another model configuration "
+        "exits 2.",
     )
     async_save: bool = Field(
         True, alias="async", description="Save with DCP async_save (false = synchronous)."
@@ -220,14 +240,25 @@ class CheckpointConfig(Section):
 class FaultToleranceConfig(Section):
     """torchft Manager settings; used only when TORCHFT_LIGHTHOUSE is set."""
 
-    timeout_s: float = Field(30.0, gt=0, description="Collectives, should_commit and healing.")
+    timeout_s: float = Field(
+        30.0,
+        gt=0,
+        le=MAX_TIMEOUT_S,
+        description="Collectives, should_commit and healing (at most 86400 s).",
+    )
     quorum_timeout_s: float = Field(
         60.0,
         gt=0,
-        description="Waiting for a quorum; a rank that waits longer exits 75 and its node waits "
-        "for its peers (not a crash).",
+        le=MAX_TIMEOUT_S,
+        description="Waiting for a quorum (at most 86400 s); a rank that waits longer exits 75 "
+        "and its node waits for its peers (not a crash).",
     )
-    connect_timeout_s: float = Field(10.0, gt=0, description="Connecting to lighthouse/peers.")
+    connect_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=MAX_TIMEOUT_S,
+        description="Connecting to lighthouse/peers (at most 86400 s).",
+    )
     async_quorum: bool = Field(True, description="Compute the quorum during the forward pass.")
     digest_every: int = Field(
         100,
@@ -239,6 +270,7 @@ class FaultToleranceConfig(Section):
     quorum_retries: int = Field(
         30,
         ge=0,
+        le=1_000_000,
         description="Lighthouse quorum retries (spread over quorum_timeout_s); they carry a group across a lighthouse failover.",
     )
 

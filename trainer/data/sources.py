@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from trainer.config import ConfigError, DataConfig
+from trainer.config.checks import check_data_contents
 
 
 class BigramCorpus:
@@ -100,7 +101,7 @@ class TokenWindows:
     def __init__(self, tokens: np.ndarray, length: int, source: str) -> None:
         if tokens.shape[0] < length + 1:
             raise ConfigError(
-                f"data.path {source} holds {tokens.shape[0]} tokens, fewer than train.seq_len + 1 "
+                f"data.path {source} holds {tokens.shape[0]} tokens, fewer than train.seq_len + 2 "
                 f"({length + 1}); use a longer file or a shorter train.seq_len."
             )
         self.tokens = tokens
@@ -151,22 +152,11 @@ def token_dataset(
         )
     assert data.path is not None
     path = Path(data.path)
+    check_data_contents(data, vocab, seq_len)  # the daemon's preflight ran the same check
     if data.source == "text":
         tokens = np.fromfile(path, dtype=np.uint8)
     else:
-        itemsize = np.dtype(data.token_dtype).itemsize
-        if path.stat().st_size % itemsize:
-            raise ConfigError(
-                f"data.path {path} is not a whole number of {data.token_dtype} tokens; "
-                "check data.token_dtype."
-            )
         tokens = np.memmap(path, dtype=data.token_dtype, mode="r")
-        top = int(tokens.max()) if tokens.shape[0] else 0
-        if top >= vocab:
-            raise ConfigError(
-                f"data.path {path} holds token id {top}, but model.vocab_size is {vocab}; "
-                "raise model.vocab_size."
-            )
     return WindowTokens(TokenWindows(tokens, seq_len + 1, str(path)), seed)
 
 
