@@ -355,8 +355,14 @@ class Loop:
             batch = self.sampler.take(items or self._filler(step), self.layout.device)
             if self.sharded:
                 model.set_requires_gradient_sync(i == last)  # type: ignore[operator]
+            # A zero-weight pass runs in eval mode: it must not change the buffers (BatchNorm
+            # statistics of filler items), and BatchNorm refuses one item in training mode.
+            if not items:
+                model.eval()
             with autocast(self.layout.device, self.autocast):
                 output = model(batch.inputs)
+            if not items:
+                model.train()
             loss = self.loss_fn(output, batch.targets)
             (loss * weight).backward()  # type: ignore[no-untyped-call]
             if items:
