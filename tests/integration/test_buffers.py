@@ -113,3 +113,28 @@ def test_a_perturbed_buffer_is_found_by_the_divergence_check(tmp_path: Path) -> 
         seen = wait_for(lambda: writer.events("replicas_diverged"), 60, "the writer's verdict")
         assert [e["group"] for e in seen] == ["majority"] and int(seen[0]["step"]) == 10
         assert writer.rank0.popen.poll() is None, writer.rank0.tail()  # it was not stopped
+
+
+def test_a_resume_from_disk_continues_with_the_saved_buffers(tmp_path: Path) -> None:
+    """One group saves at steps 10 and 20; another run resumes from step 10 and ends on
+    the same parameters and buffers as the uninterrupted run (with the buffers at their
+    initial values instead, the evaluations and digests would differ)."""
+    saved = tmp_path / "saved"
+    whole = launch_group(
+        JOB, tmp_path, name="whole",
+        overrides=["train.steps=20", f'checkpoint.dir="{saved}"', "checkpoint.interval_steps=10",
+                   "checkpoint.async_save=false"],
+    )  # fmt: skip
+    assert whole.wait(120) == [0], whole.rank0.tail()
+    step10 = next(saved.glob("*/run-*/step-10"))
+    resumed = launch_group(
+        JOB, tmp_path, name="resumed",
+        overrides=["train.steps=20", f'checkpoint.dir="{tmp_path / "other"}"',
+                   f'checkpoint.resume_from="{step10}"'],
+    )  # fmt: skip
+    assert resumed.wait(120) == [0], resumed.rank0.tail()
+    loaded = resumed.events("checkpoint_loaded")
+    assert [(e["step"], e["buffers"]) for e in loaded] == [(10, True)]
+    assert _evals(resumed) == {s: v for s, v in _evals(whole).items() if s > 10}
+    a, b = _done(whole), _done(resumed)
+    assert (a["params_sha256"], a["buffers_sha256"]) == (b["params_sha256"], b["buffers_sha256"])
