@@ -6,7 +6,8 @@
   ``gradients`` (this rank's gradients are computed, not yet averaged across
   groups), ``allreduce`` (the cross-group gradient all-reduce has been issued and
   is in flight), ``optimizer`` (the step was committed, the optimizer has not
-  run), ``checkpoint`` (the writer group has just launched an asynchronous save),
+  run), ``buffers`` (the step was committed and the buffers' averaged changes
+  applied), ``checkpoint`` (the writer group has just launched an asynchronous save),
   ``resume`` (a cold start is about to choose a checkpoint; the step is 0) or
   ``restored`` (a cold start loaded one, the groups have not compared it yet; 0).
 * ``step``: ``N`` is the step being attempted (N steps are committed; for
@@ -20,7 +21,8 @@
   checkpoint is invisible to this rank, as a stale view of a shared volume would be),
   ``perturb`` (at ``optimizer`` and ``restored`` only: the rank adds 1e-3 to its
   first parameter shard, so its group's parameters silently differ from the
-  other groups').
+  other groups'; at ``buffers``: to its first floating-point buffer, such as a
+  BatchNorm running mean).
 
 ``PHALANX_CHAOS_RANKS`` (comma-separated ranks of the group; default every rank)
 limits the faults to those ranks.
@@ -41,13 +43,14 @@ import time
 from dataclasses import dataclass
 
 POINTS = (
-    "start", "forward", "gradients", "allreduce", "optimizer", "checkpoint", "resume", "restored",
+    "start", "forward", "gradients", "allreduce", "optimizer", "buffers", "checkpoint", "resume",
+    "restored",
 )  # fmt: skip
 ACTIONS = ("kill", "crash", "stop", "nan", "hide", "perturb")
 ONLY_AT: dict[str, tuple[str, ...]] = {  # actions that mean something at some points only
     "nan": ("gradients",),
     "hide": ("resume",),
-    "perturb": ("optimizer", "restored"),
+    "perturb": ("optimizer", "restored", "buffers"),
 }
 
 
@@ -80,7 +83,7 @@ def parse(spec: str) -> list[Fault]:
             raise ValueError(
                 f"PHALANX_CHAOS entry {item!r} must be point@[+]step[:action] with point in "
                 f"{', '.join(POINTS)} and action in {', '.join(ACTIONS)} (nan at gradients only, "
-                "hide at resume only, perturb at optimizer or restored only)."
+                "hide at resume only, perturb at optimizer, restored or buffers only)."
             )
         faults.append(Fault(point, int(digits), action, relative))
     return faults

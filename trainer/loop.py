@@ -15,7 +15,10 @@ A step:
    loss or norm is NaN or infinite votes the step down; if every rank of every
    participating group succeeded, step the optimizer and the LR schedule;
    otherwise the step is retried with the same data (the data position is the
-   committed step).
+   committed step);
+5. the buffers' changes (BatchNorm statistics), averaged across groups in step 3,
+   are added to their committed values at a commit, or dropped when the step does
+   not commit (trainer/ft/buffers.py).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from trainer.config import TrainerConfig
 from trainer.config.env import RankEnv
 from trainer.data.shares import Quorum, RankPlan, group_share, rank_plan
 from trainer.data.sources import Sampler
+from trainer.ft.buffers import joined, split
 from trainer.ft.divergence import check_replicas
 from trainer.ft.replication import (
     DRAIN_QUORUM_WAIT_S,
@@ -135,7 +139,7 @@ class Loop:
             self._drop_grads()
         self.chaos.at("forward")
         try:
-            loss = self._gradients(step)
+            loss, deltas = self._gradients(step)
         except StepAbandoned as e:
             self.drained = True
             if self.env.rank == 0:
@@ -164,10 +168,15 @@ class Loop:
             if self.chaos.at("optimizer"):  # perturb: this group's parameters drift
                 local(self.params[0]).data.add_(1e-3)
             self.state.optimizer.step()
+            self.state.buffers.commit(deltas)
+            if self.chaos.at("buffers"):  # perturb: this group's buffers drift
+                self.state.buffers.perturb(1e-3)
             self.state.scheduler.step()
             self.state.tokens += tokens
             if reported is not None:
                 self.last_loss = reported
+        else:
+            self.state.buffers.restore()  # the forward's changes go with the step
         return StepReport(
             step=self.replication.current_step(),
             committed=committed,
@@ -183,13 +192,15 @@ class Loop:
             diverged=diverged,
         )
 
-    def _gradients(self, step: int) -> float:
+    def _gradients(self, step: int) -> tuple[float, list[torch.Tensor]]:
         """Forward and backward, gradients averaged across groups; return the step's mean
-        loss over all its items (every participating group's). Raises StepAbandoned when
-        a drain leaves a step whose quorum does not form."""
+        loss over all its items (every participating group's) and the buffers' changes
+        averaged across groups (see trainer/ft/buffers.py). Raises StepAbandoned when a
+        drain leaves a step whose quorum does not form."""
         mine, quorum = self._forward_backward(step)
         own = self.share
         total = self._group_total(mine)
+        deltas = self.state.buffers.deltas(self.layout.group("dp_shard"))
         if self.drained:
             leave_unless_formed(self._quorum_settles())
         if self.chaos.at("gradients"):
@@ -200,28 +211,35 @@ class Loop:
         # gradients: the mean over the step's items.
         part = (total * (quorum.participants / self.global_batch)).reshape(1)
         if self.sharded:  # the gradients crossed groups in FSDP's hook, during backward
-            across = self.replication.average_across_groups(part.clone())
-            return float(part if across is None else across[0])
+            # The buffers' changes ride with the loss. A healing group's tensor holds the
+            # average too (it sent zeros), though it keeps its own loss (None).
+            both = joined(part, deltas)
+            across = self.replication.average_across_groups(both)
+            split(both, deltas)
+            return float(part if across is None else across[0]), deltas
         # The part rides at the end of the gradients' last bucket: no all-reduce of its
-        # own, and nothing is read from the device before the gradients are sent.
+        # own, and nothing is read from the device before the gradients are sent. The
+        # buffers' changes go first, in the same exchange (a healing group's hold the
+        # average too: it sent zeros).
         grads = [local(p.grad) for p in self.params if p.grad is not None]
         part = part.to(grads[-1].dtype if grads else part.dtype)
         kept = part.clone()  # a failed or healing exchange leaves this group's own part
-        averaged = self.replication.sync_gradients([*grads, part])
+        averaged = self.replication.sync_gradients([*deltas, *grads, part])
         if not averaged and quorum.rank is not None and self.may_reuse:
             self._failed = Attempt(step, quorum, own, mine)  # the exchange failed
-        return float(part if averaged else kept)
+        return float(part if averaged else kept), deltas
 
     def _compare_replicas(self) -> bool:
-        """Every ft.digest_every steps, before the commit: do the groups' parameters match?
-        True when they do not and this group is in the majority; raises in the minority."""
+        """Every ft.digest_every steps, before the commit: do the groups' parameters and
+        committed buffers match? True when they do not and this group is in the majority;
+        raises in the minority."""
         every = self.cfg.ft.digest_every
         if not (self.env.fault_tolerant and every):
             return False
         step = self.replication.quorum_step()  # equal on every group of the quorum
         if step == 0 or step % every:
             return False
-        shards = [local(p) for p in self.params]
+        shards = [*(local(p) for p in self.params), *self.state.buffers.committed.values()]
         return check_replicas(step, shards, self.replication, self._group_any, self.env.rank)
 
     def _group_any(self, flags: list[bool]) -> list[bool]:
@@ -337,8 +355,14 @@ class Loop:
             batch = self.sampler.take(items or self._filler(step), self.layout.device)
             if self.sharded:
                 model.set_requires_gradient_sync(i == last)  # type: ignore[operator]
+            # A zero-weight pass runs in eval mode: it must not change the buffers (BatchNorm
+            # statistics of filler items), and BatchNorm refuses one item in training mode.
+            if not items:
+                model.eval()
             with autocast(self.layout.device, self.autocast):
                 output = model(batch.inputs)
+            if not items:
+                model.train()
             loss = self.loss_fn(output, batch.targets)
             (loss * weight).backward()  # type: ignore[no-untyped-call]
             if items:

@@ -34,6 +34,7 @@ from trainer.config.env import RankEnv
 from trainer.data.sources import Sampler
 from trainer.evaluate import Evaluator
 from trainer.exits import EXIT_DRAINED
+from trainer.ft.buffers import Buffers, persistent_buffers
 from trainer.ft.replication import Replication, SingleGroup
 from trainer.ft.state import TrainState
 from trainer.ft.step_report import StepReport
@@ -118,7 +119,12 @@ def build(cfg: TrainerConfig, env: RankEnv, work: workload.Workload | None = Non
     optimizer = build_optimizer(params, cfg.train, work.param_groups)
     init_optimizer_state(optimizer)
     scheduler = build_scheduler(optimizer, cfg.train)
-    state = TrainState(params=params, optimizer=optimizer, scheduler=scheduler)
+    state = TrainState(
+        params=params,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        buffers=Buffers(persistent_buffers(models)),
+    )
 
     # Replication across replica groups.
     replication: Replication
@@ -221,12 +227,14 @@ def _finish(b: Built) -> int:
         _leave(b.replication)
         return EXIT_DRAINED
     digest = params_sha256(b.params, b.layout.group("pp"))
+    buffers = params_sha256(b.state.buffers.committed, b.layout.group("pp"))
     if b.env.rank == 0:
         log.info(
             "train_done",
             step=step,
             loss=b.loop.last_loss,
             params_sha256=digest,
+            buffers_sha256=buffers,
             tokens=b.state.tokens,
             seconds=round(time.monotonic() - b.started, 3),
         )

@@ -17,7 +17,7 @@ chose differently would each read their shards of different steps. So:
    ``checkpoint.resume_from`` (another run's directory or one of its steps), where
    finding nothing valid, or a checkpoint of another model, is bad input (exit 2);
 5. before the first commit, the groups compare digests of the restored parameters
-   (the vote of ``trainer.ft.divergence``); a group in the minority stops
+   and buffers (the vote of ``trainer.ft.divergence``); a group in the minority stops
    (:class:`RestoreMismatch`) and heals from the others rather than average
    gradients of a different model into theirs.
 """
@@ -165,20 +165,25 @@ def _from_rank0(ckpt: Checkpointer, value: int) -> int:
 def _load(ckpt: Checkpointer, replication: Checkpointing, path: Path) -> bool:
     """Load the checkpoint at path on every rank of the group (collective); False if it failed."""
     try:
-        dcp_load(
-            ckpt.tensors(),
-            storage_reader=SafeReader(str(path)),
-            planner=TensorOnlyPlanner(),
-            process_group=ckpt.pg,
-        )
+        reader = SafeReader(str(path))
+        targets = ckpt.tensors()
+        # Saved before buffers were kept: the buffers keep their initial values.
+        keys = reader.read_metadata().state_dict_metadata
+        has_buffers = any(k.startswith("buffers.") for k in keys)
+        if not has_buffers:
+            del targets["buffers"]
+        dcp_load(targets, storage_reader=reader, planner=TensorOnlyPlanner(), process_group=ckpt.pg)
         scalars: dict[str, Any] = json.loads((path / SCALARS).read_text())
     except Exception as e:  # DCP raises on every rank when any rank's read fails
         ckpt.note("warning", "checkpoint_invalid", path=str(path), reason=f"load failed: {e}")
         return False
+    ckpt.state.buffers.restore()  # the live buffers are the loaded (committed) ones
     ckpt.state.load_scalars(scalars)
     replication.restore(int(scalars["step"]), scalars.get("torchft", {}))
     # Every rank says what it loaded: a test (and an operator) can see they agree.
-    ckpt.log.info("checkpoint_loaded", step=int(scalars["step"]), source=str(path))
+    ckpt.log.info(
+        "checkpoint_loaded", step=int(scalars["step"]), source=str(path), buffers=has_buffers
+    )
     return True
 
 
@@ -190,7 +195,10 @@ def _compare_digests(
     from the others, who have restored and go on); the majority goes on."""
     if chaos is not None and chaos.at("restored"):  # perturb: this rank restored other values
         next(iter(ckpt.state.params.values())).data.add_(1e-3)
-    shards = [local(p) for p in ckpt.state.params.values()]
+    shards = [
+        *(local(p) for p in ckpt.state.params.values()),
+        *ckpt.state.buffers.committed.values(),
+    ]
     seen = compare_groups(shards, replication, lambda flags: [not ckpt.agree(not f) for f in flags])
     if seen is None:  # one group: nothing to compare with
         return

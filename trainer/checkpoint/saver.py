@@ -3,7 +3,9 @@
 Layout of ``<checkpoint.dir>/<job>/run-<id>/step-<N>/`` (``trainer.checkpoint.files``):
 
 * DCP files (``__<rank>_0.distcp``, ``.metadata``): parameters and optimizer state,
-  as DTensors, so a load into another (dp_shard, tp, pp) layout reshards;
+  as DTensors, so a load into another (dp_shard, tp, pp) layout reshards, and the
+  persistent buffers' committed values (``buffers.<name>``; checkpoints saved before
+  buffers were kept have none, and load without them);
 * ``train_state.json``: step, tokens, LR schedule, torchft counters (no pickle);
 * ``COMPLETE.json``: the completion marker (step, layout, model hash, time, every
   file with its size and SHA-256), written atomically only after the save has
@@ -128,7 +130,11 @@ class Checkpointer:
         return mine * (dist.get_world_size(self.pg) if self.distributed else 1)
 
     def tensors(self) -> dict[str, Any]:
-        return {"model": dict(self.state.params), "optimizer": self.state.optimizer_tensors()}
+        return {
+            "model": dict(self.state.params),
+            "optimizer": self.state.optimizer_tensors(),
+            "buffers": dict(self.state.buffers.committed),
+        }
 
     # -- saving
 

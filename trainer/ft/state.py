@@ -1,7 +1,8 @@
 """The training state one replica group hands to another (healing) or writes to disk (checkpoints).
 
-What a group needs to continue: parameters, optimizer state, LR schedule, the
-data position and the step. :class:`TrainState` captures *references* to the
+What a group needs to continue: parameters, persistent buffers (their committed
+values, see trainer/ft/buffers.py), optimizer state, LR schedule, the data position
+and the step. :class:`TrainState` captures *references* to the
 sharded parameters once, right after parallelization. FSDP2 swaps the
 registered parameters between sharded and unsharded forms during forward and
 backward, so calling ``model.parameters()`` from torchft's quorum thread at the
@@ -23,13 +24,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
+
+from trainer.ft.buffers import Buffers
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
@@ -49,6 +52,8 @@ class TrainState:
     # Called before anything mutates the parameters or optimizer state: build() sets the
     # checkpointer's wait for its background copy here (None: nothing to wait for).
     guard: Callable[[], None] | None = None
+    # The model's persistent buffers: live, and as of the last commit (what is handed on).
+    buffers: Buffers = field(default_factory=lambda: Buffers({}))
 
     def before_mutation(self) -> None:
         if self.guard is not None:
@@ -79,6 +84,7 @@ class TrainState:
     def healing_state_dict(self) -> dict[str, Any]:
         return {
             "model": {name: local(p.detach()) for name, p in self.params.items()},
+            "buffers": dict(self.buffers.committed),
             "optimizer": {
                 name: {k: local(v) for k, v in entry.items()}
                 for name, entry in self.optimizer_tensors().items()
@@ -100,6 +106,8 @@ class TrainState:
             for key, value in entry.items():
                 received[f"{name}#{key}"] = value
         copy_into(targets, received, "healing state")
+        copy_into(self.buffers.committed, state["buffers"], "healing state's buffers")
+        self.buffers.restore()  # the live buffers are the committed ones again
         self.load_scalars(state["scalars"])
         self.heals += 1
         return time.monotonic() - started

@@ -1,4 +1,5 @@
-"""``params_sha256``: one digest of the full (unsharded) parameters, comparable across groups.
+"""``params_sha256``: one digest of the full (unsharded) parameters, comparable across groups
+(``train_done`` also reports ``buffers_sha256``: the same digest of the persistent buffers).
 
 Each parameter is gathered to its full tensor, hashed with its name, dtype and
 shape, and the per-parameter digests are hashed again in sorted-name order.
@@ -9,6 +10,7 @@ Pipeline stages exchange only their 64-character digests. Two replica groups
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 
 import torch
 import torch.distributed as dist
@@ -23,7 +25,7 @@ def _entry(tensor: torch.Tensor) -> str:
 
 
 def params_sha256(
-    params: dict[str, torch.nn.Parameter], pp_group: dist.ProcessGroup | None = None
+    params: Mapping[str, torch.Tensor], pp_group: dist.ProcessGroup | None = None
 ) -> str:
     """Collective within the replica group: every rank must call it."""
     entries = {name: _entry(p) for name, p in sorted(params.items())}
