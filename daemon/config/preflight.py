@@ -118,9 +118,11 @@ def check_run_dir_free(run_dir: Path) -> None:
         os.close(fd)  # also drops the probe's lock at once
 
 
-def check_writable_dir(field: str, directory: Path) -> None:
+def check_writable_dir(field: str, directory: Path, read_only_mount_ok: bool = False) -> None:
     """``directory``, or the nearest directory above it that exists, must be a writable
-    directory (it is created later, by whoever writes there); nothing is created here."""
+    directory (it is created later, by whoever writes there); nothing is created here.
+    `read_only_mount_ok`: a volume mounted read-only is a state of the volume, not bad
+    input (it may be remounted; the checkpoint saves say so meanwhile)."""
     for path in (directory, *directory.parents):
         try:
             mode = os.stat(path).st_mode
@@ -137,6 +139,8 @@ def check_writable_dir(field: str, directory: Path) -> None:
                 f"{field} {directory} {what} a file, not a directory; "
                 f"point {field} at a directory or remove the file."
             )
+        if read_only_mount_ok and os.statvfs(path).f_flag & os.ST_RDONLY:
+            return
         if not os.access(path, os.W_OK | os.X_OK):
             what = "is not writable" if path == directory else f"cannot be created in {path}"
             raise ConfigError(
@@ -156,7 +160,7 @@ def check_checkpoints(cfg: DaemonConfig) -> None:
     checkpoint.resume_from, when set, is a directory (a run or one of its steps)."""
     ckpt = cfg.checkpoint
     if ckpt.dir:
-        check_writable_dir("checkpoint.dir", Path(ckpt.dir))
+        check_writable_dir("checkpoint.dir", Path(ckpt.dir), read_only_mount_ok=True)
     if ckpt.resume_from and not Path(ckpt.resume_from).is_dir():
         what = "is not a directory" if Path(ckpt.resume_from).exists() else "does not exist"
         raise ConfigError(
