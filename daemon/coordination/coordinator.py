@@ -46,6 +46,7 @@ from daemon.coordination.etcd_client import (
     translate_error,
 )
 from daemon.coordination.identity import Identity, holder_of, new_instance
+from daemon.coordination.job_secret import get_or_make_secret
 from daemon.coordination.job_spec import put_spec
 from daemon.coordination.job_view import (
     STATES,
@@ -116,6 +117,7 @@ class Coordinator:
         self._session: _Session | None = None
         self._session_lock = threading.Lock()
         self._record: tuple[int, str] | None = None  # (lease, value) of our record as last put
+        self._secret: bytes | None = None  # the job's (job_secret), once read
 
     # ------------------------------------------------------------------ session
 
@@ -176,6 +178,12 @@ class Coordinator:
         return session is not None and session.alive
 
     # --------------------------------------------------------------------- spec
+
+    def job_secret(self) -> bytes:
+        """The job's secret (``daemon.coordination.job_secret``): read once, then kept."""
+        if self._secret is None:
+            self._secret = get_or_make_secret(self._txn, self._key("secret"))
+        return self._secret
 
     def check_spec(self, sections: dict[str, str]) -> None:
         """Write the job spec, or check ours equals it (``daemon.coordination.job_spec``)."""

@@ -118,6 +118,7 @@ class Leadership:
             self.cfg.lighthouse_host,
             node.lighthouse_port,
             self.log_path,
+            self.coord.job_secret(),
         )
         try:
             lh.start()
@@ -131,7 +132,9 @@ class Leadership:
         assert lh is not None
         if lh.listening():
             self.phase = Lighthouse.SERVING
-            self.log.info("lighthouse_started", port=lh.port, pid=lh.pid)
+            self.log.info(
+                "lighthouse_started", port=lh.port, internal_port=lh.internal_port, pid=lh.pid
+            )
         elif not lh.alive:
             self._cannot_serve(view, f"the lighthouse exited at start; see {self.log_path}")
         elif time.monotonic() - self.started_at > START_TIMEOUT_S:

@@ -18,8 +18,9 @@ import sys
 import threading
 from pathlib import Path
 
-from daemon.children import capped_log, die_with_parent
+from daemon.children import capped_log, die_with_parent, free_port
 from daemon.config import LighthouseConfig
+from daemon.leadership.gate import Gate, answer
 from daemon.leadership.lighthouse_main import native_extension
 from trainer import logs
 
@@ -54,39 +55,49 @@ class LighthouseError(RuntimeError):
 
 
 class LighthouseProcess:
-    """One torchft_lighthouse subprocess (the leader's)."""
+    """One torchft_lighthouse subprocess (the leader's), on loopback, behind its gate
+    (``daemon.leadership.gate``) on the published address."""
 
     def __init__(
-        self, cfg: LighthouseConfig, min_replicas: int, bind_host: str, port: int, log_path: Path
+        self,
+        cfg: LighthouseConfig,
+        min_replicas: int,
+        bind_host: str,
+        port: int,
+        log_path: Path,
+        secret: bytes,
     ) -> None:
         self.cfg = cfg
         self.min_replicas = min_replicas
         self.bind_host = bind_host
         self.log_path = log_path
-        self.port = port
+        self.port = port  # the gate's: what the job's nodes dial
+        self.secret = secret
+        self.internal_port: int | None = None  # the lighthouse's own, on 127.0.0.1
+        self.gate: Gate | None = None
         self.popen: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        """Start it; raise LighthouseError if node.lighthouse_port is taken (it would die at once).
+        """Start it; raise LighthouseError if node.lighthouse_port is taken.
 
-        The probe binds as the lighthouse does (tokio sets SO_REUSEADDR): the closed
-        connections of a lighthouse this node stopped (a fence, a resignation) linger on
-        the port for a minute and must not read as the port being in use."""
-        with socket.socket() as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind((self.bind_host, self.port))
-            except OSError as e:
-                raise LighthouseError(
-                    f"node.lighthouse_port {self.port} on {self.bind_host} is in use ({e.strerror}); "
-                    "free it or choose another port."
-                ) from None
-            self.port = s.getsockname()[1]
+        The gate binds with SO_REUSEADDR: the closed connections of a lighthouse this
+        node stopped (a fence, a resignation) linger on the port for a minute and must
+        not read as the port being in use."""
+        command = lighthouse_command()  # FileNotFoundError before anything is bound
+        self.internal_port = free_port("127.0.0.1")
+        try:
+            self.gate = Gate(self.bind_host, self.port, self.internal_port, self.secret)
+        except OSError as e:
+            raise LighthouseError(
+                f"node.lighthouse_port {self.port} on {self.bind_host} is in use ({e.strerror}); "
+                "free it or choose another port."
+            ) from None
+        self.port = self.gate.port
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         argv = [
-            *lighthouse_command(),
+            *command,
             "--min_replicas", str(self.min_replicas),
-            "--bind", f"{self.bind_host}:{self.port}",
+            "--bind", f"127.0.0.1:{self.internal_port}",
             "--join_timeout_ms", str(self.cfg.join_timeout_ms),
             "--heartbeat_timeout_ms", str(self.cfg.heartbeat_timeout_ms),
             "--quorum_tick_ms", str(self.cfg.quorum_tick_ms),
@@ -104,11 +115,12 @@ class LighthouseProcess:
         capped_log(self.popen.stdout, self.log_path, LOG_MAX_BYTES)
 
     def listening(self) -> bool:
-        """One quick probe (no waiting): does it accept connections yet?"""
-        host = "127.0.0.1" if self.bind_host in ("0.0.0.0", "::", "[::]") else self.bind_host
+        """One quick probe (no waiting): does the lighthouse accept connections yet?"""
+        if self.internal_port is None:
+            return False
         with socket.socket() as s:
             s.settimeout(0.2)
-            return s.connect_ex((host, self.port)) == 0
+            return s.connect_ex(("127.0.0.1", self.internal_port)) == 0
 
     @property
     def alive(self) -> bool:
@@ -121,6 +133,9 @@ class LighthouseProcess:
     def stop(self) -> None:
         """SIGKILL and reap: a lighthouse keeps nothing worth a graceful stop, and a
         SIGKILLed process is gone at once, so this never holds up the daemon's loop."""
+        if self.gate is not None:
+            self.gate.close()
+            self.gate = None
         if self.popen is None:
             return
         if self.popen.poll() is None:
@@ -144,12 +159,14 @@ def parse_address(address: object) -> tuple[str, int] | None:
 
 
 class Forwarder:
-    """A TCP forwarder on a fixed local port whose upstream can change."""
+    """A TCP forwarder on a fixed local port whose upstream (the leader's gate) can change;
+    it answers the gate's handshake for the ranks with the job's secret."""
 
     def __init__(self, listen_host: str = "127.0.0.1", port: int = 0) -> None:
         self._server = socket.create_server((listen_host, port), reuse_port=False)
         self.port: int = self._server.getsockname()[1]
         self._target: tuple[str, int] | None = None
+        self._secret = b""
         self._lock = threading.Lock()
         self._conns: set[socket.socket] = set()
         self._closed = False
@@ -164,13 +181,14 @@ class Forwarder:
     def target(self) -> tuple[str, int] | None:
         return self._target
 
-    def set_target(self, address: str | None) -> None:
-        """Point new connections at `host:port` (None: refuse them); drop old connections on a change."""
+    def set_target(self, address: str | None, secret: bytes = b"") -> None:
+        """Point new connections at `host:port` (None: refuse them), a gate that `secret`
+        opens; drop old connections on a change."""
         target = parse_address(address) if address else None
         with self._lock:
-            if target == self._target:
+            if target == self._target and secret == self._secret:
                 return
-            self._target = target
+            self._target, self._secret = target, secret
             old, self._conns = self._conns, set()
         for conn in old:
             _close(conn)
@@ -184,15 +202,20 @@ class Forwarder:
             threading.Thread(target=self._serve, args=(client,), daemon=True).start()
 
     def _serve(self, client: socket.socket) -> None:
-        target = self._target
+        target, secret = self._target, self._secret
         if target is None:
             _close(client)
             return
         try:
             upstream = socket.create_connection(target, timeout=5)
-            upstream.settimeout(None)
         except OSError:
             _close(client)
+            return
+        try:
+            answer(upstream, secret)
+        except OSError:  # not the job's gate, or it refused us
+            _close(client)
+            _close(upstream)
             return
         with self._lock:
             if self._target != target:

@@ -164,6 +164,7 @@ class EtcdUpkeep:
             # The device type joins the spec: groups on cuda and on cpu (so also on other
             # dtypes) must never meet in one quorum; a node that differs is refused at join.
             self.coord.check_spec({**self.cfg.spec(), "device": node_device(self.cfg)})
+            self.coord.job_secret()  # read (or made) before anything dials the lighthouse
             self._register()
 
         try:
@@ -348,7 +349,7 @@ class EtcdUpkeep:
                 self._bad_lighthouse = address
             return
         self.view.lighthouse = address
-        self.forwarder.set_target(address)
+        self.forwarder.set_target(address, self.coord.job_secret())
 
     def _register(self) -> None:
         self.record.forget()

@@ -11,14 +11,19 @@ from pathlib import Path
 import pytest
 
 from daemon.config import LighthouseConfig
+from daemon.leadership.gate import answer
 from daemon.leadership.lighthouse import LighthouseError, LighthouseProcess
 from tests.support.harness import free_port, wait_for
 
 pytestmark = pytest.mark.integration
 
+SECRET = b"s" * 32
+
 
 def _serving(tmp_path: Path, port: int, name: str) -> LighthouseProcess:
-    lh = LighthouseProcess(LighthouseConfig(), 1, "127.0.0.1", port, tmp_path / f"{name}.log")
+    lh = LighthouseProcess(
+        LighthouseConfig(), 1, "127.0.0.1", port, tmp_path / f"{name}.log", SECRET
+    )
     lh.start()
     wait_for(lh.listening, 30, f"{name} to listen")
     return lh
@@ -33,6 +38,7 @@ def test_a_stopped_lighthouse_restarts_on_its_port_while_its_connections_linger(
     try:
         for _ in range(3):  # ranks' heartbeat connections, open when the fence comes
             c = socket.create_connection(("127.0.0.1", port), timeout=5)
+            answer(c, SECRET)  # through the gate, as a node's forwarder gets in
             clients.append(c)
         time.sleep(0.2)
         first.stop()  # SIGKILL: the kernel closes the server's side first
@@ -54,7 +60,9 @@ def test_a_port_held_by_a_listener_is_refused(tmp_path: Path) -> None:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         port = holder.getsockname()[1]
-        lh = LighthouseProcess(LighthouseConfig(), 1, "127.0.0.1", port, tmp_path / "lh.log")
+        lh = LighthouseProcess(
+            LighthouseConfig(), 1, "127.0.0.1", port, tmp_path / "lh.log", SECRET
+        )
         with pytest.raises(LighthouseError, match=f"node.lighthouse_port {port}"):
             lh.start()
         assert lh.popen is None

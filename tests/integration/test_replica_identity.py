@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.harness import Daemon, event_time, start_daemon, wait_for
-from tests.support.job_queries import digest, status_json
+from tests.support.job_queries import digest
 
 pytestmark = pytest.mark.integration
 
@@ -50,7 +50,10 @@ def test_a_killed_rank_is_replaced_under_its_replica_id_and_rejoins_at_once(
             120,
             "both groups to train together",
         )
-        lighthouse = str(status_json(etcd_endpoint)["lighthouse"])
+        # The lighthouse's status page, on the leader's loopback (the published address is its
+        # gate, which serves only the ranks' gRPC).
+        started = [e for d in daemons for e in d.events("lighthouse_started")]
+        lighthouse = f"127.0.0.1:{started[-1]['internal_port']}"
         before = wait_for(
             lambda: len(ids := heartbeating(lighthouse)) == 2 and ids, 30, "two heartbeating groups"
         )

@@ -1,0 +1,166 @@
+"""The lighthouse's gate: the only way into a leader's lighthouse from outside its node.
+
+torchft's lighthouse has no authentication: whoever reaches its port can join a
+quorum as a replica of its choosing (and make the real ranks dial a store address
+of its choosing) or ``POST /replica/<id>/kill`` a rank. So the lighthouse listens on
+loopback only, and the leader's daemon listens on the published address
+(``node.lighthouse_port``) with this gate in front of it:
+
+1. the gate sends :data:`MAGIC` and a fresh 32-byte nonce;
+2. the client answers HMAC-SHA256(job secret, MAGIC + nonce) within
+   :data:`HANDSHAKE_TIMEOUT_S`; the job's secret is 32 random bytes in etcd
+   (``daemon.coordination.job_secret``), so only a holder of the job's etcd
+   credentials can answer;
+3. the client's first bytes must be the HTTP/2 connection preface: torchft's
+   clients speak gRPC (HTTP/2); the dashboard and its kill route are what HTTP/1.1
+   clients (browsers, curl) reach, and they are refused;
+4. then bytes are relayed to the loopback lighthouse, both ways.
+
+Each node's forwarder (:class:`daemon.leadership.lighthouse.Forwarder`, the ranks'
+``TORCHFT_LIGHTHOUSE``) answers step 2 on their behalf. One asyncio thread serves
+every connection (at most :data:`MAX_CONNECTIONS`), so no flood of connections or
+silent clients costs threads. docs/operations.md, "Who can do what from where",
+has the threat model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import os
+import socket
+import threading
+
+from trainer import logs
+
+MAGIC = b"PHALANX-LIGHTHOUSE-GATE/1\n"
+NONCE_BYTES = 32
+PROOF_BYTES = 32
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+HANDSHAKE_TIMEOUT_S = 5.0
+MAX_CONNECTIONS = 256
+CHUNK = 65536
+
+
+def proof(secret: bytes, nonce: bytes) -> bytes:
+    return hmac.new(secret, MAGIC + nonce, hashlib.sha256).digest()
+
+
+def answer(sock: socket.socket, secret: bytes) -> None:
+    """The client's side of the handshake on a connected socket; OSError if it fails."""
+    sock.settimeout(HANDSHAKE_TIMEOUT_S)
+    challenge = _recv_exactly(sock, len(MAGIC) + NONCE_BYTES)
+    if not challenge.startswith(MAGIC):
+        raise OSError("the lighthouse's address is not a Phalanx gate")
+    sock.sendall(proof(secret, challenge[len(MAGIC) :]))
+    sock.settimeout(None)
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise OSError("the connection closed during the handshake")
+        data += chunk
+    return data
+
+
+class Gate:
+    """Listens on (host, port) and relays authenticated gRPC connections to the lighthouse
+    on 127.0.0.1:upstream_port. Raises OSError from the constructor if the port is taken."""
+
+    def __init__(self, host: str, port: int, upstream_port: int, secret: bytes) -> None:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        # SO_REUSEADDR as the lighthouse had it: a stopped gate's closed connections linger.
+        self.sock = socket.create_server((host, port), family=family, backlog=128)
+        self.port: int = self.sock.getsockname()[1]
+        self.upstream_port = upstream_port
+        self.secret = secret
+        self.writers: set[asyncio.StreamWriter] = set()
+        self.refused = 0
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.stopping: asyncio.Event | None = None
+        self.ready = threading.Event()
+        self.log = logs.get()
+        self.thread = threading.Thread(target=self._run, daemon=True, name="lighthouse-gate")
+        self.thread.start()
+        self.ready.wait(10)
+
+    def close(self) -> None:
+        if self.loop is not None and self.stopping is not None:
+            with contextlib.suppress(RuntimeError):  # the loop already ended
+                self.loop.call_soon_threadsafe(self.stopping.set)
+            self.thread.join(5)
+        self.sock.close()
+
+    def _run(self) -> None:
+        asyncio.run(self._serve())
+
+    async def _serve(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.stopping = asyncio.Event()
+        server = await asyncio.start_server(self._connection, sock=self.sock)
+        self.ready.set()
+        async with server:
+            await self.stopping.wait()
+        for writer in list(self.writers):  # stopped: every connection ends now
+            writer.close()
+        await asyncio.sleep(0)  # let the transports close their sockets
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if len(self.writers) >= MAX_CONNECTIONS:
+            writer.close()
+            return
+        self.writers.add(writer)
+        peer = writer.get_extra_info("peername")
+        try:
+            try:
+                why = await asyncio.wait_for(self._handshake(reader, writer), HANDSHAKE_TIMEOUT_S)
+            except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
+                why = "no answer to the handshake"
+            if why is not None:
+                self.refused += 1
+                client = peer[0] if peer else None
+                self.log.warning("lighthouse_gate_refused", client=client, reason=why)
+                return
+            await self._relay(reader, writer)
+        finally:
+            self.writers.discard(writer)
+            writer.close()
+
+    async def _handshake(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> str | None:
+        """Why the client may not pass, or None."""
+        nonce = os.urandom(NONCE_BYTES)
+        writer.write(MAGIC + nonce)
+        await writer.drain()
+        answered = await reader.readexactly(PROOF_BYTES)
+        if not hmac.compare_digest(answered, proof(self.secret, nonce)):
+            return "a wrong answer to the handshake (not a node of this job)"
+        preface = await reader.readexactly(len(H2_PREFACE))
+        if preface != H2_PREFACE:
+            return "not gRPC (HTTP/2): the lighthouse's HTTP routes are not served through the gate"
+        return None
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        except OSError:
+            return
+        up_writer.write(H2_PREFACE)
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(CHUNK):
+                    dst.write(data)
+                    await dst.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
