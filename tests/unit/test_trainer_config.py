@@ -136,3 +136,17 @@ def test_batch_divisibility_property(batch: int, dp: int) -> None:
             check_trainer(cfg, dp)
     else:
         check_trainer(cfg, dp)
+
+
+def test_a_relative_python_path_is_beside_the_job_file(tmp_path: Path) -> None:
+    """Not the current directory: a systemd unit's or a pod's is not the job file's."""
+    job = tmp_path / "jobs" / "job.toml"
+    (job.parent / "lib").mkdir(parents=True)
+    (job.parent / "m.py").write_text("def spec(ctx): ...\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    job.write_text(f'[workload]\nspec = "m:spec"\npython_path = [".", "lib", "{elsewhere}"]\n')
+    got = load_trainer_config(job).workload.python_path
+    assert got == [str(job.parent), str(job.parent / "lib"), str(elsewhere)]
+    flagged = load_trainer_config(job, ['workload.python_path=["tests"]', 'workload.spec="json:x"'])
+    assert flagged.workload.python_path == ["tests"]  # a --set value: relative to the cwd

@@ -143,7 +143,24 @@ def read_job_file(path: str | Path) -> dict[str, Any]:
     if not isinstance(loaded, dict):
         raise ConfigError(f"job file {p} must hold a table of sections.")
     check_value_depth(loaded, f"job file {p}")
-    return loaded
+    return loaded if is_json else _beside(loaded, p)
+
+
+def _beside(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    """Relative workload.python_path entries of a TOML job file name directories beside the
+    file, wherever it is run from (as a systemd unit's or a pod's working directory is not
+    the job file's); a ``--set`` value stays relative to the current directory."""
+    workload = data.get("workload")
+    if not isinstance(workload, dict):
+        return data
+    entries = workload.get("python_path")
+    if isinstance(entries, list):
+        base = path.resolve().parent
+        workload["python_path"] = [
+            str(base / e) if isinstance(e, str) and not Path(e).is_absolute() else e
+            for e in entries
+        ]
+    return data
 
 
 def _describe(error: Mapping[str, Any], model: type[BaseModel], source: str) -> str:

@@ -205,7 +205,8 @@ class WorkloadConfig(Section):
     )
     python_path: list[str] = Field(
         default_factory=list,
-        description="Directories put on the ranks' PYTHONPATH so that spec's module imports.",
+        description="Directories put on the ranks' PYTHONPATH so that spec's module imports; "
+        "a relative one in a job file is beside that file (in --set, the current directory).",
     )
     options: dict[str, Any] = Field(
         default_factory=dict, description="Free-form settings handed to the entry point."

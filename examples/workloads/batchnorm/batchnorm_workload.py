@@ -5,7 +5,7 @@ packages; a job file reaches it with
 
     [workload]
     spec = "batchnorm_workload:spec"
-    python_path = ["examples/workloads/batchnorm"]
+    python_path = ["."]  # beside the job file
 
 and sets its options in [workload.options] (see OPTIONS below). Phalanx keeps the
 buffers of every replica group equal (docs/workloads.md, "Buffers").

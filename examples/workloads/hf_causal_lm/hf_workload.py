@@ -8,7 +8,7 @@ rotary tables are computed from a buffer of the root, which every stage keeps.
 
     [workload]
     spec = "hf_workload:spec"
-    python_path = ["examples/workloads/hf_causal_lm"]
+    python_path = ["."]  # beside the job file
     [workload.options]
     text = "README.md"        # any local UTF-8 file
 """

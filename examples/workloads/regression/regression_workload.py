@@ -4,7 +4,7 @@ a job file reaches it with
 
     [workload]
     spec = "regression_workload:spec"
-    python_path = ["examples/workloads/regression"]
+    python_path = ["."]  # beside the job file
 
 and sets its options in [workload.options] (see OPTIONS below).
 """
