@@ -18,21 +18,20 @@ loopback only, and the leader's daemon listens on the published address
 
 Each node's forwarder (:class:`daemon.leadership.lighthouse.Forwarder`, the ranks'
 ``TORCHFT_LIGHTHOUSE``) answers step 2 on their behalf. One asyncio thread serves
-every connection (at most :data:`MAX_CONNECTIONS`), so no flood of connections or
-silent clients costs threads. docs/operations.md, "Who can do what from where",
+every connection (``daemon.listener``; at most :data:`MAX_CONNECTIONS`), so no flood
+of connections or silent clients costs threads. docs/operations.md, "Who can do what from where",
 has the threat model.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import hmac
 import os
 import socket
-import threading
 
+from daemon.listener import Listener, bind
 from trainer import logs
 
 MAGIC = b"PHALANX-LIGHTHOUSE-GATE/1\n"
@@ -73,63 +72,30 @@ class Gate:
     on 127.0.0.1:upstream_port. Raises OSError from the constructor if the port is taken."""
 
     def __init__(self, host: str, port: int, upstream_port: int, secret: bytes) -> None:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        # SO_REUSEADDR as the lighthouse had it: a stopped gate's closed connections linger.
-        self.sock = socket.create_server((host, port), family=family, backlog=128)
-        self.port: int = self.sock.getsockname()[1]
+        self.listener = Listener(bind(host, port), self._connection, "lighthouse-gate").start()
+        self.port: int = self.listener.port
         self.upstream_port = upstream_port
         self.secret = secret
-        self.writers: set[asyncio.StreamWriter] = set()
         self.refused = 0
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.stopping: asyncio.Event | None = None
-        self.ready = threading.Event()
         self.log = logs.get()
-        self.thread = threading.Thread(target=self._run, daemon=True, name="lighthouse-gate")
-        self.thread.start()
-        self.ready.wait(10)
 
     def close(self) -> None:
-        if self.loop is not None and self.stopping is not None:
-            with contextlib.suppress(RuntimeError):  # the loop already ended
-                self.loop.call_soon_threadsafe(self.stopping.set)
-            self.thread.join(5)
-        self.sock.close()
-
-    def _run(self) -> None:
-        asyncio.run(self._serve())
-
-    async def _serve(self) -> None:
-        self.loop = asyncio.get_running_loop()
-        self.stopping = asyncio.Event()
-        server = await asyncio.start_server(self._connection, sock=self.sock)
-        self.ready.set()
-        async with server:
-            await self.stopping.wait()
-        for writer in list(self.writers):  # stopped: every connection ends now
-            writer.close()
-        await asyncio.sleep(0)  # let the transports close their sockets
+        self.listener.stop()
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if len(self.writers) >= MAX_CONNECTIONS:
-            writer.close()
+        if len(self.listener.writers) > MAX_CONNECTIONS:
             return
-        self.writers.add(writer)
-        peer = writer.get_extra_info("peername")
         try:
-            try:
-                why = await asyncio.wait_for(self._handshake(reader, writer), HANDSHAKE_TIMEOUT_S)
-            except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
-                why = "no answer to the handshake"
-            if why is not None:
-                self.refused += 1
-                client = peer[0] if peer else None
-                self.log.warning("lighthouse_gate_refused", client=client, reason=why)
-                return
-            await self._relay(reader, writer)
-        finally:
-            self.writers.discard(writer)
-            writer.close()
+            why = await asyncio.wait_for(self._handshake(reader, writer), HANDSHAKE_TIMEOUT_S)
+        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
+            why = "no answer to the handshake"
+        if why is not None:
+            self.refused += 1
+            peer = writer.get_extra_info("peername")
+            client = peer[0] if peer else None
+            self.log.warning("lighthouse_gate_refused", client=client, reason=why)
+            return
+        await self._relay(reader, writer)
 
     async def _handshake(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter

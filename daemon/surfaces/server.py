@@ -11,13 +11,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import socket
-import threading
 import time
 from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
 
+from daemon.listener import Listener, bind
 from daemon.node_state.view import State
 from daemon.supervision.supervisor import Supervisor
 from trainer import logs
@@ -83,40 +82,20 @@ class StatusServer:
     ) -> None:
         self.sup = sup
         self.metrics = metrics
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
         # Bound here, so a taken port is an error of the constructor, as before.
-        self.sock = socket.create_server((host, port), family=family, backlog=BACKLOG)
-        self.port: int = self.sock.getsockname()[1]
+        self.listener = Listener(
+            bind(host, port, BACKLOG), self._connection, "http", MAX_HEAD_BYTES
+        )
+        self.port: int = self.listener.port
         self.waiting: dict[asyncio.StreamWriter, float] = {}  # no request yet: since when
         self.serving: set[asyncio.StreamWriter] = set()
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.stopping: asyncio.Event | None = None
-        self.ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="http")
 
     def start(self) -> StatusServer:
-        self._thread.start()
-        self.ready.wait(10)
+        self.listener.start()
         return self
 
     def stop(self) -> None:
-        if self.loop is not None and self.stopping is not None:
-            self.loop.call_soon_threadsafe(self.stopping.set)
-            self._thread.join(5)
-        self.sock.close()
-
-    def _run(self) -> None:
-        asyncio.run(self._serve())
-
-    async def _serve(self) -> None:
-        self.loop = asyncio.get_running_loop()
-        self.stopping = asyncio.Event()
-        server = await asyncio.start_server(self._connection, sock=self.sock, limit=MAX_HEAD_BYTES)
-        self.ready.set()
-        async with server:
-            await self.stopping.wait()
-        for writer in [*self.waiting, *self.serving]:
-            writer.close()
+        self.listener.stop()
 
     def _make_room(self) -> bool:
         """At the cap: close the connection that has waited longest for its request."""
@@ -131,8 +110,7 @@ class StatusServer:
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if not self._make_room():
-            writer.close()
-            return
+            return  # closed by the listener
         self.waiting[writer] = time.monotonic()
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_S)
@@ -159,7 +137,6 @@ class StatusServer:
         finally:
             self.waiting.pop(writer, None)
             self.serving.discard(writer)
-            writer.close()
 
     def _answer(self, head: bytes) -> tuple[int, str, bytes]:
         text = "text/plain; charset=utf-8"

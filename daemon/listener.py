@@ -1,0 +1,76 @@
+"""A TCP listener served by one asyncio thread: what the daemon's network surfaces share.
+
+The HTTP server (``daemon.surfaces.server``) and the lighthouse's gate
+(``daemon.leadership.gate``) face clients the daemon does not control. With a thread
+per connection, a flood of idle connections became a thousand threads whose wake-up
+starved the supervisor loop; here every connection is a coroutine on one thread, so
+an idle client costs a socket and nothing else. The socket is bound by the caller
+(so a taken port is the caller's error, at once); :class:`Listener` serves it until
+:meth:`Listener.stop`, then closes every connection still open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+from collections.abc import Awaitable, Callable
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+def bind(host: str, port: int, backlog: int = 128) -> socket.socket:
+    """A listening TCP socket on (host, port), IPv6 for an address with a colon, with
+    SO_REUSEADDR (closed connections of an earlier listener may linger on the port)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family, backlog=backlog)
+
+
+class Listener:
+    """Serve `sock` with `handle` (one coroutine per connection) in thread `name`."""
+
+    def __init__(self, sock: socket.socket, handle: Handler, name: str, limit: int = 65536) -> None:
+        self.sock = sock
+        self.port: int = sock.getsockname()[1]
+        self.handle = handle
+        self.limit = limit
+        self.writers: set[asyncio.StreamWriter] = set()  # the connections open now
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name=name)
+
+    def start(self) -> Listener:
+        self._thread.start()
+        self._ready.wait(10)
+        return self
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stopping is not None:
+            with contextlib.suppress(RuntimeError):  # the loop already ended
+                self._loop.call_soon_threadsafe(self._stopping.set)
+            self._thread.join(5)
+        self.sock.close()
+
+    def _run(self) -> None:
+        asyncio.run(self._serve())
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stopping = asyncio.Event()
+        server = await asyncio.start_server(self._tracked, sock=self.sock, limit=self.limit)
+        self._ready.set()
+        async with server:
+            await self._stopping.wait()
+        for writer in list(self.writers):  # stopped: every connection ends now
+            writer.close()
+        await asyncio.sleep(0)  # let the transports close their sockets
+
+    async def _tracked(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.writers.add(writer)
+        try:
+            await self.handle(reader, writer)
+        finally:
+            self.writers.discard(writer)
+            writer.close()
