@@ -106,7 +106,10 @@ class NodeConfig(Section):
         "must be free and differ from the node's other ports.",
     )
     advertise_host: str | None = Field(
-        None, description="Name peers use to reach this node (default: the hostname)."
+        None,
+        description="Name or address peers use to reach this node (default: the hostname; "
+        "where that resolves to loopback and etcd is on another machine, this machine's "
+        "address on the route to etcd). A loopback address with a remote etcd is refused.",
     )
     bind_host: str | None = Field(
         None,
