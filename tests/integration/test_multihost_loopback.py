@@ -89,7 +89,9 @@ def test_a_loopback_advertise_host_set_with_a_remote_etcd_is_refused(
     assert not a.events("daemon_started")
 
 
-def test_one_address_advertised_from_two_hosts_is_refused(tmp_path: Path, network: Network) -> None:
+def test_one_address_advertised_from_two_hosts_is_refused(
+    tmp_path: Path, network: Network, recovery: Callable[[str, float], None]
+) -> None:
     """Hosts a and b both hold (and advertise) one extra address: b is refused at join
     with exit 2 naming both nodes; a is untouched."""
     etcd_host, a_host, b_host = (network.add_host(n) for n in ("etcd", "a", "b"))
@@ -116,3 +118,5 @@ def test_one_address_advertised_from_two_hosts_is_refused(tmp_path: Path, networ
     error = failed[0]["error"]
     assert "'node-b'" in error and "'node-a'" in error and "node.advertise_host" in error
     assert shared in error and not b.events("slot_claimed")
+    refused = event_time(failed[0]) - event_time(b.events("daemon_started")[0])
+    recovery("one address from two hosts: refused (exit 2) after the daemon started", refused)
