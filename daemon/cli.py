@@ -92,6 +92,7 @@ def etcd_settings(cfg: DaemonConfig, endpoints: list[str]) -> EtcdSettings:
 
 
 def run(cfg: DaemonConfig) -> int:
+    from daemon.config.advertise import EtcdUnresolved, choose_advertise_host
     from daemon.config.preflight import preflight
     from daemon.coordination.etcd_server import EmbeddedEtcd, EtcdStartError
     from daemon.supervision.supervisor import Supervisor
@@ -99,7 +100,16 @@ def run(cfg: DaemonConfig) -> int:
     from daemon.surfaces.server import StatusServer
 
     try:  # once: a name that resolves differently later must not move the listeners
+        advertise_choice = choose_advertise_host(cfg)
+        if advertise_choice is not None:
+            cfg = cfg.advertising(advertise_choice.address)
         cfg = cfg.pin_bind_host()
+    except ConfigError as e:  # a loopback address while etcd is on another machine
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except EtcdUnresolved as e:  # DNS may not be up yet
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_FAILED
     except OSError as e:  # DNS may not be up yet: not bad input, so systemd retries
         print(
             f"error: node.advertise_host {cfg.advertise_host!r} does not resolve ({e}); "
@@ -115,6 +125,10 @@ def run(cfg: DaemonConfig) -> int:
     logs.configure()
     logs.bind(job=cfg.job.name, node=cfg.node_id)
     log = logs.get()
+    if advertise_choice is not None:
+        log.info(
+            "advertise_host_chosen", address=advertise_choice.address, why=advertise_choice.reason
+        )
     run_dir = cfg.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     embedded: EmbeddedEtcd | None = None

@@ -106,7 +106,10 @@ class NodeConfig(Section):
         "must be free and differ from the node's other ports.",
     )
     advertise_host: str | None = Field(
-        None, description="Name peers use to reach this node (default: the hostname)."
+        None,
+        description="Name or address peers use to reach this node (default: the hostname; "
+        "where that resolves to loopback and etcd is on another machine, this machine's "
+        "address on the route to etcd). A loopback address with a remote etcd is refused.",
     )
     bind_host: str | None = Field(
         None,
@@ -220,6 +223,7 @@ class DaemonConfig(TrainerConfig):
     lighthouse: LighthouseConfig = LighthouseConfig()
     metrics: MetricsConfig = MetricsConfig()
     _resolved_bind_host: str | None = PrivateAttr(None)
+    _chosen_advertise_host: str | None = PrivateAttr(None)
 
     @property
     def node_id(self) -> str:
@@ -236,7 +240,8 @@ class DaemonConfig(TrainerConfig):
 
     @property
     def advertise_host(self) -> str:
-        return self.node.advertise_host or socket.gethostname()
+        """node.advertise_host, else the address :meth:`advertising` set, else the hostname."""
+        return self.node.advertise_host or self._chosen_advertise_host or socket.gethostname()
 
     @property
     def bind_host(self) -> str:
@@ -251,6 +256,13 @@ class DaemonConfig(TrainerConfig):
     @property
     def lighthouse_host(self) -> str:
         return self.node.lighthouse_bind or self.bind_host
+
+    def advertising(self, address: str) -> DaemonConfig:
+        """A copy that advertises `address` while node.advertise_host is unset (the
+        address ``daemon.config.advertise`` chose in place of a loopback hostname)."""
+        pinned = self.model_copy()
+        pinned._chosen_advertise_host = address
+        return pinned
 
     def pin_bind_host(self) -> DaemonConfig:
         """A copy whose default bind address is resolved now (OSError when the name does not

@@ -17,7 +17,7 @@ from daemon.coordination.coordinator import (
     SpecMismatch,
     translate_error,
 )
-from daemon.coordination.etcd_client import EtcdSettings
+from daemon.coordination.etcd_client import AddressHeld, EtcdSettings
 from daemon.coordination.etcd_server import (
     EmbeddedEtcd,
     EtcdStartError,
@@ -33,7 +33,14 @@ from daemon.coordination.fencing import (
     fence_margin_s,
     refresh_every_s,
 )
-from daemon.coordination.identity import Identity, holder_of, new_instance, take_identity
+from daemon.coordination.identity import (
+    Identity,
+    address_clash,
+    holder_of,
+    machine_id,
+    new_instance,
+    take_identity,
+)
 from daemon.coordination.job_view import (
     JobView,
     differing_sections,
@@ -47,6 +54,7 @@ __all__ = [
     "HOLD_S",
     "LEASE_FILE",
     "MAX_AGE_S",
+    "AddressHeld",
     "CoordinationError",
     "Coordinator",
     "EmbeddedEtcd",
@@ -63,11 +71,13 @@ __all__ = [
     "ServerTls",
     "SessionExpired",
     "SpecMismatch",
+    "address_clash",
     "after_fence",
     "differing_sections",
     "fence_margin_s",
     "find_etcd_binary",
     "holder_of",
+    "machine_id",
     "mismatch_message",
     "new_instance",
     "overall_spec_hash",

@@ -80,6 +80,18 @@ class NodeIdHeld(CoordinationError):
         )
 
 
+class AddressHeld(CoordinationError):
+    """Another machine's node advertises the address this node advertises."""
+
+    def __init__(self, node_id: str, other: str, host: str) -> None:
+        self.other = other
+        super().__init__(
+            f"node '{node_id}' advertises {host}, which node '{other}' on another machine "
+            "already advertises, so peers would reach only one of them there; set "
+            "node.advertise_host on each to an address of its own machine."
+        )
+
+
 class _TokenExpired(EtcdUnavailable):
     """The auth token was rejected (expired, or etcd restarted): authenticate again."""
 

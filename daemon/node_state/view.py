@@ -39,6 +39,7 @@ class NodeView:
     etcd_up: bool = False
     etcd_errors: int = 0
     job: JobView | None = None
+    most_groups: int = 0  # the most replica-group slots held at once, as read from etcd
     # The election's.
     leader: bool = False
     # The node group's.
@@ -48,6 +49,8 @@ class NodeView:
     step: int = 0
     loss: float | None = None
     participants: int | None = None
+    largest_quorum: int = 0  # the most groups in any quorum this node's group committed in
+    committed_steps: int = 0  # steps this node's group committed (every attempt's ranks)
     heals: int = 0
     last_heal_s: float | None = None
     rank_error: str | None = None  # the ranks' last rank_failed or bad_input error
@@ -68,6 +71,11 @@ class NodeView:
         """Fold one rank event into the view (called from the rank output threads)."""
         name = event.get("event")
         with self.lock:
+            if name in ("train_step", "step_items"):  # a committed step, logged or not
+                self.committed_steps += 1
+                joined = event.get("participants")
+                if isinstance(joined, int):
+                    self.largest_quorum = max(self.largest_quorum, joined)
             if name == "train_step":
                 self.step = int(event.get("step", self.step))
                 self.loss = event.get("loss")
@@ -99,6 +107,17 @@ class NodeView:
             return 0.0
         self.completed_seen_at = self.completed_seen_at or now
         return now - self.completed_seen_at
+
+    def unreplicated(self) -> dict[str, int] | None:
+        """The numbers of a run in which other groups held slots but this node's group never
+        shared a quorum with any of them (it trained alone, or not at all); None otherwise."""
+        if self.most_groups <= 1 or self.largest_quorum > 1:
+            return None
+        return {
+            "groups_holding_slots": self.most_groups,
+            "largest_quorum": self.largest_quorum,
+            "committed_steps": self.committed_steps,
+        }
 
     def missing_groups(self, need: int) -> str | None:
         """Whether fewer than `need` replica groups hold a slot (what is missing), or None."""

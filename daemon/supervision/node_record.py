@@ -15,6 +15,7 @@ from typing import Any
 from daemon import __version__
 from daemon.config import DaemonConfig
 from daemon.coordination.coordinator import Coordinator
+from daemon.coordination.identity import machine_id
 from daemon.node_state.view import NodeView
 
 RECORD_EVERY_S = 2.0
@@ -28,17 +29,20 @@ class NodeRecord:
         self.http_port = cfg.node.http_port  # the bound port (EtcdUpkeep.serving_http)
         self._written: dict[str, Any] = {}
         self._written_at = 0.0
+        self.machine = machine_id()  # tells this node's host from other machines'
 
     def build(self, epoch: int | None, epoch_step: int) -> dict[str, Any]:
         v = self.view
         return {
             "host": self.cfg.advertise_host,
+            "machine": self.machine,
             "http_port": self.http_port,
             "pid": os.getpid(),
             "version": __version__,
             "group": v.slot,
             "state": v.state.value,
             "step": v.step,
+            "participants": v.participants,
             "pids": v.pids,
             "epoch": epoch,
             "epoch_step": epoch_step,

@@ -100,9 +100,26 @@ class Supervisor:
         finally:
             self.group.kill()
             self.upkeep.close()
-        state, error = self.view.state.value, self.view.last_error
-        self.log.info("daemon_exit", state=state, code=self.exit_code, error=error)
+        self._report_unreplicated()
+        fields: dict[str, Any] = {"state": self.view.state.value, "code": self.exit_code}
+        if self.exit_code != EXIT_OK:  # a rank error the group got past is not why it ended
+            fields["error"] = self.view.last_error
+        self.log.info("daemon_exit", **fields)
         return self.exit_code
+
+    def _report_unreplicated(self) -> None:
+        """A group that ends a completed job without ever sharing a quorum with another
+        group that held a slot ran unreplicated: say so (issue 34: it used to end quietly)."""
+        numbers = self.view.unreplicated()
+        if numbers is None or not (self.view.train_done or self.view.job_completed):
+            return
+        self.log.warning(
+            "never_replicated",
+            **numbers,
+            why="this group never shared a quorum with another group holding a slot",
+            check="node.advertise_host of every node, the lighthouse address and the quorum "
+            "(phalanx status; alert PhalanxReplicaGroupMissing)",
+        )
 
     def tick(self) -> None:
         state = self.view.state
@@ -195,8 +212,11 @@ class Supervisor:
             if self.view.completed_for(time.monotonic()) >= self.cfg.node.drain_grace_s:
                 return self._stop(JobEnded("the job completed elsewhere"))
             return State.RUNNING
-        if outcome.kind == ExitKind.COMPLETED:
-            self.upkeep.set_state("completed")
+        if outcome.kind == ExitKind.COMPLETED:  # with the replication `phalanx status` shows
+            v = self.view
+            self.upkeep.set_state(
+                "completed", largest_quorum=v.largest_quorum, groups=v.most_groups
+            )
             return self._done("training completed")
         fields = {"kind": outcome.kind.value, "reason": outcome.reason, "codes": outcome.codes}
         self.log.warning("group_failed", **fields)

@@ -10,7 +10,8 @@ becomes what the state machine needs to know:
 * a conflict (a compare-and-swap that lost a race, ``NotLeader``, a key that
   "keeps changing"): logged as ``etcd_retry`` and tried again next round;
 * a refusal that is the user's to fix (another job file, wrong credentials, a
-  node id that another live daemon holds): only while joining, returned as
+  node id that another live daemon holds, an address another machine's node
+  advertises): only while joining, returned as
   :data:`Join.REFUSED` with its message;
 * a lost slot after a new session: ``slot_lost`` in the round's :class:`UpkeepReport`.
 
@@ -43,6 +44,7 @@ from daemon.config import DaemonConfig
 from daemon.config.preflight import node_device
 from daemon.coordination import (
     LEASE_FILE,
+    AddressHeld,
     CoordinationError,
     Coordinator,
     EtcdAccessDenied,
@@ -51,6 +53,7 @@ from daemon.coordination import (
     JobWatch,
     NodeIdHeld,
     SpecMismatch,
+    address_clash,
     fence_margin_s,
     refresh_every_s,
 )
@@ -166,17 +169,25 @@ class EtcdUpkeep:
             self.coord.check_spec({**self.cfg.spec(), "device": node_device(self.cfg)})
             self.coord.job_secret()  # read (or made) before anything dials the lighthouse
             self._register()
+            self._check_address()
 
+        refusals = (SpecMismatch, EtcdAccessDenied, NodeIdHeld, AddressHeld)
         try:
-            ok, _ = self._attempt(
-                "join", steps, refusals=(SpecMismatch, EtcdAccessDenied, NodeIdHeld)
-            )
+            ok, _ = self._attempt("join", steps, refusals=refusals)
         except NodeIdHeld as e:
             return self._held(e)
-        except (SpecMismatch, EtcdAccessDenied) as e:
+        except (SpecMismatch, EtcdAccessDenied, AddressHeld) as e:
             self.refusal = str(e)
             return Join.REFUSED
         return Join.JOINED if ok else Join.NOT_YET
+
+    def _check_address(self) -> None:
+        """After registering: refuse an address that a node on another machine advertises
+        (both ends of a race see each other, so neither trains on an address it shares)."""
+        host, nodes = self.cfg.advertise_host, self.coord.snapshot().nodes
+        other = address_clash(self.cfg.node_id, host, self.record.machine, nodes)
+        if other is not None:
+            raise AddressHeld(self.cfg.node_id, other, host)
 
     def _held(self, e: NodeIdHeld) -> Join:
         """Our node id is in another instance's record: refused once it outlives a lease TTL."""
@@ -293,6 +304,7 @@ class EtcdUpkeep:
             self.watch.disarm(self.coord if self.view.etcd_up else None)
             return False
         self.view.job, self.snapshot_at = job, time.monotonic()
+        self.view.most_groups = max(self.view.most_groups, len(job.groups))
         self.watch.arm(self.coord, job.revision + 1)
         return True
 

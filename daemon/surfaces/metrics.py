@@ -59,6 +59,13 @@ class _NodeCollector(Collector):
             "job.min_replicas: replica groups a step needs to commit.",
             float(sup.cfg.job.min_replicas),
         )
+        job = v.job
+        if job is not None:  # absent until etcd was read
+            yield gauge(
+                "phalanx_job_replica_groups",
+                "Replica-group slots held in the job, as this daemon last read etcd.",
+                float(len(job.groups)),
+            )
         yield gauge("phalanx_etcd_up", "1 if the last etcd request succeeded.", float(v.etcd_up))
         lighthouse_up = sup.upkept.lighthouse_up
         yield gauge(

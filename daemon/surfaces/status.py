@@ -18,6 +18,7 @@ def status_json(job: str, view: JobView) -> dict[str, Any]:
             "step": record.get("step"),
             "host": record.get("host"),
             "http_port": record.get("http_port"),
+            "participants": record.get("participants"),
             "leader": node_id == view.leader,
         }
         for node_id, record in sorted(view.nodes.items())
@@ -33,7 +34,30 @@ def status_json(job: str, view: JobView) -> dict[str, Any]:
         "groups": {str(gid): node for gid, node in sorted(view.groups.items())},
         "checkpoint": view.checkpoint,
         "nodes": nodes,
+        "warnings": replication_warnings(nodes, len(view.groups), view.state or {}),
     }
+
+
+def replication_warnings(
+    nodes: list[dict[str, Any]], groups: int, state: dict[str, Any]
+) -> list[str]:
+    """Where the job trains, or trained, with fewer groups in its quorum than hold slots."""
+    warnings = [
+        f"node {n['id']} trains in a quorum of {n['participants']} of the {groups} replica "
+        "groups holding a slot"
+        for n in nodes
+        if n["state"] == "running"
+        and isinstance(n["participants"], int)
+        and n["participants"] < groups
+    ]
+    largest, most = state.get("largest_quorum"), state.get("groups")
+    completed = state.get("state") == "completed"
+    if completed and isinstance(largest, int) and isinstance(most, int) and largest < 2 <= most:
+        warnings.append(
+            f"the job completed unreplicated: node {state.get('node')}'s group never shared "
+            f"a quorum with another of the {most} groups that held a slot (never_replicated)"
+        )
+    return warnings
 
 
 def status_table(doc: dict[str, Any]) -> str:
@@ -44,6 +68,8 @@ def status_table(doc: dict[str, Any]) -> str:
     checkpoint = doc.get("checkpoint")
     if checkpoint:
         head += f"\nlatest checkpoint: step {checkpoint.get('step')} at {checkpoint.get('path')}"
+    for warning in doc.get("warnings", []):
+        head += f"\nwarning: {warning}"
     rows = [("NODE", "GROUP", "STATE", "STEP", "PID", "HOST", "")]
     for n in doc["nodes"]:
         rows.append(

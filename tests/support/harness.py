@@ -294,16 +294,18 @@ def start_daemon(
     env: Mapping[str, str] | None = None,
     name: str | None = None,
     host: Host | None = None,
+    advertise: bool = True,
 ) -> Daemon:
     """`phalanx run` for one node with its own ports and run directory; on `host` (a
-    network namespace of tests.support.netns) it advertises, and so listens on, the host's address."""
+    network namespace of tests.support.netns) it advertises, and so listens on, the host's
+    address, unless `advertise` is false (then node.advertise_host is what `config` says)."""
     http_port = free_port()
     settings = [
         f"node.http_port={http_port}",
         f"node.lighthouse_port={free_port()}",
         f'node.run_dir="{log_dir / node_id}"',
     ]
-    if host is not None:  # every listener binds the advertised address by default
+    if host is not None and advertise:  # every listener binds the advertised address by default
         settings.append(f'node.advertise_host="{host.address}"')
     if endpoints is not None:
         settings.append(f"etcd.endpoints={json.dumps(list(endpoints))}")

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import shutil
+import socket
 import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
 from daemon.coordination.etcd_server import find_etcd_binary
 from tests.support import netns
-from tests.support.harness import Proc, start
+from tests.support.harness import DAEMON_JOB, Proc, start
 from tests.support.netns import Host
 
 NEEDS_NAMESPACES = pytest.mark.skipif(
@@ -38,3 +42,32 @@ def reaches(src: Host, dst: Host, port: int) -> bool:
     """Whether a TCP connect from `src` to `dst`'s address succeeds within 1 s."""
     code = f"import socket; socket.create_connection(('{dst.address}', {port}), timeout=1)"
     return src.run([sys.executable, "-c", code]).returncode == 0
+
+
+@contextlib.contextmanager
+def hostname_is_loopback(hosts: Sequence[Host]) -> Iterator[str]:
+    """Inside each of `hosts`, this machine's hostname resolves to 127.0.0.1 (as in many
+    containers and VMs): ``ip netns exec`` bind-mounts /etc/netns/<ns>/hosts over
+    /etc/hosts. Yields the hostname; the files go afterwards."""
+    name = socket.gethostname()
+    made = [Path("/etc/netns") / h.netns for h in hosts]
+    try:
+        for directory in made:
+            directory.mkdir(parents=True)
+            (directory / "hosts").write_text(f"127.0.0.1 localhost {name}\n::1 localhost\n")
+        yield name
+    finally:
+        for directory in made:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def job_without_advertise_host(directory: Path) -> Path:
+    """The daemon tests' job file without its node.advertise_host (the docs' cluster
+    examples set none)."""
+    lines = DAEMON_JOB.read_text().splitlines()
+    kept = [line for line in lines if not line.startswith("advertise_host")]
+    assert len(kept) == len(lines) - 1, "daemon_job.toml no longer sets advertise_host"
+    path = directory / "job-no-advertise.toml"
+    directory.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(kept) + "\n")
+    return path

@@ -105,6 +105,10 @@ class Network:
         _ip("-n", netns, "link", "set", "lo", "up")
         return host
 
+    def add_address(self, host: Host, address: str) -> None:
+        """Give `host` one more address (a /32 on its link)."""
+        _ip("-n", host.netns, "addr", "add", f"{address}/32", "dev", "eth0")
+
     # ------------------------------------------------------------ partitions
 
     def cut(self, a: Host, b: Host) -> None:

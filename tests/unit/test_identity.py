@@ -1,11 +1,22 @@
-"""Node identity: holder values and the predecessor kept in the run directory."""
+"""Node identity: holder values, the predecessor kept in the run directory, the machine
+identity, and the refusal of one address advertised from two machines."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
-from daemon.coordination.identity import Identity, holder_of, take_identity
+from daemon.coordination.etcd_client import AddressHeld
+from daemon.coordination.identity import (
+    Identity,
+    address_clash,
+    holder_of,
+    machine_id,
+    take_identity,
+)
+from daemon.node_state.view import NodeView
 
 
 def test_a_holder_value_names_node_and_instance() -> None:
@@ -30,3 +41,51 @@ def test_each_process_draws_an_instance_and_knows_its_predecessor(tmp_path: Path
     assert second.succeeds(first.instance) and second.succeeds(second.instance)
     assert not first.succeeds(second.instance) and not second.succeeds(None)
     assert not take_identity("n", tmp_path / "other").succeeds(first.instance)
+
+
+def test_the_machine_identity_is_the_boot_and_the_network_namespace() -> None:
+    """Every process of this machine and namespace has the same one; another network
+    namespace of the same kernel (a host in the multi-host tests) has another."""
+    mine = machine_id()
+    boot, _, netns = mine.partition("/")
+    assert boot == Path("/proc/sys/kernel/random/boot_id").read_text().strip() and netns
+    code = "from daemon.coordination.identity import machine_id; print(machine_id())"
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert child.stdout.strip() == mine
+
+
+def test_one_address_from_two_machines_clashes_from_one_machine_it_does_not() -> None:
+    nodes = {
+        "node-a": {"host": "10.0.0.5", "machine": "boot-1/111"},
+        "node-b": {"host": "127.0.0.1", "machine": "boot-1/222"},  # another namespace
+        "node-c": {"host": "10.0.0.9"},  # an older daemon: no machine identity
+    }
+    assert address_clash("node-x", "10.0.0.5", "boot-2/333", nodes) == "node-a"
+    assert address_clash("node-x", "10.0.0.5", "boot-1/111", nodes) is None  # same machine
+    assert address_clash("node-a", "10.0.0.5", "boot-2/333", nodes) is None  # its own record
+    assert address_clash("node-x", "10.0.0.6", "boot-2/333", nodes) is None
+    assert address_clash("node-x", "10.0.0.9", "boot-2/333", nodes) is None
+    assert address_clash("node-x", "127.0.0.1", "boot-1/111", nodes) == "node-b"
+    assert address_clash("node-x", "10.0.0.5", "", nodes) is None  # ours unknown
+
+
+def test_the_refusal_names_both_nodes_and_the_field() -> None:
+    message = str(AddressHeld("node-b", "node-a", "10.0.0.5"))
+    assert "'node-b'" in message and "'node-a'" in message and "10.0.0.5" in message
+    assert "node.advertise_host" in message and message.count(". ") == 0
+
+
+def test_a_group_that_never_shared_a_quorum_is_unreplicated() -> None:
+    view = NodeView()
+    assert view.unreplicated() is None  # alone in the job: nothing to share
+    view.most_groups = 3
+    assert view.unreplicated() == {
+        "groups_holding_slots": 3, "largest_quorum": 0, "committed_steps": 0,
+    }  # fmt: skip
+    for step in (1, 2):
+        view.track({"event": "step_items", "step": step, "participants": 1}, "n")
+    assert view.unreplicated() == {
+        "groups_holding_slots": 3, "largest_quorum": 1, "committed_steps": 2,
+    }  # fmt: skip
+    view.track({"event": "train_step", "step": 3, "participants": 2}, "n")
+    assert view.unreplicated() is None

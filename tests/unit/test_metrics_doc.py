@@ -26,6 +26,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from daemon.coordination.job_view import JobView
 from daemon.node_state.view import NodeView
 from daemon.supervision.supervisor import Supervisor
 from daemon.supervision.upkeep import UpkeepReport
@@ -71,7 +72,11 @@ class Family:
 
 def node_metrics_text(tmp: Path) -> str:
     """/metrics of a node whose daemon is leader with one rank that did everything once."""
-    view = NodeView(leader=True, slot=1, etcd_up=True, pids=[os.getpid()])
+    job = JobView(
+        nodes={}, groups={0: "a", 1: "doc-node"}, leader="doc-node", lighthouse=None,
+        checkpoint=None, state=None, spec=None,
+    )  # fmt: skip
+    view = NodeView(leader=True, slot=1, etcd_up=True, pids=[os.getpid()], job=job)
     view.restarts["rank_exit"] = 1
     fake = SimpleNamespace(
         cfg=SimpleNamespace(

@@ -20,12 +20,14 @@ OWNERS = {
     "daemon/supervision/supervisor.py": {
         "state", "registered", "restarts", "failure", "last_tick", "ticks", "waiting_for",
     },
-    "daemon/supervision/upkeep.py": {"slot", "lighthouse", "etcd_up", "etcd_errors", "job"},
+    "daemon/supervision/upkeep.py": {
+        "slot", "lighthouse", "etcd_up", "etcd_errors", "job", "most_groups",
+    },
     "daemon/leadership/election.py": {"leader"},
     "daemon/ranks/node_group.py": {"pids", "standby_pids"},
     "daemon/node_state/view.py": {  # track (the rank output threads) and completed_for
-        "step", "loss", "participants", "heals", "last_heal_s", "rank_error", "train_done",
-        "latest_checkpoint", "completed_seen_at",
+        "step", "loss", "participants", "largest_quorum", "committed_steps", "heals",
+        "last_heal_s", "rank_error", "train_done", "latest_checkpoint", "completed_seen_at",
     },
 }  # fmt: skip
 
