@@ -20,9 +20,7 @@ supervisor acts on; the fence is asked through :meth:`EtcdUpkeep.ranks_must_paus
 :meth:`EtcdUpkeep.fence_verdict`, and :meth:`EtcdUpkeep.ranks_started` ends the judging
 of a lost lease, each owned here.
 
-A node id held by another daemon process is waited on for one lease TTL (plus
-the request deadline): a dead process's record expires by then, so one still
-there belongs to a live duplicate and the join is refused.
+A node id held by another live daemon is waited on, then refused (held_id.py).
 
 A new session (the old lease was lost by our clock) re-registers and re-claims
 first, and only then revokes the old lease, so the node's keys never vanish
@@ -31,8 +29,6 @@ all at once for a standby to grab.
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,6 +56,8 @@ from daemon.coordination import (
 from daemon.leadership import Forwarder, Leadership, parse_address
 from daemon.node_state import NodeView, State
 from daemon.supervision.fence_judge import FenceJudge
+from daemon.supervision.held_id import HeldIdWait
+from daemon.supervision.lease_file import LeaseFile
 from daemon.supervision.node_record import NodeRecord
 from trainer import logs
 
@@ -106,12 +104,11 @@ class EtcdUpkeep:
         self._backoff = BACKOFF_FIRST_S
         self._outage_reported = False  # etcd_unavailable logged for the outage under way
         self._bad_lighthouse: object = None
-        self._held_by: tuple[str, float] | None = None  # (other instance, first seen)
+        self.held_id = HeldIdWait(cfg.etcd.lease_ttl_s + cfg.etcd.timeout_s + 1.0)
         self.judge = FenceJudge(cfg.node_id)  # partition safety (fence_judge.py)
         self.snapshot_at = 0.0  # when view.job was last read
-        self.lease_file = run_dir / LEASE_FILE
+        self.lease_file = LeaseFile(run_dir / LEASE_FILE)
         self.slot_file = run_dir / "slot"
-        self._lease_written: tuple[str, float] | None = None
 
     # ------------------------------------------------------------ error handling
 
@@ -190,13 +187,9 @@ class EtcdUpkeep:
             raise AddressHeld(self.cfg.node_id, other, host)
 
     def _held(self, e: NodeIdHeld) -> Join:
-        """Our node id is in another instance's record: refused once it outlives a lease TTL."""
+        """Our node id is in another instance's record (held_id.py)."""
         now = time.monotonic()
-        limit = self.cfg.etcd.lease_ttl_s + self.cfg.etcd.timeout_s + 1.0
-        if self._held_by is None or self._held_by[0] != e.instance:
-            self._held_by = (e.instance, now)
-            self.log.warning("node_id_held", error=str(e), waiting_s=limit)
-        if now - self._held_by[1] > limit:
+        if self.held_id.refuse(e.instance, str(e), now):
             self.refusal = str(e)
             return Join.REFUSED
         self._retry_at = now + 1.0
@@ -278,7 +271,7 @@ class EtcdUpkeep:
             self.judge.renewed()
         if renewed and not self._rejoin():
             return
-        self._write_lease()
+        self.lease_file.write(self.coord.lease_confirmation())
         if self.judge.fenced:
             self.judge.answered()
             self.watch.disarm(self.coord)  # the stream may have gone quiet while fenced
@@ -338,17 +331,6 @@ class EtcdUpkeep:
                 self.view.slot = slot
                 self._slot_lost = True
         return True
-
-    def _write_lease(self) -> None:
-        """Our lease and its last confirmation, for the ranks' checkpoint fence."""
-        now = self.coord.lease_confirmation()
-        if now is None or now == self._lease_written:
-            return
-        lease, confirmed = now
-        tmp = self.lease_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"lease": lease, "confirmed_ns": int(confirmed * 1e9)}))
-        os.replace(tmp, self.lease_file)
-        self._lease_written = now
 
     def _follow_lighthouse(self, address: str | None) -> None:
         """Point the forwarder at the published address; a key briefly absent during a
