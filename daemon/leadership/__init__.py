@@ -1,5 +1,5 @@
 """The leader's duties: the election through etcd, and the torchft lighthouse that the
-leader runs (its process, launcher and health probe).
+leader runs (its process, launcher, health probe, and the gate in front of it).
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """The torchft lighthouse: run by the leader, reached by every rank through a local forwarder.
 
-The leader daemon runs ``torchft_lighthouse`` and publishes its address in etcd.
-Each daemon runs a :class:`Forwarder` on a local port that never changes while
-the daemon lives; its ranks get ``TORCHFT_LIGHTHOUSE=http://127.0.0.1:<port>``.
+The leader daemon runs ``torchft_lighthouse`` on loopback, serves the published
+address with its gate (``daemon.leadership.gate``: only the job's nodes get in), and
+publishes that address in etcd. Each daemon runs a :class:`Forwarder` on a local port
+that never changes while the daemon lives and answers the gate for its ranks; they
+get ``TORCHFT_LIGHTHOUSE=http://127.0.0.1:<port>``.
 When leadership moves, the forwarder drops its connections and sends new ones
 to the new lighthouse, so surviving ranks keep their address and are not
 restarted; torchft's manager reconnects on its next quorum or heartbeat.
