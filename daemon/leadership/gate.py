@@ -30,6 +30,7 @@ import hashlib
 import hmac
 import os
 import socket
+import time
 
 from daemon.listener import Listener, bind
 from trainer import logs
@@ -41,6 +42,7 @@ H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 HANDSHAKE_TIMEOUT_S = 5.0
 MAX_CONNECTIONS = 256
 CHUNK = 65536
+LOG_EVERY_S = 60.0  # a refused client's warning, at most
 
 
 def proof(secret: bytes, nonce: bytes) -> bytes:
@@ -77,9 +79,12 @@ class Gate:
         self.upstream_port = upstream_port
         self.secret = secret
         self.refused = 0
+        self.closing = False
+        self._said: dict[object, float] = {}  # client -> when its refusal was last logged
         self.log = logs.get()
 
     def close(self) -> None:
+        self.closing = True  # the connections it cuts are not refusals
         self.listener.stop()
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -90,12 +95,24 @@ class Gate:
         except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
             why = "no answer to the handshake"
         if why is not None:
-            self.refused += 1
-            peer = writer.get_extra_info("peername")
-            client = peer[0] if peer else None
-            self.log.warning("lighthouse_gate_refused", client=client, reason=why)
+            if not self.closing:
+                self._refused(writer, why)
             return
         await self._relay(reader, writer)
+
+    def _refused(self, writer: asyncio.StreamWriter, why: str) -> None:
+        """Counted; logged once a minute per client, so a flood cannot fill the log."""
+        self.refused += 1
+        peer = writer.get_extra_info("peername")
+        client = peer[0] if peer else None
+        now = time.monotonic()
+        if now - self._said.get(client, -LOG_EVERY_S) >= LOG_EVERY_S:
+            if len(self._said) > 1024:  # many clients: forget who was said when
+                self._said.clear()
+            self._said[client] = now
+            self.log.warning(
+                "lighthouse_gate_refused", client=client, reason=why, refused_total=self.refused
+            )
 
     async def _handshake(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
