@@ -184,7 +184,7 @@ class Checkpointer:
         problem_here = self._prepare(path) if self.rank == 0 else None
         # Also the barrier of old: nobody writes before rank 0 has prepared the directory.
         if not self.agree(problem_here is None):
-            self._failed(step, problem_here or "rank 0 could not prepare the directory")
+            self._failed(step, problem_here or "rank 0 could not prepare the directory", path)
             return
         try:
             self._write(path)
