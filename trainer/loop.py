@@ -41,6 +41,7 @@ from trainer.data.shares import Quorum, RankPlan, group_share, rank_plan
 from trainer.data.sources import Sampler
 from trainer.ft.buffers import joined, split
 from trainer.ft.divergence import check_replicas
+from trainer.ft.non_finite import NonFiniteStreak
 from trainer.ft.replication import (
     DRAIN_QUORUM_WAIT_S,
     Replication,
@@ -60,10 +61,6 @@ if TYPE_CHECKING:  # torch.distributed.pipelining is imported only by pipelined 
 
 
 ALONE = Quorum(1, 0)  # this group trains the whole step
-
-
-class NonFiniteTraining(RuntimeError):
-    """train.max_skipped_steps steps in a row were not finite: the job stops."""
 
 
 @dataclass
@@ -88,7 +85,6 @@ class Loop:
     cold_start: Callable[[], None] | None = None
     last_loss: float | None = None  # of the last committed step (None: no step ran here)
     drained: bool = False  # the group agreed to stop early (SIGTERM)
-    non_finite_in_a_row: int = 0  # steps voted down for a NaN/inf loss or gradient norm
 
     def __post_init__(self) -> None:
         self.params = list(self.state.params.values())
@@ -113,6 +109,7 @@ class Loop:
         # This rank's gradients of the last attempt, if its exchange failed (see _reuse).
         self._failed: Attempt | None = None
         self.log = logs.get()
+        self.non_finite = NonFiniteStreak(self.cfg.train.max_skipped_steps, self.env.rank == 0)
 
     def done(self) -> bool:
         """Whether training is over: every step committed, or the group drained."""
@@ -155,7 +152,7 @@ class Loop:
         finite = math.isfinite(loss) and math.isfinite(grad_norm)
         committed = self.replication.should_commit(finite)
         if not finite:
-            self._non_finite(step, loss, grad_norm)
+            self.non_finite.voted_down(step, loss, grad_norm)
         healed = self.state.heals != self._heals_seen
         if committed or not finite or healed or step == 0:
             self._failed = None  # step 0 may load a checkpoint before its next attempt
@@ -164,7 +161,7 @@ class Loop:
         items = self.share if committed else range(0)
         tokens = len(items) * self.tokens_per_item
         if committed:
-            self.non_finite_in_a_row = 0
+            self.non_finite.committed()
             if self.chaos.at("optimizer"):  # perturb: this group's parameters drift
                 local(self.params[0]).data.add_(1e-3)
             self.state.optimizer.step()
@@ -244,26 +241,6 @@ class Loop:
 
     def _group_any(self, flags: list[bool]) -> list[bool]:
         return group_any(self.layout, flags)
-
-    def _non_finite(self, step: int, loss: float, grad_norm: float) -> None:
-        """Count a step voted down for a NaN/inf; too many in a row end the job."""
-        self.non_finite_in_a_row += 1
-        limit = self.cfg.train.max_skipped_steps
-        if self.env.rank == 0:
-            self.log.warning(
-                "step_not_finite",
-                step=step + 1,  # the step attempted, numbered as train_step numbers it
-                loss=loss if math.isfinite(loss) else str(loss),
-                grad_norm=grad_norm if math.isfinite(grad_norm) else str(grad_norm),
-                in_a_row=self.non_finite_in_a_row,
-                limit=limit,
-            )
-        if self.non_finite_in_a_row >= limit:
-            raise NonFiniteTraining(
-                f"{self.non_finite_in_a_row} step attempts in a row up to step {step + 1} had a non-finite "
-                f"loss or gradient norm (train.max_skipped_steps = {limit}); none was "
-                "committed. Lower train.lr or check the data, then resume from the checkpoint."
-            )
 
     def _forward_backward(self, step: int) -> tuple[torch.Tensor, Quorum]:
         """Run this rank's part of its group's share of the step; return the sum of this
