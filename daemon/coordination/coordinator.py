@@ -55,6 +55,7 @@ from daemon.coordination.job_view import (
     json_dict,
     parse_job,
 )
+from daemon.coordination.latest_checkpoint import publish_latest
 from daemon.coordination.records import key_text
 from trainer import logs
 
@@ -322,21 +323,7 @@ class Coordinator:
 
     def publish_checkpoint(self, record: dict[str, Any]) -> None:
         """Put ``checkpoints/latest`` unless it already names the same or a newer step."""
-        step = record["step"]
-        if not isinstance(step, int):
-            raise ValueError(f"checkpoint record needs an int 'step', got {step!r}")
-        key, value = self._key("checkpoints/latest"), dump(record)
-        for _ in range(10):
-            ok, responses = self._txn([txn.Create(key) == 0], [txn.Put(key, value)], [txn.Get(key)])
-            if ok or not responses[0]:
-                return
-            current, meta = responses[0][0]
-            if json_dict(current).get("step", -1) >= step:
-                return
-            ok, _ = self._txn([txn.Mod(key) == meta.mod_revision], [txn.Put(key, value)], [])
-            if ok:
-                return
-        raise CoordinationError("checkpoints/latest keeps changing; try again.")
+        publish_latest(self._txn, self._key("checkpoints/latest"), record)
 
     # -------------------------------------------------------------------- close
 
