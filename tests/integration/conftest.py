@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -43,3 +44,10 @@ def network() -> Iterator[Network]:
         yield net
     finally:
         net.close()
+
+
+@pytest.fixture
+def stack() -> Iterator[contextlib.ExitStack]:
+    """Context managers a test's setup enters, exited after the test (the bad-input tables)."""
+    with contextlib.ExitStack() as s:
+        yield s

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -175,12 +175,6 @@ CASES = [
     case("text-shorter-than-seq-len", short_text, True),
     case("token-id-above-vocab", token_above_vocab, True),
 ]
-
-
-@pytest.fixture
-def stack() -> Iterator[contextlib.ExitStack]:
-    with contextlib.ExitStack() as s:
-        yield s
 
 
 @pytest.mark.parametrize(("setup", "with_etcd"), CASES)

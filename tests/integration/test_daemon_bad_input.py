@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -199,12 +199,6 @@ CASES = [
         NO_CUDA,
     ),
 ]
-
-
-@pytest.fixture
-def stack() -> Iterator[contextlib.ExitStack]:
-    with contextlib.ExitStack() as s:
-        yield s
 
 
 @pytest.mark.parametrize(("setup", "with_etcd"), CASES)
