@@ -24,6 +24,7 @@ from tests.support.refusals import (
     assert_refused_before_start,
     honouring_modes,
     override,
+    path_setting,
     read_only_dir,
     sets,
 )
@@ -66,14 +67,6 @@ def huge_name(tmp: Path) -> Path:
         f.write("j" * 50_000_000)
         f.write('"\n')
     return path
-
-
-def checkpoint_dir(make: Callable[[Path], Path], names: str) -> Setup:
-    def setup(tmp: Path, _: contextlib.ExitStack) -> Case:
-        directory = make(tmp)
-        return Case(names.format(dir=directory), sets(f'checkpoint.dir="{directory}"'))
-
-    return setup
 
 
 def missing_resume_from(tmp: Path, _: contextlib.ExitStack) -> Case:
@@ -134,12 +127,14 @@ CASES = [
     ),
     case(
         "checkpoint-dir-is-a-file",
-        checkpoint_dir(a_file, "checkpoint.dir {dir} is a file, not a directory"),
+        path_setting("checkpoint.dir", a_file, "checkpoint.dir {path} is a file, not a directory"),
         True,
     ),
     case(
         "checkpoint-dir-read-only",
-        honouring_modes(checkpoint_dir(read_only_dir, "checkpoint.dir {dir} cannot be created")),
+        honouring_modes(
+            path_setting("checkpoint.dir", read_only_dir, "checkpoint.dir {path} cannot be created")
+        ),
         True,
     ),
     case("job-file-fifo", config(fifo, "job file {path} is not a regular file")),

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from tests.support.refusals import (
     assert_refused_before_start,
     honouring_modes,
     override,
+    path_setting,
     phalanx_keys,
     phalanx_run,
     read_only_dir,
@@ -72,16 +72,6 @@ def same_port(first: str, second: str) -> Setup:
             f"node.{first} and node.{second} are both {port}",
             sets(f"node.{first}={port}", f"node.{second}={port}"),
         )
-
-    return setup
-
-
-def run_dir_at(make: Callable[[Path], Path], names: str) -> Setup:
-    """run_dir = make(tmp); `names` may say {run_dir}."""
-
-    def setup(tmp: Path, _: contextlib.ExitStack) -> Case:
-        run_dir = make(tmp)
-        return Case(names.format(run_dir=run_dir), sets(f'node.run_dir="{run_dir}"'))
 
     return setup
 
@@ -140,12 +130,24 @@ CASES = [
     case(
         "proxy-port-is-lighthouse-port", same_port("lighthouse_port", "lighthouse_proxy_port"), True
     ),
-    case("run-dir-under-a-file", run_dir_at(under_a_file, "node.run_dir {run_dir} cannot"), False),
-    case("run-dir-is-a-file", run_dir_at(a_file, "node.run_dir {run_dir} is a file"), True),
-    case("run-dir-on-sysfs", run_dir_at(on_sysfs, "node.run_dir {run_dir} cannot"), False),
+    case(
+        "run-dir-under-a-file",
+        path_setting("node.run_dir", under_a_file, "node.run_dir {path} cannot"),
+        False,
+    ),
+    case(
+        "run-dir-is-a-file",
+        path_setting("node.run_dir", a_file, "node.run_dir {path} is a file"),
+        True,
+    ),
+    case(
+        "run-dir-on-sysfs",
+        path_setting("node.run_dir", on_sysfs, "node.run_dir {path} cannot"),
+        False,
+    ),
     case(
         "run-dir-read-only",
-        honouring_modes(run_dir_at(read_only_dir, "node.run_dir {run_dir}")),
+        honouring_modes(path_setting("node.run_dir", read_only_dir, "node.run_dir {path}")),
         False,
     ),
     case("password-not-utf8", password_file(b"\xff\xfe"), True),

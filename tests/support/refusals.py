@@ -126,6 +126,16 @@ def override(names: str, *overrides: str) -> Setup:
     return lambda _, __: Case(names, sets(*overrides))
 
 
+def path_setting(field: str, make: Callable[[Path], Path], names: str) -> Setup:
+    """`field` = make(tmp), a path; `names` (what the refusal must say) may say {path}."""
+
+    def setup(tmp: Path, _: contextlib.ExitStack) -> Case:
+        path = make(tmp)
+        return Case(names.format(path=path), sets(f'{field}="{path}"'))
+
+    return setup
+
+
 def honouring_modes(setup: Setup) -> Setup:
     return lambda tmp, stack: dataclasses.replace(setup(tmp, stack), modes=True)
 
