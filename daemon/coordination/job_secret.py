@@ -15,25 +15,30 @@ from typing import Any
 
 from pyetcd import transactions as txn
 
+from daemon.coordination.etcd_client import CoordinationError
+from daemon.coordination.records import load_value
+
 Txn = Callable[[list[Any], list[Any], list[Any]], tuple[bool, list[Any]]]
 SECRET_BYTES = 32
 
 
 def get_or_make_secret(do_txn: Txn, key: str) -> bytes:
     """The job's secret (made now if there is none). `do_txn` is the coordinator's."""
-    mine = json.dumps(secrets.token_hex(SECRET_BYTES))
+    token = secrets.token_bytes(SECRET_BYTES)
+    mine = json.dumps(token.hex())
     for _ in range(5):
         ok, responses = do_txn([txn.Create(key) == 0], [txn.Put(key, mine)], [txn.Get(key)])
         if ok:
-            return bytes.fromhex(json.loads(mine))
+            return token
         if responses and responses[0]:
             value, meta = responses[0][0]
+            ok, text = load_value(value)  # what etcd holds is not trusted (records.py)
             try:
-                stored = bytes.fromhex(json.loads(value))
-            except (ValueError, TypeError):
+                stored = bytes.fromhex(text) if ok and isinstance(text, str) else b""
+            except ValueError:
                 stored = b""
             if len(stored) == SECRET_BYTES:
                 return stored
             # Not a secret we made (garbage written there): replace it, unless changed since.
             do_txn([txn.Mod(key) == meta.mod_revision], [txn.Put(key, mine)], [])
-    raise RuntimeError(f"could not read or make the job's secret at {key}")
+    raise CoordinationError(f"the job's secret at {key} keeps changing; try again.")
