@@ -9,6 +9,7 @@ import argparse
 import os
 import signal
 import sys
+from dataclasses import replace
 
 from daemon.config import DaemonConfig, load_daemon_config
 from daemon.config.etcd_settings import read_password
@@ -195,6 +196,7 @@ def status(cfg: DaemonConfig, as_json: bool) -> int:
     """Print the job as etcd sees it. Exit 0 printed, 1 etcd unreachable (or anything
     unforeseen), 2 bad input (no etcd to ask, a credential etcd refuses); stdout holds only
     the table or the JSON, warnings go to stderr."""
+    from daemon.coordination.progress import with_steps
     from daemon.surfaces.status import dumps, status_json, status_table
 
     logs.configure()  # stderr: with --json, stdout stays one JSON document
@@ -217,8 +219,9 @@ def status(cfg: DaemonConfig, as_json: bool) -> int:
     try:
         coord = Coordinator(settings, cfg.job.name, f"status-{os.getpid()}", cfg.etcd.lease_ttl_s)
         view = coord.snapshot()
+        steps = with_steps(view.nodes, coord.read_progress())  # outside the job's prefix
         coord.close(revoke=False)
-        doc = status_json(cfg.job.name, view)
+        doc = status_json(cfg.job.name, replace(view, nodes=steps))
         text = dumps(doc) if as_json else status_table(doc)
     except EtcdAccessDenied as e:  # a wrong password or certificate: bad input
         print(f"error: {e}", file=sys.stderr)

@@ -1,5 +1,5 @@
 """What the nodes share through etcd: the client and the embedded server, the job's
-view and spec, the watch that says when to read it again, the node's identity, and
+view and spec, the copy of it that the watch keeps current, the node's identity, and
 the lease fence that stops a node's ranks when its lease is gone. The coordinator is
 the one object that speaks etcd's transactions for a daemon.
 """
@@ -41,19 +41,20 @@ from daemon.coordination.identity import (
     new_instance,
     take_identity,
 )
+from daemon.coordination.job_cache import JobCache
 from daemon.coordination.job_view import (
     JobView,
     differing_sections,
     mismatch_message,
     overall_spec_hash,
 )
-from daemon.coordination.job_watch import MAX_AGE_S, JobWatch
+from daemon.coordination.job_watch import RESYNC_S, JobWatch
 
 __all__ = [
     "AHEAD_BY",
     "HOLD_S",
     "LEASE_FILE",
-    "MAX_AGE_S",
+    "RESYNC_S",
     "AddressHeld",
     "CoordinationError",
     "Coordinator",
@@ -64,6 +65,7 @@ __all__ = [
     "EtcdUnavailable",
     "Fence",
     "Identity",
+    "JobCache",
     "JobView",
     "JobWatch",
     "NodeIdHeld",

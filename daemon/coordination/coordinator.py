@@ -56,7 +56,14 @@ from daemon.coordination.job_view import (
     parse_job,
 )
 from daemon.coordination.latest_checkpoint import publish_latest
-from daemon.coordination.records import key_text
+from daemon.coordination.progress import (
+    ASK_KEY,
+    Progress,
+    parse_progress,
+    progress_key,
+    progress_prefix,
+)
+from daemon.coordination.slots import claim_free, held_slots, mine
 from trainer import logs
 
 log = logs.get()
@@ -223,35 +230,26 @@ class Coordinator:
         raise CoordinationError(f"the record of node '{self.node_id}' keeps changing; try again.")
 
     def claim_slot(self, max_replicas: int, preferred: int | None = None) -> int | None:
-        """Claim a replica-group slot (``preferred`` first, then the lowest free); None if all taken."""
-        lease = self._lease()
-        held: dict[int, Any] = {}
-        for kv in self._range("groups/"):
-            name = (key_text(kv.key) or "")[len(self._key("groups/")) :]
-            if name.isdigit():
-                held[int(name)] = kv
-        # Held by this node id: this process or its predecessor (register refused others).
-        mine = sorted(
-            g
-            for g, kv in held.items()
-            if holder_of(kv.value)[0] == self.node_id and g < max_replicas
-        )
-        if mine:
-            kv = held[mine[0]]
-            if self._rebind(self._key(f"groups/{mine[0]}"), kv.value, kv.mod_revision, kv.lease):
-                return mine[0]
-        order = list(range(max_replicas))
-        if preferred is not None and 0 <= preferred < max_replicas:
-            order.remove(preferred)
-            order.insert(0, preferred)
-        for gid in order:
-            if gid in held:
-                continue
-            key = self._key(f"groups/{gid}")
-            ok, _ = self._txn([txn.Create(key) == 0], [txn.Put(key, self._me, lease)], [])
-            if ok:
+        """Claim a replica-group slot: one this node id holds already, else ``preferred``,
+        else a free one spread among the joiners (``daemon.coordination.slots``); None if
+        all are taken."""
+        lease, prefix = self._lease(), self._key("groups/")
+        held = held_slots(prefix, self._range("groups/"))
+        gid = mine(held, self.node_id, max_replicas)
+        if gid is not None:
+            kv = held[gid]
+            if self._rebind(self._key(f"groups/{gid}"), kv.value, kv.mod_revision, kv.lease):
                 return gid
-        return None
+        if all(g in held for g in range(max_replicas)):
+            return None
+        registered = self._call(
+            lambda c: c.get_prefix_response(self._key("nodes/"), count_only=True)
+        ).count
+        return claim_free(
+            self._txn, prefix, held, self._me, lease,
+            node_id=self.node_id, max_replicas=max_replicas, preferred=preferred,
+            joiners=int(registered) - len(held),
+        )  # fmt: skip
 
     def release_slot(self, gid: int) -> None:
         """Delete ``groups/<gid>`` if this node holds it."""
@@ -297,8 +295,13 @@ class Coordinator:
 
     def snapshot(self) -> JobView:
         """Everything under the job prefix, from one range read, with its revision."""
+        kvs, revision = self.read_job()
+        return parse_job(self.prefix, kvs, revision)
+
+    def read_job(self) -> tuple[list[Any], int]:
+        """The key-values under the job prefix, from one range read, and its revision."""
         response = self._call(lambda c: c.get_prefix_response(self.prefix))
-        return parse_job(self.prefix, response.kvs, int(response.header.revision))
+        return list(response.kvs), int(response.header.revision)
 
     def watch_job(self, start_revision: int, callback: Callable[[Any], None]) -> int:
         """Call `callback` (on pyetcd's watch thread) with each batch of changes under the
@@ -313,6 +316,27 @@ class Coordinator:
 
     def cancel_watch(self, watch_id: int) -> None:
         self._call(lambda c: c.cancel_watch(watch_id))
+
+    # ----------------------------------------------------------------- progress
+
+    def put_progress(self, progress: dict[str, Any]) -> None:
+        """Put this node's progress (its step) outside the watched job prefix, bound to the
+        lease (``daemon.coordination.progress``)."""
+        lease = self._lease()
+        key = progress_key(self.job, self.node_id)
+        self._call(lambda c: c.put(key, dump(progress), lease=lease))
+
+    def read_progress(self) -> dict[str, Progress]:
+        """Every node's progress, by node id (one range read of the progress prefix)."""
+        response = self._call(lambda c: c.get_prefix_response(progress_prefix(self.job)))
+        return parse_progress(self.job, response.kvs)
+
+    def ask_progress(self) -> int:
+        """Ask every daemon to write its progress now (a put they all watch); returns the
+        revision of the ask: an answer is a progress key modified after it."""
+        value = dump({"node": self.node_id, "instance": self.identity.instance})
+        response = self._call(lambda c: c.put(self._key(ASK_KEY), value))
+        return int(response.header.revision)
 
     def set_state(self, state: str, step: int, **extra: object) -> None:
         """Put the persistent job ``state`` (running, completed or failed) and its step."""

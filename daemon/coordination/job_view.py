@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from daemon.coordination.identity import holder_of
+from daemon.coordination.progress import ASK_KEY
 from daemon.coordination.records import key_text, load_value
 
 STATES = ("running", "completed", "failed")
@@ -31,6 +32,7 @@ class JobView:
     spec: dict[str, Any] | None
     leader_epoch: int | None = None  # the leader key's create revision: one per term
     revision: int = 0  # etcd's revision when this was read
+    progress_asked: Any = None  # asks/progress: a node wants everyone's progress now
 
 
 def dump(value: object) -> str:
@@ -66,20 +68,23 @@ def mismatch_message(job: str, sections: list[str], devices: tuple[str, str] | N
     )
 
 
-def parse_job(prefix: str, kvs: Iterable[Any], revision: int = 0) -> JobView:
-    """A :class:`JobView` from the key-values of one range read of ``prefix`` (at `revision`)."""
+def read_entry(prefix: str, kv: Any) -> tuple[str, Any] | None:
+    """One key-value of a job as (its name below `prefix`, its JSON value); None for a key
+    or value that cannot be read (``daemon.coordination.records`` reports it)."""
+    key = key_text(kv.key)
+    if key is None:
+        return None
+    ok, value = load_value(kv.value, kv.key)
+    return (key[len(prefix) :], value) if ok else None
+
+
+def assemble(entries: Iterable[tuple[str, Any, int]], revision: int = 0) -> JobView:
+    """A :class:`JobView` from (name, value, create revision) entries of one job."""
     nodes: dict[str, dict[str, Any]] = {}
     groups: dict[int, str] = {}
     single: dict[str, Any] = {}
     epoch: int | None = None
-    for kv in kvs:
-        key = key_text(kv.key)
-        if key is None:
-            continue
-        name = key[len(prefix) :]
-        ok, value = load_value(kv.value, kv.key)
-        if not ok:
-            continue
+    for name, value, created in entries:
         if name.startswith("nodes/") and isinstance(value, dict):
             nodes[name[len("nodes/") :]] = value
         elif name.startswith("groups/") and name[len("groups/") :].isdigit():
@@ -87,7 +92,7 @@ def parse_job(prefix: str, kvs: Iterable[Any], revision: int = 0) -> JobView:
         else:
             single[name] = value
             if name == "leader":
-                epoch = int(kv.create_revision)
+                epoch = created
     return JobView(
         nodes=nodes,
         groups=dict(sorted(groups.items())),
@@ -98,7 +103,18 @@ def parse_job(prefix: str, kvs: Iterable[Any], revision: int = 0) -> JobView:
         spec=_dict_or_none(single.get("spec")),
         leader_epoch=epoch,
         revision=revision,
+        progress_asked=single.get(ASK_KEY),
     )
+
+
+def parse_job(prefix: str, kvs: Iterable[Any], revision: int = 0) -> JobView:
+    """A :class:`JobView` from the key-values of one range read of ``prefix`` (at `revision`)."""
+    entries = []
+    for kv in kvs:
+        entry = read_entry(prefix, kv)
+        if entry is not None:
+            entries.append((*entry, int(kv.create_revision)))
+    return assemble(entries, revision)
 
 
 def json_dict(raw: bytes) -> dict[str, Any]:

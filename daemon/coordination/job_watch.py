@@ -1,27 +1,28 @@
-"""When the daemon must read its job from etcd again: one watch on ``/phalanx/<job>/``.
+"""What keeps the daemon's copy of its job current: one watch on ``/phalanx/<job>/``.
 
-The supervisor's round used to read the whole job (one range request) and campaign
-for leadership (one transaction) four times a second, on a node whose cores its
-ranks use: every request is CPU taken from them twice, the daemon's and etcd's.
-Now a round reads the job only when :meth:`JobWatch.due` says so:
+The job is read once (one range request) into ``daemon.coordination.job_cache``; from
+then on the watch's events are queued here (:meth:`JobWatch.take`) and applied to that
+copy by the supervisor's round, with no request. :meth:`JobWatch.due` says when the
+round must read the whole job again instead:
 
-* something under the job's prefix changed since the last read (the watch said so),
-  other than this daemon's own record, which only it writes;
-* the watch is not established (before the first read, after an error, after a
-  fence): every round reads, as before;
-* the last read is older than :data:`MAX_AGE_S`, so a stream that went quiet
-  without an error (a partition) cannot leave the view stale for long.
+* the watch is not established: before the first read, after its stream ended (an
+  error, a restarted etcd, a discarded connection), after etcd compacted the revision
+  it asked for, or after a fence (``invalidate`` / ``disarm``); every round reads until
+  a read arms a new watch;
+* the last full read is older than a jittered :data:`RESYNC_S` (a rare check against a
+  stream that went quiet without an error; a partition is caught sooner, by the lease).
 
-The watch starts at the revision after the read that armed it: no change made
-between that read and the watch is missed. A change wakes the supervisor's loop
-at once (``wake``), so the daemon also learns of one sooner than a 0.25 s poll did.
-The watch runs on the coordinator's connection; when that connection is discarded
-after an error, the stream ends, the watch disarms itself and the next read arms
-a new one.
+The watch starts at the revision after the read that armed it: no change made between
+that read and the watch is missed. A change by another node wakes the supervisor's
+loop at once (``wake``); this node's own record, which only it writes, is applied
+quietly. The watch runs on the coordinator's connection; when that connection is
+discarded after an error the stream ends, the watch disarms itself and the next read
+arms a new one.
 """
 
 from __future__ import annotations
 
+import random
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -31,7 +32,7 @@ from pyetcd.events import PutEvent
 from daemon.coordination.etcd_client import CoordinationError
 from trainer import logs
 
-MAX_AGE_S = 2.0
+RESYNC_S = 300.0  # a full read at most this often (x 0.8-1.2) while the watch holds
 
 
 class Watchable(Protocol):
@@ -43,17 +44,19 @@ class Watchable(Protocol):
 
 
 class JobWatch:
-    """A dirty flag for the job view, set from etcd's watch stream (its own thread)."""
+    """The watch's events for the job view, queued from etcd's stream (its own thread)."""
 
     def __init__(self, own_key: str, wake: Callable[[], None] | None = None) -> None:
         self.own_key = own_key.encode()
         self.wake = wake or (lambda: None)
         self.log = logs.get()
         self._lock = threading.Lock()
-        self._dirty = True
+        self._stale = True  # a full read is due
+        self._pending: list[Any] = []  # events not applied yet, oldest first
         self._watch_id: int | None = None
         self._generation = 0  # callbacks of a watch given up are ignored
-        self.changes = 0  # change notifications that called for a read
+        self.changes = 0  # batches of events by other nodes (each woke the loop)
+        self.resync_s = RESYNC_S
         self._failing = False  # the last attempt to create a watch failed (reported)
 
     @property
@@ -62,19 +65,26 @@ class JobWatch:
             return self._watch_id is not None
 
     def due(self, age_s: float) -> bool:
-        """Whether this round must read the job (the last read is `age_s` old)."""
+        """Whether this round must read the whole job (the last full read is `age_s` old)."""
         with self._lock:
-            return self._dirty or self._watch_id is None or age_s >= MAX_AGE_S
+            return self._stale or self._watch_id is None or age_s >= self.resync_s
 
     def reading(self) -> None:
-        """Called just before a read: a change from now on calls for another one."""
+        """Called just before a full read: the events queued so far are in it."""
         with self._lock:
-            self._dirty = False
+            self._stale, self._pending = False, []
+            self.resync_s = RESYNC_S * random.uniform(0.8, 1.2)
+
+    def take(self) -> list[Any]:
+        """The events queued since the last call (or read), oldest first."""
+        with self._lock:
+            events, self._pending = self._pending, []
+        return events
 
     def invalidate(self) -> None:
         """Read again next round (after a fence, a new session, a failed read)."""
         with self._lock:
-            self._dirty = True
+            self._stale = True
 
     def arm(self, coord: Watchable, start_revision: int) -> None:
         """Watch from `start_revision` (the read's revision + 1) unless already watching.
@@ -105,7 +115,7 @@ class JobWatch:
         with self._lock:
             watch_id, self._watch_id = self._watch_id, None
             self._generation += 1
-            self._dirty = True
+            self._stale, self._pending = True, []
         if watch_id is not None and coord is not None:
             self._cancel(coord, watch_id)
 
@@ -117,17 +127,19 @@ class JobWatch:
 
     def _on_response(self, generation: int, response: Any) -> None:
         """On pyetcd's watch thread: a batch of events, or an error / None when the
-        stream ended."""
+        stream ended (a compacted revision arrives as an error too)."""
         events = getattr(response, "events", None)
         with self._lock:
             if generation != self._generation:
                 return
             if events is None:  # the stream ended: read every round until re-armed
-                self._watch_id, self._dirty = None, True
+                self._watch_id, self._stale, self._pending = None, True, []
                 self._generation += 1
-            elif any(not (isinstance(e, PutEvent) and e.key == self.own_key) for e in events):
-                self._dirty = True
-                self.changes += 1
+            elif not events:
+                return  # a progress notification
             else:
-                return  # only our own record, or a progress notification
+                self._pending.extend(events)
+                if all(isinstance(e, PutEvent) and e.key == self.own_key for e in events):
+                    return  # only our own record: applied next round, nothing to wake for
+                self.changes += 1
         self.wake()

@@ -4,7 +4,7 @@ leader runs (its process, launcher, health probe, and the gate in front of it).
 
 from __future__ import annotations
 
-from daemon.leadership.election import CAMPAIGN_EVERY_S, Leadership
+from daemon.leadership.election import Leadership
 from daemon.leadership.lighthouse import (
     LAUNCHER,
     Forwarder,
@@ -16,7 +16,6 @@ from daemon.leadership.lighthouse import (
 )
 
 __all__ = [
-    "CAMPAIGN_EVERY_S",
     "LAUNCHER",
     "Forwarder",
     "Leadership",

@@ -1,9 +1,11 @@
 """Leader election and the leader's torchft lighthouse.
 
 A daemon campaigns (one etcd transaction) in a round whose view of the job shows
-no leader, or a leader key other than the one it last campaigned against (a new
-holder or term), and at least every ``CAMPAIGN_EVERY_S``; the view is kept current
-by ``daemon.coordination.job_watch``, so a steady leader and its followers send nothing. The leader
+no leader, or disagrees with what it believes about itself (it holds the key but
+thinks it does not, after a fence or a restart, or the reverse). The view is kept
+current by the watch (``daemon.coordination.job_watch``), so a campaign follows the
+event that deleted the leader key (a revoke, a resignation, an expired lease) at once,
+and a steady leader and its followers send nothing: no campaign on a timer. The leader
 keeps a lighthouse running and its address published: it restarts one that
 died, and republishes whenever etcd does not show its address (for example after
 an outage that expired its lease and the key with it). A daemon that is no
@@ -31,7 +33,6 @@ from trainer import logs
 
 START_TIMEOUT_S = 10.0
 COOLDOWN_S = 15.0
-CAMPAIGN_EVERY_S = 2.0
 
 
 class Lighthouse(StrEnum):
@@ -50,8 +51,7 @@ class Leadership:
         self.started_at = 0.0
         self.cooldown_until = 0.0
         self.must_resign = False
-        self.campaigned: tuple[str | None, int | None] | None = None  # the leader key then
-        self.campaigned_at = -CAMPAIGN_EVERY_S
+        self.campaigns = 0  # transactions sent (the bench and tests count them)
         self.log = logs.get()
 
     @property
@@ -59,16 +59,11 @@ class Leadership:
         return self.lighthouse is not None and self.lighthouse.alive
 
     def must_campaign(self, view: NodeView) -> bool:
-        """Nobody leads, the view and our belief disagree about who does (after a fence),
-        the leader key changed since we last campaigned, or that was CAMPAIGN_EVERY_S ago."""
+        """Nobody leads, or the view and our belief disagree about whether we do."""
         job = view.job
         if job is None or job.leader is None:
             return True
-        if (job.leader == self.cfg.node_id) != view.leader:
-            return True
-        if (job.leader, job.leader_epoch) != self.campaigned:
-            return True
-        return time.monotonic() - self.campaigned_at >= CAMPAIGN_EVERY_S
+        return (job.leader == self.cfg.node_id) != view.leader
 
     def update(self, view: NodeView) -> None:
         """One round: campaign if needed, then start, probe or publish the lighthouse while
@@ -82,9 +77,7 @@ class Leadership:
             return  # resigned after a failed start: let another node lead
         was_leader = view.leader
         if self.must_campaign(view):
-            job = view.job
-            self.campaigned = (job.leader, job.leader_epoch) if job else None
-            self.campaigned_at = time.monotonic()
+            self.campaigns += 1
             view.leader = self.coord.campaign()
         if view.leader and not was_leader:
             self.log.info("leader_elected", node=self.cfg.node_id)

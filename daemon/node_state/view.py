@@ -19,7 +19,7 @@ class NodeView:
 
     Each field has one writer (``tests/unit/test_node_view_writers.py`` holds the code to
     it): the supervisor (``supervision/supervisor.py``), the etcd upkeep
-    (``supervision/upkeep.py``), the election (``leadership/election.py``), the node group
+    (``supervision/upkeep.py``, its etcd health through ``supervision/attempts.py``), the election (``leadership/election.py``), the node group
     (``ranks/node_group.py``), or the rank output threads through :meth:`track` (under
     :attr:`lock`). Every other part only reads.
     """

@@ -7,7 +7,6 @@ record, and the systemd notifications the loop sends.
 from __future__ import annotations
 
 from daemon.supervision.after_stop import FENCED_OUT, SLOT_LOST, StopDecision
-from daemon.supervision.node_record import RECORD_EVERY_S
 from daemon.supervision.restarts import RestartBudget
 from daemon.supervision.supervisor import TICK_S, Supervisor
 from daemon.supervision.systemd import Notifier
@@ -16,7 +15,6 @@ from daemon.supervision.waiting import QUIET_MARGIN_S, Waiting
 __all__ = [
     "FENCED_OUT",
     "QUIET_MARGIN_S",
-    "RECORD_EVERY_S",
     "SLOT_LOST",
     "TICK_S",
     "Notifier",

@@ -1,9 +1,14 @@
-"""This node's record in etcd, ``nodes/<node_id>``: what other nodes and ``phalanx status``
-see of it.
+"""This node's record in etcd, ``nodes/<node_id>``, and its progress: what other nodes and
+``phalanx status`` see of it.
 
-It is written when anything but the step changed, and for a new step at most every
-``RECORD_EVERY_S``: the step moves every training step, and each write is a request
-to etcd and a change every other daemon's watch hears about.
+The record is written when something in it changed (state, slot, address, ports,
+pids, quorum size, leader epoch), never on a timer: every write is an event that
+every other daemon's watch receives, so a record that changed every step cost N
+events per step across the job. The step, which does change every step, is written
+apart (``daemon.coordination.progress``): when it changed and the last write is
+``PROGRESS_EVERY_S`` old, at once on a new session and on the first step, and at once when another node
+asks for everyone's progress (the job's ``asks/progress`` changed). Liveness is the
+lease's, not the record's.
 """
 
 from __future__ import annotations
@@ -16,9 +21,10 @@ from daemon import __version__
 from daemon.config import DaemonConfig
 from daemon.coordination.coordinator import Coordinator
 from daemon.coordination.identity import machine_id
+from daemon.coordination.progress import PROGRESS_EVERY_S
 from daemon.node_state.view import NodeView
 
-RECORD_EVERY_S = 2.0
+_UNSET = object()
 
 
 class NodeRecord:
@@ -28,8 +34,11 @@ class NodeRecord:
         self.view = view
         self.http_port = cfg.node.http_port  # the bound port (EtcdUpkeep.serving_http)
         self._written: dict[str, Any] = {}
-        self._written_at = 0.0
+        self._step_written: int | None = None
+        self._step_written_at = 0.0
+        self._ask_answered: object = _UNSET  # the asks/progress value last answered
         self.machine = machine_id()  # tells this node's host from other machines'
+        self.writes = 0  # record puts (tests and the bench count them)
 
     def build(self, epoch: int | None, epoch_step: int) -> dict[str, Any]:
         v = self.view
@@ -41,7 +50,6 @@ class NodeRecord:
             "version": __version__,
             "group": v.slot,
             "state": v.state.value,
-            "step": v.step,
             "participants": v.participants,
             "pids": v.pids,
             "epoch": epoch,
@@ -49,19 +57,26 @@ class NodeRecord:
         }
 
     def update(self, epoch: int | None, epoch_step: int, force: bool = False) -> None:
-        """Write the record if it is due; raises the coordinator's errors."""
-        record, now = self.build(epoch, epoch_step), time.monotonic()
-        if force or self._due(record, now):
+        """Write the record if it changed; raises the coordinator's errors."""
+        record = self.build(epoch, epoch_step)
+        if force or record != self._written:
             self.coord.register(record)
-            self._written, self._written_at = record, now
+            self._written = record
+            self.writes += 1
+
+    def update_progress(self, asked: object) -> None:
+        """Write the step if it is due, or if `asked` (the job's asks/progress value) is
+        one not answered yet; raises the coordinator's errors."""
+        step, now = self.view.step, time.monotonic()
+        ask = asked is not None and asked != self._ask_answered
+        stale = step != self._step_written and now - self._step_written_at >= PROGRESS_EVERY_S
+        began = self._step_written == 0 and step > 0  # status shows training has begun
+        if not (ask or stale or began or self._step_written is None):
+            return
+        self.coord.put_progress({"step": step})
+        self._step_written, self._step_written_at = step, now
+        self._ask_answered = asked
 
     def forget(self) -> None:
-        """A new session: the next update writes whatever changed."""
-        self._written = {}
-
-    def _due(self, record: dict[str, Any], now: float) -> bool:
-        if {k: x for k, x in record.items() if k != "step"} != {
-            k: x for k, x in self._written.items() if k != "step"
-        }:
-            return True
-        return record != self._written and now - self._written_at > RECORD_EVERY_S
+        """A new session: the next updates write the record and the step."""
+        self._written, self._step_written = {}, None

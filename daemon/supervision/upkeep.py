@@ -5,7 +5,7 @@ in the daemon, and no coordination error leaves it as an exception. Each one
 becomes what the state machine needs to know:
 
 * etcd unreachable (or a lost lease): ``view.etcd_up`` goes false, the round is
-  retried with backoff; only once the lease is in doubt does :attr:`fenced`
+  retried with backoff (attempts.py, which turns every error into state); only once the lease is in doubt does :attr:`fenced`
   go true (``daemon.coordination.fencing``: the lighthouse stops, the supervisor pauses the ranks);
 * a conflict (a compare-and-swap that lost a race, ``NotLeader``, a key that
   "keeps changing"): logged as ``etcd_retry`` and tried again next round;
@@ -31,22 +31,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from daemon.config import DaemonConfig
 from daemon.config.preflight import node_device
 from daemon.coordination import (
     LEASE_FILE,
     AddressHeld,
-    CoordinationError,
     Coordinator,
     EtcdAccessDenied,
-    EtcdUnavailable,
     Fence,
-    JobWatch,
+    JobView,
     NodeIdHeld,
     SpecMismatch,
     address_clash,
@@ -55,14 +53,14 @@ from daemon.coordination import (
 )
 from daemon.leadership import Forwarder, Leadership, parse_address
 from daemon.node_state import NodeView, State
+from daemon.supervision.attempts import Attempts
 from daemon.supervision.fence_judge import FenceJudge
 from daemon.supervision.held_id import HeldIdWait
+from daemon.supervision.job_follow import JobFollower
 from daemon.supervision.lease_file import LeaseFile
 from daemon.supervision.node_record import NodeRecord
+from daemon.supervision.progress_ask import ProgressAsk
 from trainer import logs
-
-T = TypeVar("T")
-BACKOFF_FIRST_S, BACKOFF_CAP_S = 0.5, 5.0
 
 
 class Join(StrEnum):
@@ -95,67 +93,26 @@ class EtcdUpkeep:
         self.log = logs.get()
         self.leadership = Leadership(cfg, coord, run_dir)
         self.forwarder = Forwarder(port=cfg.node.lighthouse_proxy_port)
-        self.watch = JobWatch(f"{coord.prefix}nodes/{cfg.node_id}", wake)
+        self.follower = JobFollower(coord, cfg.node_id, wake)
         self.refusal = ""
         self._slot_lost = False  # since the last report
+        self._all_taken: dict[int, str] | None = None  # the groups when no slot was free
         self._published: dict[str, Any] | None = None  # the checkpoint record last published
         self.record = NodeRecord(cfg, coord, view)
-        self._retry_at = 0.0
-        self._backoff = BACKOFF_FIRST_S
-        self._outage_reported = False  # etcd_unavailable logged for the outage under way
+        self._attempt = Attempts(view, coord.settings.endpoints)  # errors become state
         self._bad_lighthouse: object = None
         self.held_id = HeldIdWait(cfg.etcd.lease_ttl_s + cfg.etcd.timeout_s + 1.0)
         self.judge = FenceJudge(cfg.node_id)  # partition safety (fence_judge.py)
+        self.progress_ask = ProgressAsk(coord, self._attempt)
         self.snapshot_at = 0.0  # when view.job was last read
         self.lease_file = LeaseFile(run_dir / LEASE_FILE)
         self.slot_file = run_dir / "slot"
-
-    # ------------------------------------------------------------ error handling
-
-    def _attempt(
-        self, what: str, fn: Callable[[], T], refusals: tuple[type[Exception], ...] = ()
-    ) -> tuple[bool, T | None]:
-        """Run one coordination step; every error becomes state, never an exception
-        (but `refusals`, which the caller turns into a refusal to join)."""
-        try:
-            value = fn()
-        except refusals:
-            raise
-        except EtcdUnavailable as e:  # includes a lost lease (SessionExpired)
-            self.view.etcd_errors += 1
-            if self.view.etcd_up or not self._outage_reported:  # also when never reached
-                self._outage_reported = True
-                self.log.warning(
-                    "etcd_unavailable",
-                    error=str(e),
-                    during=what,
-                    endpoints=self.coord.settings.endpoints,
-                    ranks="untouched",
-                    retrying=True,
-                )
-            self.view.etcd_up = False
-            self._retry_at = time.monotonic() + self._backoff
-            self._backoff = min(BACKOFF_CAP_S, self._backoff * 2)
-            return False, None
-        except CoordinationError as e:  # NotLeader, a lost compare-and-swap, "keeps changing"
-            self.view.etcd_errors += 1
-            self.log.warning("etcd_retry", error=str(e), kind=type(e).__name__, during=what)
-            return False, None
-        if not self.view.etcd_up:
-            self.log.info("etcd_up", endpoints=self.coord.settings.endpoints)
-        self.view.etcd_up = True
-        self._outage_reported = False
-        self._backoff = BACKOFF_FIRST_S
-        return True, value
-
-    def _due(self) -> bool:
-        return time.monotonic() >= self._retry_at
 
     # ------------------------------------------------------------------ joining
 
     def join(self) -> Join:
         """Connect, open a session, check the job spec, register."""
-        if not self._due():
+        if not self._attempt.due():
             return Join.NOT_YET
 
         def steps() -> None:
@@ -166,7 +123,7 @@ class EtcdUpkeep:
             self.coord.check_spec({**self.cfg.spec(), "device": node_device(self.cfg)})
             self.coord.job_secret()  # read (or made) before anything dials the lighthouse
             self._register()
-            self._check_address()
+            self._check_address(self._load_job())
 
         refusals = (SpecMismatch, EtcdAccessDenied, NodeIdHeld, AddressHeld)
         try:
@@ -178,10 +135,10 @@ class EtcdUpkeep:
             return Join.REFUSED
         return Join.JOINED if ok else Join.NOT_YET
 
-    def _check_address(self) -> None:
+    def _check_address(self, job: JobView) -> None:
         """After registering: refuse an address that a node on another machine advertises
         (both ends of a race see each other, so neither trains on an address it shares)."""
-        host, nodes = self.cfg.advertise_host, self.coord.snapshot().nodes
+        host, nodes = self.cfg.advertise_host, job.nodes
         other = address_clash(self.cfg.node_id, host, self.record.machine, nodes)
         if other is not None:
             raise AddressHeld(self.cfg.node_id, other, host)
@@ -192,21 +149,27 @@ class EtcdUpkeep:
         if self.held_id.refuse(e.instance, str(e), now):
             self.refusal = str(e)
             return Join.REFUSED
-        self._retry_at = now + 1.0
+        self._attempt.retry_at = now + 1.0
         return Join.NOT_YET
 
     def claim(self) -> int | None:
         """Claim a slot (None: all taken, or etcd away), the one held last asked for first,
-        even from a previous life (``run_dir/slot``): the group keeps its data shard."""
-        if not self._due():
+        even from a previous life (``run_dir/slot``): the group keeps its data shard.
+        A node that found every slot taken (a spare) claims again only once the job's
+        ``groups/`` changed, as its watch shows, not every round."""
+        if not self._attempt.due():
+            return None
+        groups = self.view.job.groups if self.view.job is not None else None
+        if groups is not None and groups == self._all_taken:
             return None
         remembered = self.slot_file.read_text().strip() if self.slot_file.exists() else ""
         preferred = self.view.slot if self.view.slot is not None else None
         if preferred is None and remembered.isdigit():
             preferred = int(remembered)
-        _, slot = self._attempt(
+        ok, slot = self._attempt(
             "claim", lambda: self.coord.claim_slot(self.cfg.job.max_replicas, preferred=preferred)
         )
+        self._all_taken = groups if ok and slot is None else None
         if slot is not None:
             self.view.slot = slot
             self.slot_file.write_text(f"{slot}\n")
@@ -249,9 +212,19 @@ class EtcdUpkeep:
         self.judge.ranks_started()
 
     def fence_verdict(self) -> tuple[Fence, str]:
-        """What paused ranks may do: see FenceJudge.verdict."""
-        view = self.view
-        return self.judge.verdict(view.job, view.step, self.snapshot_at, view.waiting_for)
+        """What paused ranks may do: see FenceJudge.verdict; after a lost lease, judged
+        against the others' current steps (progress_ask.py)."""
+        view, judge = self.view, self.judge
+        job = view.job
+        if judge.lease_lost and not judge.fenced and job and self.snapshot_at >= judge.answered_at:
+            nodes = self.progress_ask.nodes(job)
+            if nodes is None:
+                return Fence.HOLD, "waiting for the other nodes' progress"
+            job = replace(job, nodes=nodes)
+        verdict = judge.verdict(job, view.step, self.snapshot_at, view.waiting_for)
+        if not judge.lease_lost:
+            self.progress_ask.done()
+        return verdict
 
     def _round(self) -> None:
         if not self.view.registered:
@@ -260,7 +233,7 @@ class EtcdUpkeep:
         if not self.judge.fenced and self.coord.session_unconfirmed(margin):
             self.judge.fence(self.view.step)
             self.leadership.fence(self.view)
-        if not self._due():
+        if not self._attempt.due():
             return
         renewed: bool | None = False
         if not self._lease_fresh():
@@ -274,7 +247,7 @@ class EtcdUpkeep:
         self.lease_file.write(self.coord.lease_confirmation())
         if self.judge.fenced:
             self.judge.answered()
-            self.watch.disarm(self.coord)  # the stream may have gone quiet while fenced
+            self.follower.refence()  # the stream may have gone quiet while fenced
         if not self._read_job():  # etcd away: one request's timeout per round
             return
         self._attempt("leadership", lambda: self.leadership.update(self.view))
@@ -287,19 +260,28 @@ class EtcdUpkeep:
         self._attempt("record", self._update_record)
 
     def _read_job(self) -> bool:
-        """Read the job when the watch says so (``daemon.coordination.job_watch``); False if the read
-        failed (True also when the view was current without one)."""
-        if not self.watch.due(time.monotonic() - self.snapshot_at):
+        """Bring the job view up to date: the watch's events applied to the cached copy,
+        or one read of the whole job when the watch says so (job_follow.py). False if
+        that read failed."""
+        if not self.follower.due():
+            job = self.follower.changed()
+            if job is not None:
+                self._show(job)
             return True
-        self.watch.reading()
-        ok, job = self._attempt("snapshot", self.coord.snapshot)
-        if not ok or job is None:  # an unreachable etcd took the stream with the connection
-            self.watch.disarm(self.coord if self.view.etcd_up else None)
-            return False
-        self.view.job, self.snapshot_at = job, time.monotonic()
+        ok, _ = self._attempt("snapshot", self._load_job)
+        if not ok:  # an unreachable etcd took the stream with the connection
+            self.follower.distrust(self.view.etcd_up)
+        return ok
+
+    def _load_job(self) -> JobView:
+        job = self.follower.load()
+        self._show(job)
+        self.snapshot_at = self.follower.loaded_at
+        return job
+
+    def _show(self, job: JobView) -> None:
+        self.view.job = job
         self.view.most_groups = max(self.view.most_groups, len(job.groups))
-        self.watch.arm(self.coord, job.revision + 1)
-        return True
 
     def _lease_fresh(self) -> bool:
         """The session lives and etcd confirmed it within ``refresh_every_s``: this round
@@ -313,7 +295,7 @@ class EtcdUpkeep:
         """A new lease (etcd expired the old one, and our keys with it): register and
         claim a slot again, the one we held if it is still free."""
         self.log.info("etcd_session_renewed", slot=self.view.slot)
-        self.watch.invalidate()
+        self.follower.invalidate()
         ok, _ = self._attempt("register", self._register)
         if not ok:
             return False
@@ -351,6 +333,8 @@ class EtcdUpkeep:
 
     def _update_record(self, force: bool = False) -> None:
         self.record.update(self.judge.trained_epoch, self.judge.epoch_step, force=force)
+        job = self.view.job
+        self.record.update_progress(job.progress_asked if job else None)
 
     def _publish_checkpoint(self) -> None:
         """checkpoints/latest in etcd, from the main loop (rank threads only record it);
@@ -382,7 +366,7 @@ class EtcdUpkeep:
 
     def release(self) -> None:
         """Give back the slot and leadership now, rather than after the lease TTL."""
-        self._retry_at = 0.0
+        self._attempt.retry_at = 0.0
 
         def give_back() -> None:
             self.leadership.resign(self.view)
@@ -394,7 +378,7 @@ class EtcdUpkeep:
             self.log.warning("release_deferred", note="the lease TTL frees them")
 
     def close(self) -> None:
-        self.watch.disarm()
+        self.follower.close()
         self.leadership.stop()
         self.forwarder.close()
         try:

@@ -25,6 +25,7 @@ from daemon.coordination.etcd_server import EmbeddedEtcd, EtcdStartError, find_e
 from daemon.coordination.identity import Identity, new_instance
 from tests.support.coordinators import reachable, wait_for
 from tests.support.etcd_control import ControlledEtcd
+from tests.support.etcd_metrics import calls
 
 pytestmark = pytest.mark.integration
 
@@ -230,6 +231,30 @@ def test_lease_expiry_frees_slot_leader_and_lighthouse(make: MakeCoordinator) ->
     assert b.claim_slot(2, preferred=0) == 0
     assert b.campaign()
     assert b.snapshot().leader == "b"
+
+
+JOINERS = 32
+MOST_CLAIM_TXNS = 2.5  # per joiner; trying the lowest free slot first took ~N/2 = 16
+
+
+def test_concurrent_joiners_take_distinct_slots_with_few_collisions(
+    make: MakeCoordinator, etcd: ControlledEtcd
+) -> None:
+    """Many nodes joining at once (registered, then claiming together, as after a cluster
+    start) spread over the lowest slots instead of all racing for the lowest free one."""
+    nodes = [make(f"joiner-{i:02d}") for i in range(JOINERS)]
+    for c in nodes:
+        c.register({"state": "claiming"})
+    txns = calls(etcd, "Txn")
+    with ThreadPoolExecutor(JOINERS) as pool:
+        slots = list(pool.map(lambda c: c.claim_slot(JOINERS), nodes))
+    used = calls(etcd, "Txn") - txns
+    assert sorted(s for s in slots if s is not None) == list(range(JOINERS)), slots
+    assert used <= MOST_CLAIM_TXNS * JOINERS, f"{used} claim transactions for {JOINERS} joiners"
+    assert nodes[0].claim_slot(JOINERS) == slots[0], "a node keeps the slot it holds"
+    late = make("late")
+    late.register({"state": "claiming"})
+    assert late.claim_slot(JOINERS) is None, "every slot taken: the late node is a spare"
 
 
 # --------------------------------------------------------------------- leadership

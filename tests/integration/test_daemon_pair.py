@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.supervision.node_record import RECORD_EVERY_S
+from daemon.coordination.progress import PROGRESS_EVERY_S
 from tests.support.etcd_control import ControlledEtcd
 from tests.support.harness import (
     BIN,
@@ -85,11 +85,11 @@ def test_killed_rank_is_restarted_and_healed_while_the_peer_is_untouched(
     a, b = pair(tmp_path, etcd_endpoint, steps=160)
     try:
         a_pids = a.rank_pids()
-        # `phalanx status` while the run is going. A record carries a new step at most
-        # every RECORD_EVERY_S (daemon/supervision/node_record.py), so it may show step 0 for that long.
+        # `phalanx status` while the run is going. A node's progress carries a new step at
+        # most every PROGRESS_EVERY_S (daemon/coordination/progress.py) after its first.
         wait_for(
             lambda: int(status_json(etcd_endpoint)["step"]) > 0,
-            3 * RECORD_EVERY_S,
+            3 * PROGRESS_EVERY_S,
             "phalanx status to show the step",
         )
         doc = status_json(etcd_endpoint)

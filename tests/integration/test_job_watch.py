@@ -1,19 +1,28 @@
-"""daemon.coordination.job_watch against a real etcd: when a daemon must read its job again."""
+"""The daemon's job view against a real etcd: one read, then the watch's events.
+
+``daemon.coordination.job_watch`` queues the events, ``daemon.coordination.job_cache``
+applies them, ``daemon.supervision.job_follow`` joins the two as the upkeep uses them.
+A whole read of the job (one Range) happens only when the watch cannot be trusted.
+"""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from dataclasses import replace
 
 import pyetcd
 import pytest
 
 from daemon.coordination.coordinator import Coordinator, EtcdSettings
-from daemon.coordination.job_watch import MAX_AGE_S, JobWatch
+from daemon.coordination.job_cache import JobCache
+from daemon.coordination.job_view import JobView
+from daemon.coordination.job_watch import JobWatch
+from daemon.supervision.job_follow import JobFollower
 from tests.support.coordinators import reachable, wait_for
 from tests.support.etcd_control import ControlledEtcd
+from tests.support.etcd_metrics import calls
 
 pytestmark = pytest.mark.integration
 QUIET_S = 0.5  # long enough for etcd to have delivered an event on this machine
@@ -32,89 +41,133 @@ def pair(etcd_settings: EtcdSettings) -> Iterator[tuple[Coordinator, Coordinator
         c.close()
 
 
-@contextmanager
-def armed_watch(c: Coordinator, woken: threading.Event) -> Iterator[JobWatch]:
-    """A watch armed as the daemon arms it (after a read), disarmed at the end."""
-    watch = JobWatch(f"{c.prefix}nodes/{c.node_id}", woken.set)
-    assert watch.due(0.0), "nothing is watched before the first read"
-    watch.reading()
-    watch.arm(c, c.snapshot().revision + 1)
-    assert watch.armed and not watch.due(0.0)
-    try:
-        yield watch
-    finally:
-        watch.disarm(c)
+def round_of(follower: JobFollower, view: JobView | None) -> JobView | None:
+    """What the upkeep's round does with the job (EtcdUpkeep._read_job)."""
+    if follower.due():
+        return follower.load()
+    return follower.changed() or view
 
 
-def stays_quiet(watch: JobWatch, woken: threading.Event) -> bool:
-    time.sleep(QUIET_S)
-    return not watch.due(0.0) and not woken.is_set()
+def raw_client(etcd: ControlledEtcd) -> pyetcd.Etcd3Client:
+    host, port = etcd.endpoint.split(":")
+    return pyetcd.client(host=host, port=int(port), timeout=5)
 
 
-def test_another_nodes_change_wakes_the_daemon_and_its_own_record_does_not(
-    pair: tuple[Coordinator, Coordinator],
+def test_another_nodes_write_reaches_the_view_through_the_watch_without_a_read(
+    pair: tuple[Coordinator, Coordinator], etcd: ControlledEtcd
 ) -> None:
     a, b = pair
-    a.register({"step": 0})
+    a.register({"state": "running"})
     woken = threading.Event()
-    with armed_watch(a, woken) as watch:
-        a.register({"step": 1})  # this daemon's own record: it knows what it wrote
-        assert stays_quiet(watch, woken), "its own record made the daemon read the job again"
-        b.register({"step": 5})
-        wait_for(lambda: watch.due(0.0) and woken.is_set(), 10, "node-b's record to be seen")
-        assert watch.changes == 1
-        watch.reading()
+    follower = JobFollower(a, a.node_id, woken.set)
+    view: JobView | None = follower.load()
+    ranges = calls(etcd, "Range")
+    try:
+        a.register({"state": "fenced"})  # this daemon's own record: applied, nothing woken
+        time.sleep(QUIET_S)
+        assert not woken.is_set(), "its own record woke the daemon"
+        b.register({"state": "running", "group": 1})
+        wait_for(woken.is_set, 10, "node-b's record to wake the daemon")
+        view = round_of(follower, view)
+        assert view is not None
+        assert view.nodes["node-b"]["group"] == 1 and view.nodes["node-a"]["state"] == "fenced"
         woken.clear()
-        assert stays_quiet(watch, woken)
-        assert b.campaign()  # the leader key: a change like any other
-        wait_for(lambda: watch.due(0.0), 10, "the leader key to be seen")
-        assert watch.due(MAX_AGE_S), "a read this old is due whatever the watch says"
-    assert not watch.armed and watch.due(0.0)
+        assert b.campaign()
+        wait_for(woken.is_set, 10, "the leader key to wake the daemon")
+        view = round_of(follower, view)
+        assert view is not None and view.leader == "node-b" and view.leader_epoch is not None
+        b.close()  # revokes its lease: record and leader key deleted, both seen as events
+        deadline = time.monotonic() + 10
+        while view is not None and "node-b" in view.nodes and time.monotonic() < deadline:
+            time.sleep(0.05)
+            view = round_of(follower, view)
+        assert view is not None and view.leader is None and set(view.nodes) == {"node-a"}
+        assert follower.reads == 1 and calls(etcd, "Range") == ranges, "no read after the first"
+        assert view == replace(a.snapshot(), revision=view.revision), "the view is etcd's job"
+    finally:
+        follower.close()
 
 
 def test_a_change_between_the_read_and_the_watch_is_not_missed(
     pair: tuple[Coordinator, Coordinator],
 ) -> None:
     a, b = pair
-    watch = JobWatch(f"{a.prefix}nodes/{a.node_id}")
-    revision = a.snapshot().revision
+    watch, cache = JobWatch(f"{a.prefix}nodes/{a.node_id}"), JobCache(a.prefix)
     watch.reading()
+    cache.load(*a.read_job())
     b.set_state("running", 3)  # after the read, before the watch exists
-    watch.arm(a, revision + 1)
+    watch.arm(a, cache.revision + 1)
     try:
-        wait_for(lambda: watch.due(0.0), 10, "the earlier change to be delivered")
+        wait_for(lambda: cache.apply(watch.take()), 10, "the earlier change to be delivered")
+        state = cache.view().state
+        assert state is not None and state["state"] == "running"
     finally:
         watch.disarm(a)
 
 
-def test_the_daemons_own_record_deleted_counts_as_a_change(
+def test_the_daemons_own_record_deleted_reaches_the_view(
     pair: tuple[Coordinator, Coordinator], etcd: ControlledEtcd
 ) -> None:
     a, _ = pair
-    a.register({"step": 0})
-    host, port = etcd.endpoint.split(":")
-    client = pyetcd.client(host=host, port=int(port), timeout=5)
-    with armed_watch(a, threading.Event()) as watch:
-        try:
-            client.delete(f"{a.prefix}nodes/{a.node_id}")
-        finally:
-            client.close()
-        wait_for(lambda: watch.due(0.0), 10, "the deletion to be seen")
-
-
-def test_a_restarted_etcd_ends_the_stream_and_every_round_reads_until_rearmed(
-    pair: tuple[Coordinator, Coordinator], etcd: ControlledEtcd
-) -> None:
-    a, _ = pair
+    a.register({"state": "running"})
     woken = threading.Event()
-    with armed_watch(a, woken) as watch:
+    follower = JobFollower(a, a.node_id, woken.set)
+    follower.load()
+    client = raw_client(etcd)
+    try:
+        client.delete(f"{a.prefix}nodes/{a.node_id}")
+        wait_for(woken.is_set, 10, "the deletion to wake the daemon")
+        view = follower.changed()
+        assert view is not None and "node-a" not in view.nodes
+    finally:
+        client.close()
+        follower.close()
+
+
+def test_a_restarted_etcd_ends_the_stream_and_leads_to_exactly_one_read(
+    pair: tuple[Coordinator, Coordinator], etcd: ControlledEtcd
+) -> None:
+    a, b = pair
+    woken = threading.Event()
+    follower = JobFollower(a, a.node_id, woken.set)
+    view: JobView | None = follower.load()
+    try:
         etcd.restart()
-        wait_for(lambda: not watch.armed, 20, "the watch to notice that its stream ended")
-        assert watch.due(0.0) and woken.is_set(), "the loop is woken to read at once"
-        wait_for(lambda: reachable(a), 20, "etcd to answer again")
-        watch.reading()
-        watch.arm(a, a.snapshot().revision + 1)
-        assert watch.armed and not watch.due(0.0)
+        wait_for(lambda: not follower.watch.armed, 20, "the watch to notice that its stream ended")
+        assert follower.due() and woken.is_set(), "the loop is woken to read at once"
+        wait_for(lambda: reachable(b), 20, "etcd to answer again")
+        b.set_state("completed", 9)  # made while no watch stood: only a read can show it
+        for _ in range(5):  # rounds
+            view = round_of(follower, view)
+        assert follower.reads == 2, "one read after the stream ended, then events again"
+        assert view is not None and view.state is not None and view.state["state"] == "completed"
+        assert follower.watch.armed and not follower.due()
+    finally:
+        follower.close()
+
+
+def test_a_compacted_revision_leads_to_exactly_one_read_and_a_correct_view(
+    pair: tuple[Coordinator, Coordinator], etcd: ControlledEtcd
+) -> None:
+    a, b = pair
+    follower = JobFollower(a, a.node_id, None)
+    view: JobView | None = follower.load()
+    follower.distrust(True)  # the stream lost (as after an error); the view stays at its read
+    for step in (1, 2, 3):
+        b.set_state("running", step)
+    client = raw_client(etcd)
+    try:
+        client.compact(a.snapshot().revision)  # the revisions the watch would resume from
+        follower.watch.arm(a, follower.cache.revision + 1)  # a watch from there is refused
+        wait_for(follower.due, 10, "the compacted watch to be given up")
+        for _ in range(5):
+            view = round_of(follower, view)
+        assert follower.reads == 2
+        assert view is not None and view.state is not None and view.state["step"] == 3
+        assert follower.watch.armed and not follower.due()
+    finally:
+        client.close()
+        follower.close()
 
 
 def test_a_watch_that_cannot_be_created_leaves_every_round_reading(

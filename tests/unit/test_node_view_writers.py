@@ -20,9 +20,8 @@ OWNERS = {
     "daemon/supervision/supervisor.py": {
         "state", "registered", "restarts", "failure", "last_tick", "ticks", "waiting_for",
     },
-    "daemon/supervision/upkeep.py": {
-        "slot", "lighthouse", "etcd_up", "etcd_errors", "job", "most_groups",
-    },
+    "daemon/supervision/upkeep.py": {"slot", "lighthouse", "job", "most_groups"},
+    "daemon/supervision/attempts.py": {"etcd_up", "etcd_errors"},
     "daemon/leadership/election.py": {"leader"},
     "daemon/ranks/node_group.py": {"pids", "standby_pids"},
     "daemon/node_state/view.py": {  # track (the rank output threads) and completed_for

@@ -1,0 +1,90 @@
+"""Replica-group slots, ``groups/<gid>``: which free one a joining node tries, and the claim.
+
+Every joiner used to try the lowest free slot first: with many joining at once all
+but one lost each round, about N/2 transactions per node in a mass join. A node now
+tries its remembered slot first, then one of the lowest *k* free slots chosen by a
+hash of its node id and the attempt, where *k* is the number of registered nodes
+that hold no slot (the joiners competing now, counted by one count-only read), so
+joiners spread over as many slots as there are joiners and the slots stay the
+lowest ones. A lone joiner (k = 1) takes the lowest free slot, as before. A lost
+race returns the slots held now in the same transaction, and the node picks again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
+from pyetcd import transactions as txn
+from pyetcd.utils import prefix_range_end
+
+from daemon.coordination.identity import holder_of
+from daemon.coordination.records import key_text
+
+Txn = Callable[[list[Any], list[Any], list[Any]], tuple[bool, list[Any]]]
+
+
+def pick(free: list[int], joiners: int, node_id: str, attempt: int) -> int:
+    """One of the lowest ``joiners`` slots in ``free`` (ascending), by a hash of the node
+    id and the attempt."""
+    k = max(1, min(len(free), joiners))
+    digest = hashlib.sha256(f"{node_id}/{attempt}".encode()).digest()
+    return free[int.from_bytes(digest[:8], "big") % k]
+
+
+def held_slots(prefix: str, kvs: list[Any]) -> dict[int, Any]:
+    """Slot number -> its key-value (or (value, metadata) from a transaction's range)."""
+    held: dict[int, Any] = {}
+    for kv in kvs:
+        key = kv[1].key if isinstance(kv, tuple) else kv.key
+        name = (key_text(key) or "")[len(prefix) :]
+        if name.isdigit():
+            held[int(name)] = kv
+    return held
+
+
+def value_of(kv: Any) -> bytes:
+    return bytes(kv[0] if isinstance(kv, tuple) else kv.value)
+
+
+def mine(held: dict[int, Any], node_id: str, max_replicas: int) -> int | None:
+    """The lowest slot below ``max_replicas`` that this node id holds (this process or its
+    predecessor), if any."""
+    found = sorted(
+        g for g, kv in held.items() if holder_of(value_of(kv))[0] == node_id and g < max_replicas
+    )
+    return found[0] if found else None
+
+
+def claim_free(
+    do_txn: Txn,
+    prefix: str,
+    held: dict[int, Any],
+    me: str,
+    lease: int,
+    *,
+    node_id: str,
+    max_replicas: int,
+    preferred: int | None,
+    joiners: int,
+) -> int | None:
+    """Create one free ``<prefix><gid>`` for this node (value `me`, on `lease`); None when
+    every slot is taken."""
+    end = prefix_range_end(prefix.encode())
+    for attempt in range(max_replicas + 1):
+        free = [g for g in range(max_replicas) if g not in held]
+        if not free:
+            return None
+        if attempt == 0 and preferred in free:
+            gid = preferred
+        else:
+            gid = pick(free, joiners, node_id, attempt)
+        key = f"{prefix}{gid}"
+        ok, responses = do_txn(
+            [txn.Create(key) == 0], [txn.Put(key, me, lease)], [txn.Get(prefix, end)]
+        )
+        if ok:
+            return gid
+        held = held_slots(prefix, list(responses[0]))
+    return None

@@ -1,0 +1,71 @@
+"""One coordination step at a time, with every etcd error turned into state.
+
+:class:`Attempts` runs a step for the upkeep and the parts it drives: etcd unreachable
+(or a lost lease) sets ``view.etcd_up`` false, logs ``etcd_unavailable`` once per
+outage and backs off (``BACKOFF_FIRST_S`` doubling to ``BACKOFF_CAP_S``: :meth:`due`
+says when the next round may send again); a conflict (a lost compare-and-swap,
+``NotLeader``, a key that keeps changing) is logged as ``etcd_retry`` and tried next
+round. Only the refusals the caller names come out as exceptions.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from daemon.coordination import CoordinationError, EtcdUnavailable
+from daemon.node_state import NodeView
+from trainer import logs
+
+T = TypeVar("T")
+BACKOFF_FIRST_S, BACKOFF_CAP_S = 0.5, 5.0
+
+
+class Attempts:
+    def __init__(self, view: NodeView, endpoints: list[str]) -> None:
+        self.view = view
+        self.endpoints = endpoints
+        self.log = logs.get()
+        self.retry_at = 0.0  # no request before this (monotonic)
+        self._backoff = BACKOFF_FIRST_S
+        self._outage_reported = False  # etcd_unavailable logged for the outage under way
+
+    def due(self) -> bool:
+        return time.monotonic() >= self.retry_at
+
+    def __call__(
+        self, what: str, fn: Callable[[], T], refusals: tuple[type[Exception], ...] = ()
+    ) -> tuple[bool, T | None]:
+        """Run one coordination step; every error becomes state, never an exception
+        (but `refusals`, which the caller turns into a refusal to join)."""
+        try:
+            value = fn()
+        except refusals:
+            raise
+        except EtcdUnavailable as e:  # includes a lost lease (SessionExpired)
+            self.view.etcd_errors += 1
+            if self.view.etcd_up or not self._outage_reported:  # also when never reached
+                self._outage_reported = True
+                self.log.warning(
+                    "etcd_unavailable",
+                    error=str(e),
+                    during=what,
+                    endpoints=self.endpoints,
+                    ranks="untouched",
+                    retrying=True,
+                )
+            self.view.etcd_up = False
+            self.retry_at = time.monotonic() + self._backoff
+            self._backoff = min(BACKOFF_CAP_S, self._backoff * 2)
+            return False, None
+        except CoordinationError as e:  # NotLeader, a lost compare-and-swap, "keeps changing"
+            self.view.etcd_errors += 1
+            self.log.warning("etcd_retry", error=str(e), kind=type(e).__name__, during=what)
+            return False, None
+        if not self.view.etcd_up:
+            self.log.info("etcd_up", endpoints=self.endpoints)
+        self.view.etcd_up = True
+        self._outage_reported = False
+        self._backoff = BACKOFF_FIRST_S
+        return True, value

@@ -1,0 +1,49 @@
+"""The other nodes' progress, current enough to judge paused ranks after a lost lease.
+
+``daemon.coordination.fencing.after_fence`` asks whether the others went on without
+this node: their steps against ours. Progress is written only every
+``PROGRESS_EVERY_S`` (``daemon.coordination.progress``), so the node asks for it
+first (one put every daemon watches), then reads the progress keys each round until
+every running node has answered or ``ASK_WAIT_S`` has passed, and judges with the
+steps it has then. One ask per lost lease; nothing is sent otherwise.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from daemon.coordination import Coordinator, JobView
+from daemon.coordination.progress import ASK_WAIT_S, Progress, answered, with_steps
+
+Attempt = Callable[[str, Callable[[], Any]], tuple[bool, Any]]
+
+
+class ProgressAsk:
+    def __init__(self, coord: Coordinator, attempt: Attempt) -> None:
+        self.coord = coord
+        self.attempt = attempt  # EtcdUpkeep._attempt: errors become state, not exceptions
+        self._ask: tuple[int, float] | None = None  # (its revision, when it was put)
+
+    def nodes(self, job: JobView) -> dict[str, dict[str, Any]] | None:
+        """The job's node records with current steps; None while the answers are awaited
+        (or etcd is away): the ranks stay paused."""
+        if self._ask is None:
+            ok, revision = self.attempt("progress", self.coord.ask_progress)
+            if not ok:
+                return None
+            self._ask = (int(revision), time.monotonic())
+        ok, progress = self.attempt("progress", self.coord.read_progress)
+        if not ok:
+            return None
+        found: dict[str, Progress] = progress
+        revision, at = self._ask
+        waited = time.monotonic() - at >= ASK_WAIT_S
+        if not waited and not answered(found, job.nodes, self.coord.node_id, revision):
+            return None  # then judged with the steps there are
+        return with_steps(job.nodes, found)
+
+    def done(self) -> None:
+        """The lost lease is judged: the next one asks again."""
+        self._ask = None

@@ -1,0 +1,24 @@
+"""etcd's own Prometheus counters, read from its metrics URL: what a test counts requests by."""
+
+from __future__ import annotations
+
+import urllib.request
+
+from daemon.coordination.etcd_server import EmbeddedEtcd
+
+
+def counter(etcd: EmbeddedEtcd, name: str, method: str | None = None) -> int:
+    """The sum of `name`'s samples (only those with grpc_method=`method`, when given)."""
+    with urllib.request.urlopen(f"{etcd.metrics_url}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    needle = f'grpc_method="{method}"' if method else ""
+    return sum(
+        int(float(line.rsplit(" ", 1)[1]))
+        for line in text.splitlines()
+        if (line.startswith(name + "{") or line.startswith(name + " ")) and needle in line
+    )
+
+
+def calls(etcd: EmbeddedEtcd, method: str) -> int:
+    """Unary calls of `method` (Range, Txn, Put, ...) etcd has handled."""
+    return counter(etcd, "grpc_server_handled_total", method)
