@@ -37,10 +37,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from bench import scale_costs
 from bench.peer_procs import scratch
 from bench.scale_fleet import ROOT, Tree
-from bench.scale_measures import Projection, fit_unit_costs, projection
-from bench.scale_report import projection_table, size_table
+from bench.scale_measures import Projection, UnitCosts, etcd_cores, projection
+from bench.scale_report import costs_table, projection_table, size_table
 from bench.scale_run import Options, RunResult, run, say
 from daemon.coordination.etcd_server import find_etcd_binary
 
@@ -97,25 +98,19 @@ def machine() -> dict[str, Any]:
 
 
 def projections(
-    results: Sequence[RunResult], targets: Sequence[int]
-) -> tuple[tuple[float, float], dict[str, list[Projection]]]:
-    """Unit costs fitted to every measured window, and each side's projections."""
-    rows = [
-        (
-            r.window["requests"] * r.nodes,
-            r.window["sent B/s per node"] * r.nodes,
-            r.window["etcd cpu %"] / 100.0,
-        )
-        for r in results
-        if r.window
-    ]
-    costs = fit_unit_costs(rows)
+    results: Sequence[RunResult], targets: Sequence[int], costs: UnitCosts
+) -> dict[str, list[Projection]]:
+    """Each side's projections, from its runs in which every node came to run."""
     out: dict[str, list[Projection]] = {}
     for side in ("baseline", "new"):
-        measured = [(r.nodes, {**r.window, **r.join}) for r in results if r.side == side]
+        measured = [
+            (r.nodes, {**r.window, **r.join})
+            for r in results
+            if r.side == side and r.running_s is not None
+        ]
         if measured and targets:
             out[side] = [projection(measured, n, costs) for n in targets]
-    return costs, out
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     results: list[RunResult] = []
     started = time.monotonic()
     with scratch("phalanx-scale-", args.keep) as root:
+        say("  etcd's unit costs (a fresh etcd, one kind of request at a time)")
+        costs = scale_costs.measure(root / "costs")
+        say("\n" + costs_table(costs) + "\n")
         trees = [] if args.no_baseline else [baseline_tree(args.baseline, root / "baseline")]
         trees.append(Tree("new", "working tree", ROOT))
         for n in args.nodes:
@@ -158,11 +156,14 @@ def main(argv: list[str] | None = None) -> int:
                 runs[tree.side] = run(tree, n, opts, root / f"{tree.side}-{n}")
                 results.append(runs[tree.side])
                 say(f"    {tree.side}: run took {time.monotonic() - t:.0f}s")
+            for r in runs.values():
+                if r.window:
+                    r.window["etcd cpu % by the unit costs"] = 100 * etcd_cores(r.window, n, costs)
             say("\n" + size_table(n, runs) + "\n")
-    costs, projected = projections(results, args.project)
+    projected = projections(results, args.project, costs)
     if projected:
-        measured = ", ".join(str(n) for n in args.nodes)
-        say(projection_table(projected, costs, f"N = {measured}") + "\n")
+        ran = sorted({r.nodes for r in results if r.running_s is not None})
+        say(projection_table(projected, f"N = {', '.join(map(str, ran))}") + "\n")
     say(f"total time {time.monotonic() - started:.0f}s")
     if args.json:
         doc = {
@@ -170,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             "options": asdict(opts),
             "baseline": args.baseline if not args.no_baseline else None,
             "runs": [asdict(r) for r in results],
-            "unit_costs": {"cpu_s_per_request": costs[0], "cpu_s_per_byte_sent": costs[1]},
+            "unit_costs": asdict(costs),
             "projections": {s: [asdict(x) for x in ps] for s, ps in projected.items()},
         }
         args.json.write_text(json.dumps(doc, indent=2, default=str) + "\n")

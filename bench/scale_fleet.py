@@ -47,6 +47,16 @@ def ticks_of(pid: int) -> int:
         return 0
 
 
+def rss_of(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 def machine_ticks() -> tuple[int, ...]:
     with open("/proc/stat") as f:
         return tuple(int(x) for x in f.readline().split()[1:])
@@ -178,6 +188,9 @@ class Fleet:
 
     def cpu_ticks(self) -> int:
         return sum(ticks_of(w.pid) for w in self.workers)
+
+    def rss_bytes(self) -> int:
+        return sum(rss_of(w.pid) for w in self.workers)
 
     def stop(self) -> None:
         for w in self.workers:

@@ -171,79 +171,93 @@ def project(points: Sequence[tuple[int, float]], n: int) -> float:
     return v0 * math.pow(n / n0, exponent(points))
 
 
-def fit_unit_costs(rows: Iterable[tuple[float, float, float]]) -> tuple[float, float]:
-    """etcd CPU (cores) ~ a * requests/s + c * sent bytes/s, least squares with a, c >= 0,
-    over (requests/s, sent bytes/s, cores) rows; (a, c)."""
-    data = [(x, y, z) for x, y, z in rows if z >= 0]
-    sxx = sum(x * x for x, _, _ in data)
-    syy = sum(y * y for _, y, _ in data)
-    sxy = sum(x * y for x, y, _ in data)
-    sxz = sum(x * z for x, _, z in data)
-    syz = sum(y * z for _, y, z in data)
-    det = sxx * syy - sxy * sxy
-    if det > 1e-12 * max(sxx * syy, 1e-300):
-        a, c = (sxz * syy - syz * sxy) / det, (syz * sxx - sxz * sxy) / det
-        if a >= 0 and c >= 0:
-            return a, c
-    # One regressor alone, through the origin: the one that leaves the smaller residual.
-    only_a = (sxz / sxx, 0.0) if sxx > 0 else (0.0, 0.0)
-    only_c = (0.0, syz / syy) if syy > 0 else (0.0, 0.0)
+def fit_line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """Least squares y = a + b x; (a, b). One point (or one x): the mean, flat."""
+    n = len(points)
+    if n == 0:
+        return 0.0, 0.0
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    if sxx == 0:
+        return my, 0.0
+    b = sum((x - mx) * (y - my) for x, y in points) / sxx
+    return my - b * mx, b
 
-    def residual(fit: tuple[float, float]) -> float:
-        return sum((z - fit[0] * x - fit[1] * y) ** 2 for x, y, z in data)
 
-    best = min((only_a, only_c), key=residual)
-    return (max(best[0], 0.0), max(best[1], 0.0))
+@dataclass(frozen=True)
+class UnitCosts:
+    """etcd CPU seconds per unit of work (bench/scale_costs.py measures them)."""
+
+    write_s: float  # a transaction or put of a record (raft, backend): every unary write
+    keepalive_s: float  # a lease refresh on a stream opened for it
+    keepalive_msg_s: float  # a lease refresh on a stream that stays open
+    read_s: float  # a read's fixed cost (also any other small unary request)
+    read_per_record_s: float  # and per record of the prefix it reads
+    event_s: float  # one event sent to one watcher
+    idle_cores: float  # etcd with nothing to do (raft heartbeats)
+
+
+WRITES = ("Txn", "Put", "DeleteRange", "LeaseGrant", "LeaseRevoke")
+
+
+def etcd_cores(r: Mapping[str, float], nodes: int, costs: UnitCosts) -> float:
+    """etcd's CPU (cores) for `nodes` nodes sending :func:`rates`'s per-node rates `r`,
+    at `costs`; every Range is taken to read the whole job (about one record a node)."""
+    per_node = 0.0
+    for key, rate in r.items():
+        if not key.startswith("unary "):
+            continue
+        method = key[len("unary ") :]
+        if method in WRITES:
+            per_node += rate * costs.write_s
+        elif method == "Range":
+            per_node += rate * (costs.read_s + costs.read_per_record_s * nodes)
+        else:
+            per_node += rate * costs.read_s
+    msgs, streams = r.get("msgs LeaseKeepAlive", 0.0), r.get("streams LeaseKeepAlive", 0.0)
+    opened = min(msgs, streams)  # a refresh that opened its stream
+    per_node += opened * costs.keepalive_s + (msgs - opened) * costs.keepalive_msg_s
+    per_node += r.get("msgs Watch", 0.0) * costs.read_s
+    per_node += r.get("watch events", 0.0) * costs.event_s
+    return costs.idle_cores + nodes * per_node
 
 
 @dataclass(frozen=True)
 class Projection:
     nodes: int
-    requests: float  # per node per second
-    watch_events: float  # per node per second
-    sent_per_node: float  # bytes per second
-    coord_cpu: float  # % of one core per node
-    history_per_node: float  # kB per hour
+    rates: dict[str, float]  # per node, each projected along its own power law
     etcd_cores: float  # from the unit costs
     egress_mb_s: float
     history_mb_h: float
-    join_etcd_s: float | None  # etcd CPU-seconds a mass join needs (None: no join measured)
-    exponents: dict[str, float]
+    join_etcd_s: float | None  # etcd CPU-seconds of a mass join (None: none measured)
 
 
 def projection(
-    measured: Sequence[tuple[int, Mapping[str, float]]],
-    n: int,
-    costs: tuple[float, float],
+    measured: Sequence[tuple[int, Mapping[str, float]]], n: int, costs: UnitCosts
 ) -> Projection:
-    """Size `n` from one side's measured windows ``[(N, rates), ...]``: each per-node
-    rate by :func:`project`, etcd's cores by the unit costs `costs` (:func:`fit_unit_costs`),
-    and the mass join's etcd CPU from the join's requests and bytes per node."""
-    keys = {
-        "requests": "requests",
-        "watch_events": "watch events",
-        "sent": "sent B/s per node",
-        "cpu": "coord cpu % per node",
-        "history": "history kB/h per node",
-        "join": "join requests per node",
-        "join_sent": "join sent B per node",
+    """Size `n` from one side's measured windows ``[(N, rates), ...]``: every per-node
+    rate by :func:`project` (a size without a measure, such as a join that never
+    completed, is left out of that measure), etcd's cores by :func:`etcd_cores`, and the
+    mass join's etcd CPU from the join's requests per node."""
+    names = {k for _, r in measured for k in r}
+    per_node = {
+        k: project([(size, r[k]) for size, r in measured if k in r], n) for k in sorted(names)
     }
-    points = {  # a size that lacks a measure (a join that never completed) is left out
-        k: [(size, r[name]) for size, r in measured if name in r] for k, name in keys.items()
-    }
-    value = {k: project(p, n) for k, p in points.items()}
-    a, c = costs
-    joined = any(v > 0 for _, v in points["join"])
+    join = None
+    if "join requests per node" in per_node:
+        txns, reads = (
+            per_node.get("join Txn per node", 0.0),
+            per_node.get("join Range per node", 0.0),
+        )
+        other = max(0.0, per_node["join requests per node"] - txns - reads)
+        read = costs.read_s + costs.read_per_record_s * n
+        join = n * (txns * costs.write_s + reads * read + other * costs.read_s)
     return Projection(
         nodes=n,
-        requests=value["requests"],
-        watch_events=value["watch_events"],
-        sent_per_node=value["sent"],
-        coord_cpu=value["cpu"],
-        history_per_node=value["history"],
-        etcd_cores=n * (a * value["requests"] + c * value["sent"]),
-        egress_mb_s=n * value["sent"] / 1e6,
-        history_mb_h=n * value["history"] / 1e3,
-        join_etcd_s=n * (a * value["join"] + c * value["join_sent"]) if joined else None,
-        exponents={k: exponent(p) for k, p in points.items()},
+        rates=per_node,
+        etcd_cores=etcd_cores(per_node, n, costs),
+        egress_mb_s=n * per_node.get("sent B/s per node", 0.0) / 1e6,
+        history_mb_h=n * per_node.get("history kB/h per node", 0.0) / 1e3,
+        join_etcd_s=join,
     )

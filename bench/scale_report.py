@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from bench.scale_measures import Projection
+from bench.scale_measures import Projection, UnitCosts
 from bench.scale_run import RunResult
 
 Getter = Callable[[RunResult], float | None]
@@ -50,6 +50,7 @@ TAIL: list[tuple[str, Getter]] = [
     ("etcd sent kB/s (all clients)", _window("sent kB/s total")),
     ("etcd received kB/s (all clients)", _window("received kB/s total")),
     ("etcd CPU (% of one core)", _window("etcd cpu %")),
+    ("  the same by the unit costs (model check)", _window("etcd cpu % by the unit costs")),
     ("  etcd CPU per request (us, all work)", _window("etcd us per request")),
     ("coordination CPU per node (% of a core)", _window("coord cpu % per node")),
     ("machine busy (% of all cores)", _window("machine busy %")),
@@ -60,6 +61,7 @@ TAIL: list[tuple[str, Getter]] = [
     ("history: put kB/hour per node", _window("history kB/h per node")),
     ("etcd revisions/s", _window("revisions/s")),
     ("etcd RSS (MB)", _window("etcd RSS MB")),
+    ("simulator RSS per node (MB)", _window("worker RSS MB per node")),
     ("etcd db size (MB)", _window("etcd db MB")),
     ("lease TTL (s)", lambda r: float(r.ttl)),
     ("expiry: new leader after last keepalive (s)", _failover("expiry", "leader_after_keepalive_s")),
@@ -120,38 +122,48 @@ def size_table(nodes: int, runs: Mapping[str, RunResult]) -> str:
     return "\n".join(lines)
 
 
-def projection_table(
-    projections: Mapping[str, Sequence[Projection]],
-    costs: tuple[float, float],
-    sources: str,
-) -> str:
-    """Projections by side; says they are projections and from what."""
-    a, c = costs
-    lines = [
-        "PROJECTION (not measured): each per-node rate from the largest measured size, "
-        "scaled by N**b",
-        f"  with b fitted through the two largest measured sizes ({sources}); etcd cores = "
-        f"N * ({a * 1e6:.1f} us per request * requests/s",
-        f"  + {c * 1e9:.2f} us per kB sent * sent kB/s), unit costs fitted (least squares, "
-        "non-negative) to every measured window;",
-        "  the mass join's etcd CPU = N * (requests + bytes per node in the join, scaled "
-        "the same way) at those unit costs.",
+def costs_table(c: UnitCosts) -> str:
+    rows = [
+        ("a write (record transaction)", c.write_s),
+        ("a lease refresh on a new stream", c.keepalive_s),
+        ("a lease refresh on an open stream", c.keepalive_msg_s),
+        ("a read: fixed", c.read_s),
+        ("a read: per record of the prefix", c.read_per_record_s),
+        ("one watch event to one watcher", c.event_s),
     ]
-    rows: list[tuple[str, Callable[[Projection], float | None]]] = [
-        ("etcd requests/s per node", lambda p: p.requests),
-        ("watch events/s per node", lambda p: p.watch_events),
-        ("coordination CPU per node (% of a core)", lambda p: p.coord_cpu),
-        ("etcd cores (steady state)", lambda p: p.etcd_cores),
-        ("etcd egress (MB/s)", lambda p: p.egress_mb_s),
-        ("history growth (MB/hour)", lambda p: p.history_mb_h),
-        ("mass join: etcd CPU-seconds", lambda p: p.join_etcd_s),
+    lines = ["etcd unit costs, CPU microseconds (measured here, one kind at a time)"]
+    lines += [f"  {label:<44}{_fmt(1e6 * v):>12}" for label, v in rows]
+    lines.append(f"  {'etcd idle (% of a core)':<44}{_fmt(100 * c.idle_cores):>12}")
+    return "\n".join(lines)
+
+
+PROJECTED: list[tuple[str, Callable[[Projection], float | None]]] = [
+    ("etcd requests/s per node", lambda p: p.rates.get("requests")),
+    ("  Range", lambda p: p.rates.get("unary Range")),
+    ("  Txn", lambda p: p.rates.get("unary Txn")),
+    ("  LeaseKeepAlive messages", lambda p: p.rates.get("msgs LeaseKeepAlive")),
+    ("watch events/s per node", lambda p: p.rates.get("watch events")),
+    ("coordination CPU per node (% of a core)", lambda p: p.rates.get("coord cpu % per node")),
+    ("etcd cores, steady state (unit costs)", lambda p: p.etcd_cores),
+    ("etcd egress (MB/s)", lambda p: p.egress_mb_s),
+    ("history growth (MB/hour)", lambda p: p.history_mb_h),
+    ("mass join: etcd CPU-seconds (unit costs)", lambda p: p.join_etcd_s),
+]
+
+
+def projection_table(projections: Mapping[str, Sequence[Projection]], sources: str) -> str:
+    """Projections by side; says they are projections and from what."""
+    lines = [
+        "PROJECTION, not measured: every per-node rate from the largest size measured, times "
+        "(N / that size) ** b,",
+        f"  b fitted through the two largest sizes measured ({sources}; 0 with one size); "
+        "etcd's cores are the unit costs",
+        "  above times the projected rates (each Range read as the whole job: N records). "
+        "Rates capped by this machine's",
+        "  CPU at the measured sizes (see the notes) project as capped.",
     ]
     for side, projs in projections.items():
-        if not projs:
-            continue
-        exps = ", ".join(f"{k} {v:.2f}" for k, v in projs[0].exponents.items())
-        lines.append(f"  {side}: exponents b: {exps}")
-        lines.append(f"{'  ' + side:<46}" + "".join(f"{'N=' + str(p.nodes):>12}" for p in projs))
-        for label, get in rows:
-            lines.append(f"{'    ' + label:<46}" + "".join(f"{_fmt(get(p)):>12}" for p in projs))
+        lines.append(f"{side:<46}" + "".join(f"{'N=' + str(p.nodes):>12}" for p in projs))
+        for label, get in PROJECTED:
+            lines.append(f"{'  ' + label:<46}" + "".join(f"{_fmt(get(p)):>12}" for p in projs))
     return "\n".join(lines)

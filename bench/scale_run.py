@@ -233,6 +233,7 @@ def _phases(
     w1 = snapshot(etcd, fleet)
     r.window = rates(w0, w1, n, HZ)
     _resources(r.window, w1)
+    r.window["worker RSS MB per node"] = fleet.rss_bytes() / 1e6 / n
     r.notes += saturation(r.window)
     say(f"    {r.side}: window of {w1.t - w0.t:.1f}s measured")
     if not opts.failover or joined is None:

@@ -8,8 +8,10 @@ import pytest
 from bench.scale_fleet import spread
 from bench.scale_measures import (
     Snapshot,
+    UnitCosts,
+    etcd_cores,
     exponent,
-    fit_unit_costs,
+    fit_line,
     machine_busy,
     parse_prometheus,
     proc_ticks,
@@ -101,32 +103,65 @@ def test_a_rate_that_grows_with_n_is_projected_along_its_power_law() -> None:
     assert project([], 1000) == 0.0
 
 
-def test_unit_costs_are_non_negative_least_squares() -> None:
-    # Exactly 100 us per request plus 1 us per kB.
-    rows = [(r, b, r * 1e-4 + b * 1e-9) for r, b in [(100, 1e6), (1000, 2e6), (5000, 5e7)]]
-    a, c = fit_unit_costs(rows)
-    assert a == pytest.approx(1e-4)
-    assert c == pytest.approx(1e-9)
-    # A fit that would make bytes cost negative keeps requests alone.
-    a, c = fit_unit_costs([(100, 1e6, 0.02), (200, 1e6, 0.04)])
-    assert c == 0.0
-    assert a == pytest.approx(2e-4)
-    assert fit_unit_costs([]) == (0.0, 0.0)
+COSTS = UnitCosts(
+    write_s=500e-6,
+    keepalive_s=200e-6,
+    keepalive_msg_s=20e-6,
+    read_s=100e-6,
+    read_per_record_s=5e-6,
+    event_s=10e-6,
+    idle_cores=0.01,
+)
 
 
-def test_a_projection_multiplies_per_node_rates_by_n_at_the_unit_costs() -> None:
+def test_a_line_is_fitted_through_the_read_costs() -> None:
+    a, b = fit_line([(10.0, 150e-6), (100.0, 600e-6), (1000.0, 5100e-6)])
+    assert a == pytest.approx(100e-6)
+    assert b == pytest.approx(5e-6)
+    assert fit_line([(10.0, 2.0)]) == (2.0, 0.0)
+    assert fit_line([]) == (0.0, 0.0)
+
+
+def test_etcd_cores_add_each_kind_at_its_unit_cost_and_reads_grow_with_the_job() -> None:
+    per_node = {
+        "unary Txn": 1.0,
+        "unary Range": 2.0,
+        "unary LeaseGrant": 0.1,
+        "unary LeaseTimeToLive": 1.0,
+        "msgs LeaseKeepAlive": 1.5,
+        "streams LeaseKeepAlive": 0.5,  # one refresh in three opened its stream
+        "msgs Watch": 0.0,
+        "watch events": 50.0,
+        "requests": 99.0,  # a total: not counted again
+    }
+    read = 100e-6 + 5e-6 * 100
+    one = 1.1 * 500e-6 + 2.0 * read + 1.0 * 100e-6 + 0.5 * 200e-6 + 1.0 * 20e-6 + 50 * 10e-6
+    assert etcd_cores(per_node, 100, COSTS) == pytest.approx(0.01 + 100 * one)
+
+
+def test_a_projection_scales_every_per_node_rate_and_multiplies_by_n() -> None:
     measured = [
-        (10, {"requests": 2.0, "sent B/s per node": 1e3, "history kB/h per node": 500.0}),
-        (100, {"requests": 2.0, "sent B/s per node": 1e4, "join requests per node": 20.0}),
+        (10, {"unary Range": 2.0, "sent B/s per node": 1e3, "history kB/h per node": 500.0}),
+        (
+            100,
+            {
+                "unary Range": 2.0,
+                "sent B/s per node": 1e4,
+                "join requests per node": 30.0,
+                "join Txn per node": 20.0,
+                "join Range per node": 5.0,
+            },
+        ),
     ]
-    p = projection(measured, 1000, (1e-4, 1e-9))
-    assert p.requests == pytest.approx(2.0)
-    assert p.sent_per_node == pytest.approx(1e5)  # grows with N (b = 1)
+    p = projection(measured, 1000, COSTS)
+    assert p.rates["unary Range"] == pytest.approx(2.0)
+    assert p.rates["sent B/s per node"] == pytest.approx(1e5)  # grows with N (b = 1)
     assert p.egress_mb_s == pytest.approx(100.0)
-    assert p.etcd_cores == pytest.approx(1000 * (2.0 * 1e-4 + 1e5 * 1e-9))
-    assert p.history_mb_h == pytest.approx(500.0)  # one size: constant per node
-    assert p.join_etcd_s == pytest.approx(1000 * 20.0 * 1e-4)
-    assert p.exponents["sent"] == pytest.approx(1.0)
+    assert p.etcd_cores == pytest.approx(0.01 + 1000 * 2.0 * (100e-6 + 5e-6 * 1000))
+    assert p.history_mb_h == pytest.approx(500.0)  # measured at one size: constant per node
+    join = 1000 * (20 * 500e-6 + 5 * (100e-6 + 5e-6 * 1000) + 5 * 100e-6)
+    assert p.join_etcd_s == pytest.approx(join)
+    assert projection(measured[:1], 1000, COSTS).join_etcd_s is None
 
 
 def test_node_0_gets_a_worker_of_its_own_and_the_rest_are_spread_evenly() -> None:
