@@ -102,8 +102,11 @@ class Snapshot:
     extra: dict[str, float] = field(default_factory=dict)  # ticks, rounds ... from workers
 
 
-def rates(before: Snapshot, after: Snapshot, nodes: int, hz: float) -> dict[str, float]:
-    """Per node per second unless the name says otherwise; CPU in % of one core."""
+def rates(
+    before: Snapshot, after: Snapshot, nodes: int, hz: float, cores: int = 0
+) -> dict[str, float]:
+    """Per node per second unless the name says otherwise; CPU in % of one core (`cores`:
+    the machine's, to tell what other processes used)."""
     span = after.t - before.t
     if span <= 0 or nodes <= 0:
         raise ValueError("a window needs a positive length and at least one node")
@@ -140,6 +143,9 @@ def rates(before: Snapshot, after: Snapshot, nodes: int, hz: float) -> dict[str,
     out["revisions/s"] = delta(REVISION) / span
     if before.machine and after.machine:
         out["machine busy %"] = 100.0 * machine_busy(before.machine, after.machine)
+        if cores:
+            ours = out["etcd cpu %"] + out["coord cpu % per node"] * nodes
+            out["other cpu %"] = max(0.0, out["machine busy %"] * cores - ours)
     ticks = after.extra.get("ticks", 0.0) - before.extra.get("ticks", 0.0)
     if ticks > 0:
         out["rounds/s per node"] = ticks / span / nodes

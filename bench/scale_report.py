@@ -54,6 +54,7 @@ TAIL: list[tuple[str, Getter]] = [
     ("  etcd CPU per request (us, all work)", _window("etcd us per request")),
     ("coordination CPU per node (% of a core)", _window("coord cpu % per node")),
     ("machine busy (% of all cores)", _window("machine busy %")),
+    ("  other processes (% of one core)", _window("other cpu %")),
     ("node rounds/s", _window("rounds/s per node")),
     ("  time in a round (ms)", _window("round ms")),
     ("  a round's lateness (ms)", _window("late ms per round")),

@@ -15,6 +15,7 @@ by a wait until everyone runs again:
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -231,7 +232,7 @@ def _phases(
     w0 = snapshot(etcd, fleet)
     time.sleep(opts.window)
     w1 = snapshot(etcd, fleet)
-    r.window = rates(w0, w1, n, HZ)
+    r.window = rates(w0, w1, n, HZ, os.cpu_count() or 1)
     _resources(r.window, w1)
     r.window["worker RSS MB per node"] = fleet.rss_bytes() / 1e6 / n
     r.notes += saturation(r.window)

@@ -70,6 +70,7 @@ def test_rates_are_per_node_per_second_by_kind_and_cpu_is_a_share_of_one_core() 
         extra={"ticks": 400, "busy_s": 2.0, "late_s": 0.4},
     )
     r = rates(before, after, nodes=4, hz=100.0)
+    assert "other cpu %" not in r  # no machine counters in these snapshots
     assert r["unary Range"] == pytest.approx(204 / 10 / 4)
     assert r["unary Txn"] == pytest.approx(80 / 10 / 4)
     assert r["msgs LeaseKeepAlive"] == pytest.approx(60 / 10 / 4)
@@ -85,6 +86,17 @@ def test_rates_are_per_node_per_second_by_kind_and_cpu_is_a_share_of_one_core() 
     assert r["round ms"] == pytest.approx(5.0)
     with pytest.raises(ValueError):
         rates(before, before, nodes=4, hz=100.0)
+
+
+def test_what_other_processes_used_is_the_machine_less_etcd_and_the_workers() -> None:
+    # 10 s on 2 cores at 100 ticks/s: 2000 ticks, 500 idle -> 75 % busy = 150 % of a core.
+    before = Snapshot(0.0, {}, 0, 0, machine=(0, 0, 0, 0, 0, 0, 0, 0))
+    after = Snapshot(10.0, {}, 300, 700, machine=(1200, 0, 300, 500, 0, 0, 0, 0))
+    r = rates(before, after, nodes=7, hz=100.0, cores=2)
+    assert r["machine busy %"] == pytest.approx(75.0)
+    assert r["etcd cpu %"] == pytest.approx(30.0)
+    assert r["coord cpu % per node"] * 7 == pytest.approx(70.0)
+    assert r["other cpu %"] == pytest.approx(50.0)
 
 
 def test_cpu_reads_skip_a_process_name_with_spaces_and_the_machine_counts_iowait_as_idle() -> None:
