@@ -164,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     if projected:
         ran = sorted({r.nodes for r in results if r.running_s is not None})
         say(projection_table(projected, f"N = {', '.join(map(str, ran))}") + "\n")
+    elif args.project:
+        say("no projection: no size ran with every node RUNNING, so none has a steady state\n")
     say(f"total time {time.monotonic() - started:.0f}s")
     if args.json:
         doc = {
