@@ -334,7 +334,8 @@ class Coordinator:
     def ask_progress(self) -> int:
         """Ask every daemon to write its progress now (a put they all watch); returns the
         revision of the ask: an answer is a progress key modified after it."""
-        value = dump({"node": self.node_id, "instance": self.identity.instance})
+        asked = {"node": self.node_id, "instance": self.identity.instance, "at": time.time_ns()}
+        value = dump(asked)  # never the last ask's value: a daemon answers each value once
         response = self._call(lambda c: c.put(self._key(ASK_KEY), value))
         return int(response.header.revision)
 

@@ -257,6 +257,25 @@ def test_concurrent_joiners_take_distinct_slots_with_few_collisions(
     assert late.claim_slot(JOINERS) is None, "every slot taken: the late node is a spare"
 
 
+def test_progress_lives_outside_the_job_and_an_answer_is_newer_than_the_ask(
+    make: MakeCoordinator,
+) -> None:
+    a, b = make("a"), make("b")
+    a.put_progress({"step": 3})
+    assert a.snapshot().nodes == {}, "progress is not under the watched job prefix"
+    first = b.ask_progress()
+    asked = b.snapshot().progress_asked
+    assert a.read_progress()["a"].revision < first, "written before the ask: no answer"
+    a.put_progress({"step": 4})
+    progress = b.read_progress()
+    assert progress["a"].step == 4 and progress["a"].revision > first
+    assert b.ask_progress() > first and b.snapshot().progress_asked != asked, (
+        "a second ask by the same node must be a new value, or no daemon answers it"
+    )
+    a.close()
+    assert "a" not in b.read_progress(), "progress goes with the node's lease"
+
+
 # --------------------------------------------------------------------- leadership
 
 

@@ -1,0 +1,100 @@
+"""When a node writes its record and its progress (daemon/supervision/node_record.py).
+
+The record is an event for every other daemon, so it is written only when it changed;
+the step is written apart, rarely, and at once when someone asks. The coordinator here
+is a recorder of what would be sent: this is the pure decision, the integration tests
+run it against etcd.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from daemon.config import load_daemon_config
+from daemon.coordination.progress import PROGRESS_EVERY_S
+from daemon.node_state import NodeView, State
+from daemon.supervision import node_record
+from daemon.supervision.node_record import NodeRecord
+
+JOB = Path(__file__).parents[1] / "integration" / "daemon_job.toml"
+
+
+class Sent:
+    """Stands in for the Coordinator: remembers each record and progress write."""
+
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+        self.progress: list[dict[str, Any]] = []
+
+    def register(self, record: dict[str, Any]) -> None:
+        self.records.append(record)
+
+    def put_progress(self, progress: dict[str, Any]) -> None:
+        self.progress.append(progress)
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    now = [1000.0]
+    monkeypatch.setattr(node_record.time, "monotonic", lambda: now[0])
+    return now
+
+
+def made(tmp_path: Path) -> tuple[NodeRecord, Sent, NodeView]:
+    cfg = load_daemon_config(JOB, [f'node.run_dir="{tmp_path}"'], node_id="node-a")
+    sent, view = Sent(), NodeView()
+    return NodeRecord(cfg, sent, view), sent, view  # type: ignore[arg-type]
+
+
+def test_the_record_is_written_when_it_changes_and_never_on_a_timer(
+    tmp_path: Path, clock: list[float]
+) -> None:
+    record, sent, view = made(tmp_path)
+    record.update(None, 0)
+    for step in range(1, 50):  # training: the step moves, nothing in the record does
+        view.step = step
+        clock[0] += 1.0
+        record.update(None, 0)
+    assert len(sent.records) == 1 and "step" not in sent.records[0]
+    view.state = State.FENCED
+    record.update(None, 0)
+    record.update(None, 0)
+    assert [r["state"] for r in sent.records] == ["joining", "fenced"]
+    record.update(7, 49)  # a new leader epoch is a change too
+    assert sent.records[-1]["epoch"] == 7 and len(sent.records) == 3
+
+
+def test_the_step_is_written_first_at_its_first_move_then_every_period(
+    tmp_path: Path, clock: list[float]
+) -> None:
+    record, sent, view = made(tmp_path)
+    record.update_progress(None)
+    view.step = 1
+    record.update_progress(None)  # training began: at once
+    for _ in range(int(PROGRESS_EVERY_S) - 1):
+        clock[0] += 1.0
+        view.step += 1
+        record.update_progress(None)
+    assert [p["step"] for p in sent.progress] == [0, 1]
+    clock[0] += 1.0
+    record.update_progress(None)
+    assert [p["step"] for p in sent.progress] == [0, 1, view.step]
+
+
+def test_each_ask_is_answered_at_once_and_only_once(tmp_path: Path, clock: list[float]) -> None:
+    record, sent, view = made(tmp_path)
+    record.update_progress(None)
+    view.step = 5
+    record.update_progress(None)
+    first = {"node": "node-b", "instance": "i", "at": 1}
+    record.update_progress(first)
+    record.update_progress(first)
+    again = {"node": "node-b", "instance": "i", "at": 2}  # the same node asks again
+    record.update_progress(again)
+    assert [p["step"] for p in sent.progress] == [0, 5, 5, 5]
+    record.forget()  # a new session writes at once
+    record.update_progress(again)
+    assert len(sent.progress) == 5
