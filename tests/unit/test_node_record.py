@@ -9,6 +9,7 @@ run it against etcd.
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -16,7 +17,6 @@ import pytest
 from daemon.config import load_daemon_config
 from daemon.coordination.progress import PROGRESS_EVERY_S
 from daemon.node_state import NodeView, State
-from daemon.supervision import node_record
 from daemon.supervision.node_record import NodeRecord
 
 JOB = Path(__file__).parents[1] / "integration" / "daemon_job.toml"
@@ -39,7 +39,8 @@ class Sent:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     now = [1000.0]
-    monkeypatch.setattr(node_record.time, "monotonic", lambda: now[0])
+    fake = SimpleNamespace(monotonic=lambda: now[0])
+    monkeypatch.setattr("daemon.supervision.node_record.time", fake)
     return now
 
 
