@@ -163,6 +163,11 @@ def translate_error(exc: BaseException, endpoint: str, settings: EtcdSettings) -
         return EtcdUnavailable(
             f"etcd at {endpoint} did not answer within {settings.timeout_s:g} s."
         )
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "space exceeded" in low:
+        return EtcdUnavailable(
+            f"etcd at {endpoint} refuses writes: its database reached its space quota (NOSPACE "
+            "alarm); compact and defragment it, then disarm the alarm (docs/operations.md)."
+        )
     if code.name in _TRANSIENT_CODES:
         reason = details.rsplit(": ", 1)[-1][:160] or code.name
         return EtcdUnavailable(
