@@ -11,9 +11,9 @@ refuses a node id that another daemon process holds (:class:`NodeIdHeld`), and
 claims keys of this node id from the process's predecessor.
 
 Sessions. A node's claims (record, slot, leadership, lighthouse) are bound to
-one etcd lease kept alive by ``etcd_client._Session``.
-:meth:`Coordinator.ensure_session` replaces a lost lease and returns True: the
-caller then registers and claims again. A lease that our clock gave up on but
+one etcd lease kept alive by ``keepalive._Session`` over the daemon's one keepalive
+stream. :meth:`Coordinator.ensure_session` replaces a lost lease and returns True:
+the caller then registers and claims again. A lease that our clock gave up on but
 etcd still holds (a restarted etcd restores leases) is kept, with its keys.
 
 Failures are mapped to the exceptions of ``etcd_client`` (re-exported here):
@@ -42,19 +42,13 @@ from daemon.coordination.etcd_client import (
     SpecMismatch,
     T,
     _Connection,
-    _Session,
     translate_error,
 )
 from daemon.coordination.identity import Identity, holder_of, new_instance
 from daemon.coordination.job_secret import get_or_make_secret
 from daemon.coordination.job_spec import put_spec
-from daemon.coordination.job_view import (
-    STATES,
-    JobView,
-    dump,
-    json_dict,
-    parse_job,
-)
+from daemon.coordination.job_view import STATES, JobView, dump, json_dict, parse_job
+from daemon.coordination.keepalive import LeaseKeepAlive, _Session
 from daemon.coordination.latest_checkpoint import publish_latest
 from daemon.coordination.progress import (
     ASK_KEY,
@@ -121,8 +115,9 @@ class Coordinator:
         self._me = self.identity.holder()  # the value of the slot and leader keys we hold
         self._conn = _Connection(settings, settings.timeout_s)
         keepalive_timeout = max(0.5, min(settings.timeout_s, lease_ttl_s / 3.0))
-        self._keepalive_conn = _Connection(settings, keepalive_timeout)
+        self._keepalive = LeaseKeepAlive(_Connection(settings, keepalive_timeout))
         self._session: _Session | None = None
+        self._failed_at = 0.0  # when a request here last found etcd unavailable
         self._session_lock = threading.Lock()
         self._record: tuple[int, str] | None = None  # (lease, value) of our record as last put
         self._secret: bytes | None = None  # the job's (job_secret), once read
@@ -147,11 +142,15 @@ class Coordinator:
                 time.sleep(0.2)
 
     def ensure_session(self) -> bool:
-        """Make sure a live lease exists; True when a new one was created (re-register then)."""
+        """Make sure a live lease exists; True when a new one was created (re-register then).
+        No request while the keepalive thread is sure of the lease (``_Session.confirm``:
+        it is asked on the stream after a failed refresh, or a failed request here)."""
         with self._session_lock:
             old = self._session
-            if old is not None and old.alive and old.refresh(self._conn):
-                return False
+            if old is not None and old.alive and old.running:
+                recheck = self._failed_at >= old.deadline - old.ttl
+                if old.confirm(recheck):
+                    return False
             if old is not None:
                 old.stop()
                 # Our clock gave up on it; if etcd still holds it, nothing changed hands.
@@ -162,7 +161,7 @@ class Coordinator:
                     log.info("etcd_lease_kept", job=self.job, lease=f"{old.lease_id:x}")
                     return False
             grant = self._call(lambda c: c.lease(self.lease_ttl_s))
-            session = _Session(int(grant.id), int(grant.ttl), self._keepalive_conn, self.job)
+            session = _Session(int(grant.id), int(grant.ttl), self._keepalive, self.job)
             session.start()
             self._session = session
         log.info("etcd_session_created", job=self.job, lease=f"{grant.id:x}", ttl=grant.ttl)
@@ -360,8 +359,8 @@ class Coordinator:
             session.stop()
             if revoke:
                 self._revoke_quietly(session.lease_id)
+        self._keepalive.close()
         self._conn.close()
-        self._keepalive_conn.close()
 
     # ---------------------------------------------------------------- internals
 
@@ -375,6 +374,9 @@ class Coordinator:
             session = self._session
             if session is not None:
                 session.mark_gone()
+            raise
+        except EtcdUnavailable:
+            self._failed_at = time.monotonic()
             raise
 
     def _txn(

@@ -1,4 +1,4 @@
-"""The etcd client underneath the coordination layer: settings, errors, connection, lease keepalive.
+"""The etcd client underneath the coordination layer: settings, errors, connection.
 
 Failures. Every request carries a ``timeout_s`` deadline. gRPC and pyetcd
 errors are mapped to :class:`CoordinationError` subclasses in one place
@@ -10,17 +10,14 @@ fresh ones (round-robin over the endpoints): pyetcd otherwise marks a failed
 endpoint unusable for minutes, and a fresh channel also re-authenticates, which
 an etcd restart requires (its auth tokens do not survive a restart).
 
-Sessions. A node's claims are bound to one etcd lease. :class:`_Session`
-refreshes it every ttl/3 on its own connection, so a slow call elsewhere never
-starves it. The session counts as lost when etcd says the lease is gone, or
-when no refresh succeeded for a whole TTL (etcd must then be assumed to have
-expired it, as other nodes see it).
+Sessions. A node's claims are bound to one etcd lease, kept alive over one
+long-lived stream on a connection of its own, so a slow call elsewhere never
+starves it (``daemon.coordination.keepalive``).
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -29,9 +26,6 @@ import grpc  # type: ignore[import-untyped]  # no stubs; not in the mypy overrid
 import pyetcd
 
 from daemon.config.etcd_settings import split_endpoint
-from trainer import logs
-
-log = logs.get()
 
 T = TypeVar("T")
 
@@ -169,6 +163,11 @@ def translate_error(exc: BaseException, endpoint: str, settings: EtcdSettings) -
         return EtcdUnavailable(
             f"etcd at {endpoint} did not answer within {settings.timeout_s:g} s."
         )
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "space exceeded" in low:
+        return EtcdUnavailable(
+            f"etcd at {endpoint} refuses writes: its database reached its space quota (NOSPACE "
+            "alarm); compact and defragment it, then disarm the alarm (docs/operations.md)."
+        )
     if code.name in _TRANSIENT_CODES:
         reason = details.rsplit(": ", 1)[-1][:160] or code.name
         return EtcdUnavailable(
@@ -305,97 +304,3 @@ class _Connection:
         except (grpc.RpcError, pyetcd.Etcd3Exception) as exc:
             ep.close()
             raise translate_error(exc, self.endpoint, s) from exc
-
-
-# -------------------------------------------------------------------------- session
-
-
-class _Session:
-    """One lease and the daemon thread that refreshes it every ttl/3."""
-
-    def __init__(self, lease_id: int, ttl: int, conn: _Connection, job: str) -> None:
-        self.lease_id = lease_id
-        self.job = job
-        self.ttl = ttl
-        self._conn = conn
-        self._lock = threading.Lock()
-        self._deadline = time.monotonic() + ttl
-        self._gone = False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, name=f"phalanx-keepalive-{lease_id:x}", daemon=True
-        )
-
-    @property
-    def alive(self) -> bool:
-        with self._lock:
-            return not self._gone and time.monotonic() < self._deadline
-
-    @property
-    def deadline(self) -> float:
-        """When etcd may expire the lease, by our clock: the last confirmed refresh + TTL."""
-        with self._lock:
-            return -1.0 if self._gone else self._deadline
-
-    @property
-    def confirmed_gone(self) -> bool:
-        """etcd itself said the lease no longer exists."""
-        with self._lock:
-            return self._gone
-
-    def mark_gone(self) -> None:
-        with self._lock:
-            self._gone = True
-
-    def refresh(self, conn: _Connection | None = None) -> bool:
-        """One keepalive; True while the lease lives. Raises EtcdUnavailable."""
-        sent = time.monotonic()
-        responses = (conn or self._conn).call(lambda c: list(c.refresh_lease(self.lease_id)))
-        if not responses:
-            raise EtcdUnavailable("etcd closed the lease keepalive stream without an answer.")
-        ttl = int(responses[0].TTL)
-        with self._lock:
-            if ttl <= 0:
-                self._gone = True
-            else:
-                self._deadline = max(self._deadline, sent + ttl)
-        return ttl > 0
-
-    def revived(self, conn: _Connection) -> _Session | None:
-        """This lease with a new keepalive thread, if etcd still holds it although our
-        clock gave up on it (a restarted etcd restores leases with a fresh TTL); None
-        once etcd says it expired. Raises EtcdUnavailable."""
-        again = _Session(self.lease_id, self.ttl, self._conn, self.job)
-        if again.refresh(conn):
-            return again
-        self.mark_gone()
-        return None
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout=self._conn.timeout_s + 1.0)
-
-    def _run(self) -> None:
-        """Refresh every ttl/3; after a failure retry every second until the lease is lost."""
-        interval = self.ttl / 3.0
-        wait, failing = interval, False
-        ctx = {"job": self.job, "lease": f"{self.lease_id:x}"}
-        while not self._stop.wait(wait):
-            try:
-                if self.refresh() and failing:
-                    log.info("etcd_keepalive_recovered", **ctx)
-                failing, wait = False, interval
-            except CoordinationError as exc:
-                if not failing:
-                    log.warning("etcd_keepalive_failed", error=str(exc), **ctx)
-                failing, wait = True, min(interval, 1.0)
-            if not self.alive:
-                log.warning("etcd_session_lost", **ctx)
-                return
-
-
-# ---------------------------------------------------------------------- coordinator

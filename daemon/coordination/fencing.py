@@ -56,11 +56,11 @@ def fence_margin_s(ttl_s: float) -> float:
 
 
 def refresh_every_s(ttl_s: float) -> float:
-    """How old the lease's last confirmation may get before the daemon's round refreshes it
-    (on top of the keepalive thread's refresh every ttl/3): at most once a second, and four
-    times within the time the confirmation may age before the node fences itself (ttl less
-    the margin), so a slow answer or two never fences a node. A refresh on every 0.25 s round
-    cost more CPU (a keepalive stream each) than the rest of the round."""
+    """How often the keepalive thread confirms the lease (``daemon.coordination.keepalive``),
+    and how old the confirmation may get before the daemon's round asks about the session: at
+    most once a second, and four times within the time the confirmation may age before the
+    node fences itself (ttl less the margin), so a slow answer or two never fences a node.
+    Each refresh is one message on the daemon's one keepalive stream."""
     return min(1.0, (ttl_s - fence_margin_s(ttl_s)) / 4.0)
 
 

@@ -285,7 +285,8 @@ class EtcdUpkeep:
 
     def _lease_fresh(self) -> bool:
         """The session lives and etcd confirmed it within ``refresh_every_s``: this round
-        need not refresh it (the leadership and snapshot reads still find etcd away)."""
+        need not ask about it (the keepalive thread refreshes it; the leadership and
+        snapshot reads still find etcd away)."""
         ttl = self.cfg.etcd.lease_ttl_s
         return self.coord.session_alive and not self.coord.session_unconfirmed(
             ttl - refresh_every_s(ttl)

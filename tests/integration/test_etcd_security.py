@@ -27,6 +27,7 @@ from daemon.coordination.coordinator import (
     EtcdUnavailable,
 )
 from daemon.coordination.etcd_server import ServerTls
+from tests.support.coordinators import wait_for
 from tests.support.etcd_control import ControlledEtcd, EtcdUser
 
 pytestmark = pytest.mark.integration
@@ -324,3 +325,32 @@ def test_daemon_with_a_wrong_password_fails_clearly(
     failure = daemon.events("node_failed")[0]["error"]
     assert "password" in failure.lower() or "authentication" in failure.lower(), failure
     assert_never_printed("not-the-password", tmp_path, secret)
+
+
+def test_the_lease_keepalive_survives_an_etcd_restart_under_tls_and_auth(
+    secure_etcd: ControlledEtcd, pki: Pki
+) -> None:
+    """The keepalive stream was opened with an auth token that a restarted etcd no longer
+    knows: the stream is opened again on a client that authenticates again, and the lease
+    (restored by etcd) is kept. Last here: it restarts the module's etcd."""
+
+    def confirmed_after(since: float) -> bool:
+        confirmation = a.lease_confirmation()
+        return confirmation is not None and confirmation[1] > since
+
+    a = Coordinator(settings(secure_etcd, pki), "secure", "keepalive", 5)
+    try:
+        a.connect()
+        assert a.ensure_session() is True
+        lease = a.lease_confirmation()
+        assert lease is not None
+        opened = time.monotonic()
+        wait_for(lambda: confirmed_after(opened), 5, "a keepalive over TLS with a token")
+        secure_etcd.restart()
+        restarted = time.monotonic()
+        wait_for(lambda: confirmed_after(restarted), 10, "the restarted etcd to confirm the lease")
+        kept = a.lease_confirmation()
+        assert kept is not None and kept[0] == lease[0]
+        assert a.ensure_session() is False
+    finally:
+        a.close()

@@ -233,6 +233,12 @@ MUTATIONS: dict[str, tuple[Callable[[Manifests], object], str]] = {
         ),
         "etcd's client port",
     ),
+    "etcd volume under its quota": (
+        lambda m: find(m, "StatefulSet", "phalanx-etcd")["spec"]["volumeClaimTemplates"][0]["spec"][
+            "resources"
+        ]["requests"].update(storage="10Gi"),
+        "backend quota twice",
+    ),
     "etcd replicas": (
         lambda m: find(m, "StatefulSet", "phalanx-etcd")["spec"].update(replicas=5),
         "etcd.endpoints",

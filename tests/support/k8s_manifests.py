@@ -99,6 +99,15 @@ def url_port(url: str) -> int:
 # --------------------------------------------------------------------------- consistency
 
 
+def quantity(value: str | int) -> int:
+    """A Kubernetes byte quantity (``512Mi``, ``20Gi``, ``8589934592``) in bytes."""
+    text = str(value)
+    for power, suffix in enumerate(("Ki", "Mi", "Gi", "Ti"), start=1):
+        if text.endswith(suffix):
+            return int(text.removesuffix(suffix)) << (10 * power)
+    return int(text)
+
+
 def consistency_problems(m: Manifests) -> list[str]:
     """Every disagreement between the manifests and the job file, as sentences."""
     problems: list[str] = []
@@ -297,9 +306,28 @@ def etcd_problems(m: Manifests, cfg: DaemonConfig) -> list[str]:
             path = flags.get(prefix + key, "")
             if not any(under(path, mp) for mp in mounts):
                 problems.append(f"--{prefix}{key}={path} is not in a mounted Secret")
+    problems.extend(etcd_size_problems(sts, flags))
     metrics = url_port(flags.get("listen-metrics-urls", ":0"))
     for probe in ("livenessProbe", "readinessProbe"):
         port = container_port(c, c[probe]["httpGet"]["port"])
         if port != metrics:
             problems.append(f"etcd {probe} port {port} != metrics port {metrics}")
+    return problems
+
+
+def etcd_size_problems(sts: Doc, flags: dict[str, str]) -> list[str]:
+    """History compacted, a quota set, and a memory limit and volume that hold the quota
+    (the database is mapped into memory; a defrag writes a copy of it next to it)."""
+    problems: list[str] = []
+    if flags.get("auto-compaction-retention", "0") == "0":
+        problems.append("etcd runs without --auto-compaction-retention")
+    quota = int(flags.get("quota-backend-bytes", "0"))
+    if not 0 < quota <= 8 << 30:
+        problems.append(f"--quota-backend-bytes={quota} is not set within 8 GiB (etcd's maximum)")
+    memory = quantity(container(sts)["resources"]["limits"]["memory"])
+    if memory < quota:
+        problems.append(f"the etcd memory limit {memory} is below the backend quota {quota}")
+    claim = sts["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"]
+    if quantity(claim) < 2 * quota:
+        problems.append(f"the etcd volume ({claim}) cannot hold the backend quota twice (defrag)")
     return problems

@@ -71,6 +71,7 @@ def test_mismatch_message_singular_and_plural() -> None:
         (grpc.StatusCode.UNAVAILABLE, "ipv4:1: Handshake read failed (Endpoint closing)", EtcdUnavailable, "cannot reach"),
         (grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded", EtcdUnavailable, "did not answer within 5 s"),
         (grpc.StatusCode.UNKNOWN, "No status received", EtcdUnavailable, "cannot reach"),
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, "etcdserver: mvcc: database space exceeded", EtcdUnavailable, "NOSPACE alarm"),
         (grpc.StatusCode.UNAVAILABLE, "Tls handshake failed (TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL: CERTIFICATE_VERIFY_FAILED: unable to get local issuer certificate", EtcdAccessDenied, "not trusted by etcd.ca_file (/etc/ca.pem)"),
         (grpc.StatusCode.UNAVAILABLE, "Tls handshake failed (TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL: SSLV3_ALERT_BAD_CERTIFICATE", EtcdAccessDenied, "client certificate"),
         (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: authentication failed, invalid user ID or password", EtcdAccessDenied, "wrong etcd.user or etcd.password"),
