@@ -47,9 +47,10 @@ from daemon.coordination.etcd_client import (
 from daemon.coordination.identity import Identity, holder_of, new_instance
 from daemon.coordination.job_secret import get_or_make_secret
 from daemon.coordination.job_spec import put_spec
-from daemon.coordination.job_view import STATES, JobView, dump, json_dict, parse_job
+from daemon.coordination.job_view import STATES, JobView, dump, parse_job
 from daemon.coordination.keepalive import LeaseKeepAlive, _Session
 from daemon.coordination.latest_checkpoint import publish_latest
+from daemon.coordination.node_key import put_record
 from daemon.coordination.progress import (
     ASK_KEY,
     Progress,
@@ -202,31 +203,12 @@ class Coordinator:
         """Put ``nodes/<node_id>`` bound to the lease, with this process's instance.
 
         Raises :class:`NodeIdHeld` when the record belongs to another daemon process
-        (not this one, nor its predecessor on the same run directory)."""
+        (not this one, nor its predecessor on the same run directory): node_key.py."""
         lease, key = self._lease(), self._key(f"nodes/{self.node_id}")
         value = dump({**record, "instance": self.identity.instance})
         last, self._record = self._record, None
-        if last is not None and last[0] == lease:  # an update: one request, not two
-            ok, _ = self._txn([txn.Value(key) == last[1]], [txn.Put(key, value, lease)], [])
-            if ok:
-                self._record = (lease, value)
-                return
-        ok, responses = self._txn(
-            [txn.Create(key) == 0], [txn.Put(key, value, lease)], [txn.Get(key)]
-        )
-        if ok:
-            self._record = (lease, value)
-            return
-        if responses[0]:
-            current, meta = responses[0][0]
-            held = json_dict(current)
-            if not self.identity.succeeds(held.get("instance")):
-                raise NodeIdHeld(self.node_id, held)
-            ok, _ = self._txn([txn.Mod(key) == meta.mod_revision], [txn.Put(key, value, lease)], [])
-            if ok:
-                self._record = (lease, value)
-                return
-        raise CoordinationError(f"the record of node '{self.node_id}' keeps changing; try again.")
+        put_record(self._txn, key, value, lease, last, self.identity)
+        self._record = (lease, value)
 
     def claim_slot(self, max_replicas: int, preferred: int | None = None) -> int | None:
         """Claim a replica-group slot: one this node id holds already, else ``preferred``,

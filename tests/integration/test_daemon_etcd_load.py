@@ -11,9 +11,12 @@ campaign while a leader holds the key.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
+from typing import Any
 
+import pyetcd
 import pytest
 
 from daemon.coordination.fencing import refresh_every_s
@@ -26,7 +29,18 @@ from tests.support.harness import start_daemon, wait_for
 pytestmark = pytest.mark.integration
 LEASE_TTL_S = 10
 WATCH_S = 8.0
+JOB = "itest"  # tests/integration/daemon_job.toml
 MOST_REQUESTS_PER_S = 2.0  # issue 35's steady-state target per node
+
+
+def record(etcd: ControlledEtcd) -> dict[str, Any]:
+    host, port = etcd.endpoint.split(":")
+    client = pyetcd.client(host=host, port=int(port), timeout=5)
+    try:
+        value, _ = client.get(f"/phalanx/{JOB}/nodes/node-a")
+    finally:
+        client.close()
+    return json.loads(value) if value else {}
 
 
 def requests(etcd: ControlledEtcd) -> dict[str, int]:
@@ -47,6 +61,9 @@ def test_a_training_daemon_sends_keepalives_and_rare_progress_and_nothing_else(
     )
     try:
         wait_for(lambda: daemon.step() >= 3, 120, "node-a to train")
+        # The record changes once more after the first quorum (participants); from then
+        # on nothing in it changes while the node trains.
+        wait_for(lambda: record(etcd).get("participants") == 1, 30, "the record's quorum")
         ticks_before = int((daemon.status() or {})["ticks"])
         published = len(daemon.events("checkpoint_published"))
         before = requests(etcd)
