@@ -119,6 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--project", type=sizes, default=[], help="sizes to project, not run")
     p.add_argument("--window", type=float, default=20.0, help="steady-state window (s)")
     p.add_argument("--settle", type=float, default=5.0, help="wait after all RUNNING (s)")
+    p.add_argument(
+        "--settle-max", type=float, default=120.0,
+        help="then wait at most this long for the nodes' rounds to come back to their tick",
+    )  # fmt: skip
     p.add_argument("--procs", type=int, default=0, help="worker processes besides the leader's")
     p.add_argument("--spares", type=int, default=0, help="nodes beyond job.max_replicas")
     p.add_argument("--ttl", type=int, default=None, help="etcd.lease_ttl_s (daemon default)")
@@ -132,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = Options(
         window=args.window,
         settle=args.settle,
+        settle_max=args.settle_max,
         procs=args.procs,
         spares=args.spares,
         ttl=args.ttl,

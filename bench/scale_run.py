@@ -29,6 +29,8 @@ from bench.scale_measures import DB_BYTES, RSS, Snapshot, rates, total
 from daemon.coordination.etcd_server import EmbeddedEtcd
 from daemon.supervision.supervisor import TICK_S
 
+QUIET_ROUNDS = 1.25  # rounds per TICK_S that count as a node's loop at rest
+
 JOB = "scale"
 POLL_S = 0.01  # failover polls
 STATS_EVERY_S = 0.5
@@ -39,6 +41,7 @@ SATURATED_PCT = 90.0
 class Options:
     window: float = 20.0
     settle: float = 5.0
+    settle_max: float = 120.0  # then measure anyway (settle())
     procs: int = 0  # 0: chosen from N
     spares: int = 0
     ttl: int | None = None  # None: the daemon's default etcd.lease_ttl_s
@@ -229,6 +232,9 @@ def _phases(
         }
         say(f"    {r.side}: all RUNNING after {r.running_s:.1f}s")
     time.sleep(opts.settle)
+    waited = settle(fleet, n, opts.settle_max)
+    if waited is not None:
+        r.notes.append(f"the nodes' rounds came back to their tick {waited:.0f}s after the settle")
     w0 = snapshot(etcd, fleet)
     time.sleep(opts.window)
     w1 = snapshot(etcd, fleet)
@@ -247,6 +253,21 @@ def _phases(
     r.failover["revoke"] = fail_over_by_revoke(client)
     r.failover["revoke"]["all_running_again_s"] = recover(fleet, n, slots, since, 60.0)
     say(f"    {r.side}: failover after revoke {r.failover['revoke']}")
+
+
+def settle(fleet: Fleet, n: int, most_s: float) -> float | None:
+    """Wait until the nodes' rounds are back to about one per TICK_S (their watches have
+    drained the join's events, which N nodes on one machine receive N times over); the
+    seconds waited, None at once. Gives up after `most_s`."""
+    start = time.monotonic()
+    while time.monotonic() - start < most_s:
+        a = fleet.stats()
+        time.sleep(2.0)
+        b = fleet.stats()
+        if (b["ticks"] - a["ticks"]) / 2.0 / n <= QUIET_ROUNDS / TICK_S:
+            waited = time.monotonic() - start
+            return None if waited < 2.5 else waited
+    return most_s
 
 
 def saturation(window: dict[str, float]) -> list[str]:

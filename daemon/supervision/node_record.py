@@ -2,9 +2,11 @@
 ``phalanx status`` see of it.
 
 The record is written when something in it changed (state, slot, address, ports,
-pids, quorum size, leader epoch), never on a timer: every write is an event that
-every other daemon's watch receives, so a record that changed every step cost N
-events per step across the job. The step, which does change every step, is written
+pids, quorum size, leader epoch), never on a timer, and at most once every
+``RECORD_GAP_S`` (changes within it go out together, the latest values): every write
+is an event that every other daemon's watch receives, so a record that changed every
+step cost N events per step across the job, and a node passing through joining,
+claiming, waiting and running within a second costs one or two. The step, which does change every step, is written
 apart (``daemon.coordination.progress``): when it changed and the last write is
 ``PROGRESS_EVERY_S`` old, at once on a new session and on the first step, and at once when another node
 asks for everyone's progress (the job's ``asks/progress`` changed). Liveness is the
@@ -25,6 +27,7 @@ from daemon.coordination.progress import PROGRESS_EVERY_S
 from daemon.node_state.view import NodeView
 
 _UNSET = object()
+RECORD_GAP_S = 1.0
 
 
 class NodeRecord:
@@ -34,6 +37,7 @@ class NodeRecord:
         self.view = view
         self.http_port = cfg.node.http_port  # the bound port (EtcdUpkeep.serving_http)
         self._written: dict[str, Any] = {}
+        self._written_at = -RECORD_GAP_S
         self._step_written: int | None = None
         self._step_written_at = 0.0
         self._ask_answered: object = _UNSET  # the asks/progress value last answered
@@ -57,11 +61,12 @@ class NodeRecord:
         }
 
     def update(self, epoch: int | None, epoch_step: int, force: bool = False) -> None:
-        """Write the record if it changed; raises the coordinator's errors."""
-        record = self.build(epoch, epoch_step)
-        if force or record != self._written:
+        """Write the record if it changed and the last write is RECORD_GAP_S old (a later
+        round writes what is held back); raises the coordinator's errors."""
+        record, now = self.build(epoch, epoch_step), time.monotonic()
+        if force or (record != self._written and now - self._written_at >= RECORD_GAP_S):
             self.coord.register(record)
-            self._written = record
+            self._written, self._written_at = record, now
             self.writes += 1
 
     def update_progress(self, asked: object) -> None:

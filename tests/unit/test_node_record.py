@@ -17,7 +17,7 @@ import pytest
 from daemon.config import load_daemon_config
 from daemon.coordination.progress import PROGRESS_EVERY_S
 from daemon.node_state import NodeView, State
-from daemon.supervision.node_record import NodeRecord
+from daemon.supervision.node_record import RECORD_GAP_S, NodeRecord
 
 JOB = Path(__file__).parents[1] / "integration" / "daemon_job.toml"
 
@@ -64,8 +64,24 @@ def test_the_record_is_written_when_it_changes_and_never_on_a_timer(
     record.update(None, 0)
     record.update(None, 0)
     assert [r["state"] for r in sent.records] == ["joining", "fenced"]
+    clock[0] += RECORD_GAP_S
     record.update(7, 49)  # a new leader epoch is a change too
     assert sent.records[-1]["epoch"] == 7 and len(sent.records) == 3
+
+
+def test_changes_within_the_gap_go_out_together_with_the_latest_values(
+    tmp_path: Path, clock: list[float]
+) -> None:
+    record, sent, view = made(tmp_path)
+    record.update(None, 0, force=True)  # registering
+    for state in (State.CLAIMING, State.WAITING, State.RUNNING):  # a quick join
+        view.state = state
+        clock[0] += 0.25  # a round
+        record.update(None, 0)
+    assert [r["state"] for r in sent.records] == ["joining"]
+    clock[0] += RECORD_GAP_S
+    record.update(None, 0)
+    assert [r["state"] for r in sent.records] == ["joining", "running"]
 
 
 def test_the_step_is_written_first_at_its_first_move_then_every_period(
