@@ -8,8 +8,11 @@ set up and torn down every second on etcd, for every node (issue 35). Here:
   client, with no deadline. Requests come from a queue (gRPC's own sender thread
   drains it), answers are read by one daemon thread (``phalanx-keepalive-stream``)
   onto an answer queue. :meth:`LeaseKeepAlive.refresh` sends one request and waits
-  up to ``timeout_s`` for its answer. A gRPC error, a stream that etcd closed, or no
-  answer in time tears the stream down, and the refresh raises through
+  up to ``timeout_s`` for its answer; answers come in order, so one read late still
+  confirms the lease as of its own send time. A gRPC error, a stream that etcd
+  closed, or a request unanswered for half the TTL tears the stream down (a daemon
+  short of CPU reads its answers late: tearing the stream down at every slow answer
+  made an overloaded node lose its lease sooner), and the refresh raises through
   ``_Connection.call`` (``translate_error``: :class:`EtcdUnavailable`, or
   :class:`EtcdAccessDenied` for auth and TLS problems), which also discards the
   client after a transient failure. The next refresh opens a new stream, on a fresh
@@ -29,6 +32,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -73,6 +77,7 @@ class _Stream:
     def __init__(self, client: Any) -> None:
         self.client = client
         self._requests: queue.Queue[Any] = queue.Queue()  # None ends the request iterator
+        self._unanswered: deque[float] = deque()  # send times, oldest first (refresh only)
         self._answers: queue.Queue[Any] = queue.Queue()
         self._ended = threading.Event()
         self._call = client.leasestub.LeaseKeepAlive(
@@ -89,15 +94,28 @@ class _Stream:
     def ended(self) -> bool:
         return self._ended.is_set()
 
-    def refresh(self, lease_id: int, timeout_s: float) -> int:
-        """Send one keepalive; the TTL etcd answered (<= 0: the lease is gone). Raises a
-        gRPC error (the stream is closed then)."""
+    def refresh(self, lease_id: int, timeout_s: float, stale_s: float) -> tuple[int, float]:
+        """Send one keepalive; (the TTL etcd answered, <= 0: the lease is gone; the send
+        time of the request answered). Answers come in the order of the requests, so one
+        that comes late (its refresh gave up waiting) still confirms the lease, as of its
+        own send time. No answer within `timeout_s` raises a gRPC error; the stream is
+        closed only once a request has waited `stale_s` (or on an error): a daemon short
+        of CPU reads its answers late, and a new stream would cost more than waiting."""
+        sent = time.monotonic()
+        self._unanswered.append(sent)
         self._requests.put(etcdrpc.LeaseKeepAliveRequest(ID=lease_id))
-        deadline = time.monotonic() + timeout_s
-        while True:
+        deadline, best = sent + timeout_s, None
+        while self._unanswered:
             try:
                 answer = self._answers.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
+                if best is not None:  # a late answer confirmed the lease meanwhile
+                    return best
+                waited = time.monotonic() - self._unanswered[0]
+                if waited < stale_s:  # not through the connection: it would drop the client
+                    raise EtcdUnavailable(
+                        f"etcd has not answered a lease keepalive for {waited:.1f} s."
+                    ) from None
                 self.close()
                 raise _StreamError(
                     grpc.StatusCode.DEADLINE_EXCEEDED, "no lease keepalive answer in time"
@@ -109,8 +127,13 @@ class _Stream:
                 raise _StreamError(
                     grpc.StatusCode.UNAVAILABLE, "etcd closed the lease keepalive stream"
                 )
-            if int(answer.ID) == lease_id:  # one request at a time: never another's answer
-                return int(answer.TTL)
+            asked = self._unanswered.popleft()
+            if int(answer.ID) == lease_id:
+                best = (int(answer.TTL), asked)
+                if best[0] <= 0:
+                    return best
+        assert best is not None  # the last answer was this request's
+        return best
 
     def close(self) -> None:
         """End the request iterator (gRPC's sender thread returns) and cancel the call (the
@@ -150,14 +173,16 @@ class LeaseKeepAlive:
     def timeout_s(self) -> float:
         return self.conn.timeout_s
 
-    def refresh(self, lease_id: int, timeout_s: float) -> int:
-        """One keepalive of `lease_id` on the stream; the TTL etcd answered (<= 0: the
-        lease is gone). Raises :class:`CoordinationError` (:class:`EtcdUnavailable` while
-        etcd is away), having torn the stream down."""
+    def refresh(self, lease_id: int, timeout_s: float, stale_s: float) -> tuple[int, float]:
+        """One keepalive of `lease_id` on the stream: (the TTL etcd answered, <= 0: the
+        lease is gone; the send time it confirms). Raises :class:`CoordinationError`
+        (:class:`EtcdUnavailable` while etcd is away); see :meth:`_Stream.refresh`."""
         with self._lock:
             if self._closed:
                 raise CoordinationError("the lease keepalive is closed.")
-            return self.conn.call(lambda client: self._on(client).refresh(lease_id, timeout_s))
+            return self.conn.call(
+                lambda client: self._on(client).refresh(lease_id, timeout_s, stale_s)
+            )
 
     def close(self) -> None:
         """Close the stream, its reader thread and the connection (the keepalive's own);
@@ -297,9 +322,9 @@ class _Session:
 
     def _refresh_on_stream(self) -> bool:
         """One keepalive on the stream, its outcome kept (hold ``_refreshing``)."""
-        sent = time.monotonic()
+        stale_s = max(self._keepalive.timeout_s, self.ttl / 2.0)
         try:
-            ttl = self._keepalive.refresh(self.lease_id, self._keepalive.timeout_s)
+            ttl, sent = self._keepalive.refresh(self.lease_id, self._keepalive.timeout_s, stale_s)
         except CoordinationError as exc:
             with self._lock:
                 self._attempts += 1

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from daemon.coordination.coordinator import EtcdSettings
+from daemon.coordination.coordinator import Coordinator, EtcdSettings
+from tests.support.coordinators import MakeCoordinator
 from tests.support.etcd_control import ControlledEtcd
 from tests.support.netns import Network
 
@@ -28,6 +29,25 @@ def etcd(tmp_path: Path) -> Iterator[ControlledEtcd]:
 def etcd_settings(etcd: ControlledEtcd) -> EtcdSettings:
     """Client settings for :func:`etcd`, with a short per-request deadline."""
     return EtcdSettings(endpoints=[etcd.endpoint], timeout_s=2.0)
+
+
+@pytest.fixture
+def make_coordinator(etcd_settings: EtcdSettings) -> Iterator[MakeCoordinator]:
+    """Coordinators of job "demo" with a live session, closed (lease revoked) after the test:
+    ``make_coordinator(node_id, ttl=10, settings=None)``; `settings` default to
+    :func:`etcd_settings`."""
+    made: list[Coordinator] = []
+
+    def factory(node_id: str, ttl: int = 10, settings: EtcdSettings | None = None) -> Coordinator:
+        c = Coordinator(settings or etcd_settings, "demo", node_id, ttl)
+        c.connect()
+        assert c.ensure_session() is True
+        made.append(c)
+        return c
+
+    yield factory
+    for c in made:
+        c.close()
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ import dataclasses
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -23,31 +22,18 @@ from daemon.coordination.coordinator import (
 )
 from daemon.coordination.etcd_server import EmbeddedEtcd, EtcdStartError, find_etcd_binary
 from daemon.coordination.identity import Identity, new_instance
-from tests.support.coordinators import reachable, wait_for
+from tests.support.coordinators import MakeCoordinator, reachable, wait_for
 from tests.support.etcd_control import ControlledEtcd
 from tests.support.etcd_metrics import calls
 
 pytestmark = pytest.mark.integration
 
 SPEC = {"model": "m1", "train": "t1", "data": "d1"}
-MakeCoordinator = Callable[..., Coordinator]
 
 
 @pytest.fixture
-def make(etcd_settings: EtcdSettings) -> Iterator[MakeCoordinator]:
-    """Coordinators with a live session, closed (lease revoked) after the test."""
-    made: list[Coordinator] = []
-
-    def factory(node_id: str, ttl: int = 10, settings: EtcdSettings | None = None) -> Coordinator:
-        c = Coordinator(settings or etcd_settings, "demo", node_id, ttl)
-        c.connect()
-        assert c.ensure_session() is True
-        made.append(c)
-        return c
-
-    yield factory
-    for c in made:
-        c.close()
+def make(make_coordinator: MakeCoordinator) -> MakeCoordinator:
+    return make_coordinator
 
 
 # ------------------------------------------------------------------- embedded etcd

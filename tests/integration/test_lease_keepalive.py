@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
 
 import pytest
 
 from daemon.coordination.coordinator import Coordinator, EtcdSettings, EtcdUnavailable
 from daemon.coordination.fencing import refresh_every_s
-from tests.support.coordinators import wait_for
+from tests.support.coordinators import MakeCoordinator, wait_for
 from tests.support.etcd_control import ControlledEtcd
 from tests.support.etcd_metrics import counter
 
@@ -26,24 +25,13 @@ pytestmark = pytest.mark.integration
 TTL_S = 10
 HOLD_S = 6.0
 ROUND_S = 0.25  # the supervisor's tick (daemon.supervision.supervisor.TICK_S)
-MakeCoordinator = Callable[[str], Coordinator]
 
 
 @pytest.fixture
-def make(etcd: ControlledEtcd) -> Iterator[MakeCoordinator]:
-    """Coordinators (lease TTL 10 s, 1 s deadline) with a live session, closed after."""
-    made: list[Coordinator] = []
-
-    def factory(node_id: str) -> Coordinator:
-        c = Coordinator(EtcdSettings([etcd.endpoint], timeout_s=1.0), "demo", node_id, TTL_S)
-        c.connect()
-        assert c.ensure_session() is True
-        made.append(c)
-        return c
-
-    yield factory
-    for c in made:
-        c.close()
+def make(make_coordinator: MakeCoordinator, etcd: ControlledEtcd) -> MakeCoordinator:
+    """Coordinators with lease TTL 10 s and a 1 s deadline."""
+    settings = EtcdSettings([etcd.endpoint], timeout_s=1.0)
+    return lambda node_id: make_coordinator(node_id, TTL_S, settings)
 
 
 def streams(etcd: ControlledEtcd) -> int:

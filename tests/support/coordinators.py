@@ -9,6 +9,8 @@ import pytest
 
 from daemon.coordination.coordinator import Coordinator, EtcdUnavailable
 
+MakeCoordinator = Callable[..., Coordinator]  # the make_coordinator fixture's factory
+
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
     """Poll ``predicate`` until it holds; fail naming ``what`` after ``timeout_s``."""
