@@ -128,6 +128,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ttl", type=int, default=None, help="etcd.lease_ttl_s (daemon default)")
     p.add_argument("--join-timeout", type=float, default=120.0, help="give up joining after (s)")
     p.add_argument("--no-failover", action="store_true", help="skip the two leader failovers")
+    p.add_argument(
+        "--ramp", action="store_true",
+        help="start one worker's nodes at a time (measures the steady state of a size "
+        "whose simultaneous join this machine cannot carry)",
+    )  # fmt: skip
     p.add_argument("--baseline", default=DEFAULT_BASELINE, help="git revision of the baseline")
     p.add_argument("--no-baseline", action="store_true", help="run the working tree only")
     p.add_argument("--json", type=Path, help="write every measure here")
@@ -142,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         ttl=args.ttl,
         join_timeout=args.join_timeout,
         failover=not args.no_failover,
+        ramp=args.ramp,
     )
     facts = machine()
     say(f"machine: {facts}")

@@ -47,6 +47,7 @@ class Options:
     ttl: int | None = None  # None: the daemon's default etcd.lease_ttl_s
     join_timeout: float = 120.0
     failover: bool = True
+    ramp: bool = False  # start the workers one after another (a size too big to join at once)
 
 
 @dataclass
@@ -101,6 +102,10 @@ def wait_until(
 def all_running(nodes: int, slots: int) -> Callable[[dict[str, Any]], bool]:
     want = min(nodes, slots)
     return lambda s: s["registered"] == nodes and s["states"].get("running", 0) == want
+
+
+def running_at_least(count: int) -> Callable[[dict[str, Any]], bool]:
+    return lambda s: bool(s["states"].get("running", 0) >= count)
 
 
 def _holder(value: bytes | None) -> str | None:
@@ -205,10 +210,19 @@ def _phases(
     r.ttl = int(client.get_lease_info(lease).grantedTTL) if lease else r.ttl
     before = snapshot(etcd, fleet, with_stats=False)
     t0 = time.monotonic()
-    for w in fleet.workers[1:]:
-        w.send("go")
-    for w in fleet.workers[1:]:
-        w.wait(30.0)
+    if opts.ramp:  # one worker's nodes at a time, each wave once the last runs
+        r.notes.append("ramped start: one worker's nodes joined at a time")
+        started = 1
+        for w in fleet.workers[1:]:
+            w.send("go")
+            w.wait(30.0)
+            started += int(w.count)
+            wait_until(fleet, running_at_least(started), 120.0)
+    else:
+        for w in fleet.workers[1:]:
+            w.send("go")
+        for w in fleet.workers[1:]:
+            w.wait(30.0)
     where = ", ".join(r.daemon_dirs)
     say(f"    {r.side}: {n} nodes in {len(fleet.workers)} workers (daemon from {where}) started")
     joined = wait_until(fleet, all_running(n, slots), opts.join_timeout)

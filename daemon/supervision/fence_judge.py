@@ -54,6 +54,12 @@ class FenceJudge:
         if running:
             self.trained_epoch, self.epoch_step = epoch, step
 
+    def discard(self, step: int, why: str) -> tuple[Fence, str]:
+        """DISCARD the paused ranks' state for `why` (the lost lease counts as judged)."""
+        logs.get().warning("fence_discarding", reason=why, step=step)
+        self.lease_lost = False
+        return Fence.DISCARD, why
+
     def verdict(
         self, job: JobView | None, step: int, snapshot_at: float, shown: str | None
     ) -> tuple[Fence, str]:

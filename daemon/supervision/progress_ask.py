@@ -4,8 +4,10 @@
 this node: their steps against ours. Progress is written only every
 ``PROGRESS_EVERY_S`` (``daemon.coordination.progress``), so the node asks for it
 first (one put every daemon watches), then reads the progress keys each round until
-every running node has answered or ``ASK_WAIT_S`` has passed, and judges with the
-steps it has then. One ask per lost lease; nothing is sent otherwise.
+every running node has answered. A node that has not answered within ``ASK_WAIT_S``
+(dead with its lease still running, or too loaded to answer) may have gone on without
+us, so the ranks are then discarded (restarted to heal from the others), never kept
+on steps that may be stale. One ask per lost lease; nothing is sent otherwise.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from typing import Any
 from daemon.coordination import Coordinator, JobView
 from daemon.coordination.progress import ASK_WAIT_S, Progress, answered, with_steps
 
+__all__ = ["ASK_WAIT_S", "ProgressAsk"]
+
 Attempt = Callable[[str, Callable[[], Any]], tuple[bool, Any]]
 
 
@@ -26,9 +30,10 @@ class ProgressAsk:
         self.attempt = attempt  # EtcdUpkeep._attempt: errors become state, not exceptions
         self._ask: tuple[int, float] | None = None  # (its revision, when it was put)
 
-    def nodes(self, job: JobView) -> dict[str, dict[str, Any]] | None:
-        """The job's node records with current steps; None while the answers are awaited
-        (or etcd is away): the ranks stay paused."""
+    def nodes(self, job: JobView) -> tuple[dict[str, dict[str, Any]], bool] | None:
+        """The job's node records with the steps their progress holds, and whether every
+        running node answered; None while the answers are awaited (or etcd is away): the
+        ranks stay paused."""
         if self._ask is None:
             ok, revision = self.attempt("progress", self.coord.ask_progress)
             if not ok:
@@ -39,10 +44,10 @@ class ProgressAsk:
             return None
         found: dict[str, Progress] = progress
         revision, at = self._ask
-        waited = time.monotonic() - at >= ASK_WAIT_S
-        if not waited and not answered(found, job.nodes, self.coord.node_id, revision):
-            return None  # then judged with the steps there are
-        return with_steps(job.nodes, found)
+        complete = answered(found, job.nodes, self.coord.node_id, revision)
+        if not complete and time.monotonic() - at < ASK_WAIT_S:
+            return None
+        return with_steps(job.nodes, found), complete
 
     def done(self) -> None:
         """The lost lease is judged: the next one asks again."""

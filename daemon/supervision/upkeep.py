@@ -59,7 +59,7 @@ from daemon.supervision.held_id import HeldIdWait
 from daemon.supervision.job_follow import JobFollower
 from daemon.supervision.lease_file import LeaseFile
 from daemon.supervision.node_record import NodeRecord
-from daemon.supervision.progress_ask import ProgressAsk
+from daemon.supervision.progress_ask import ASK_WAIT_S, ProgressAsk
 from trainer import logs
 
 
@@ -217,10 +217,16 @@ class EtcdUpkeep:
         view, judge = self.view, self.judge
         job = view.job
         if judge.lease_lost and not judge.fenced and job and self.snapshot_at >= judge.answered_at:
-            nodes = self.progress_ask.nodes(job)
-            if nodes is None:
+            asked = self.progress_ask.nodes(job)
+            if asked is None:
                 return Fence.HOLD, "waiting for the other nodes' progress"
-            job = replace(job, nodes=nodes)
+            if not asked[1]:
+                self.progress_ask.done()
+                return judge.discard(
+                    view.step,
+                    f"not every running node answered within {ASK_WAIT_S:g} s, so they may have gone on without us",
+                )
+            job = replace(job, nodes=asked[0])
         verdict = judge.verdict(job, view.step, self.snapshot_at, view.waiting_for)
         if not judge.lease_lost:
             self.progress_ask.done()
