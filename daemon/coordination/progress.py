@@ -1,8 +1,10 @@
-"""Each node's progress (its group's step), kept where no daemon's watch hears it.
+"""Each node's progress (its group's step, quorum size and leader epoch), kept where no
+daemon's watch hears it.
 
-A node's step moves every training step. In its record (``nodes/<id>``, under the
-watched job prefix) every update was an event every other daemon received, N
-daemons times N writers. It lives instead under ``/phalanx/_progress/<job>/<node>``
+A node's step moves every training step; its quorum size changes whenever any group
+joins or leaves, its leader epoch whenever the leader changes. In its record
+(``nodes/<id>``, under the watched job prefix) every such update was an event every
+other daemon received, N daemons times N writers. It lives instead under ``/phalanx/_progress/<job>/<node>``
 ('_' cannot begin a job name, so no job's prefix holds it), bound to the node's
 lease, written when the step changed and the last write is ``PROGRESS_EVERY_S`` old
 (``daemon.supervision.node_record``), and read only when asked for:
@@ -28,12 +30,14 @@ from daemon.coordination.records import key_text, load_value
 PROGRESS_EVERY_S = 10.0
 ASK_KEY = "asks/progress"  # below the job prefix: every daemon watches it
 ASK_WAIT_S = 3.0  # how long an asking node waits for every running node's answer
+FIELDS = ("step", "participants", "epoch", "epoch_step")
 
 
 @dataclass(frozen=True)
 class Progress:
     step: int | None
     revision: int  # the key's mod revision: newer than an ask's revision answers it
+    fields: dict[str, Any]  # as written: step, participants, epoch, epoch_step
 
 
 def progress_prefix(job: str) -> str:
@@ -55,7 +59,9 @@ def parse_progress(job: str, kvs: Iterable[Any]) -> dict[str, Progress]:
             continue
         step = value.get("step")
         valid = isinstance(step, int) and not isinstance(step, bool)
-        found[key[len(prefix) :]] = Progress(step if valid else None, int(kv.mod_revision))
+        found[key[len(prefix) :]] = Progress(
+            step if valid else None, int(kv.mod_revision), {k: value.get(k) for k in FIELDS}
+        )
     return found
 
 
@@ -73,8 +79,9 @@ def answered(
 def with_steps(
     nodes: dict[str, dict[str, Any]], progress: dict[str, Progress]
 ) -> dict[str, dict[str, Any]]:
-    """The nodes' records with the step from their progress (where there is one)."""
+    """The nodes' records with their progress (step, quorum size, leader epoch) where
+    there is one."""
     return {
-        name: {**record, "step": progress[name].step} if name in progress else dict(record)
+        name: {**record, **progress[name].fields} if name in progress else dict(record)
         for name, record in nodes.items()
     }

@@ -2,15 +2,16 @@
 ``phalanx status`` see of it.
 
 The record is written when something in it changed (state, slot, address, ports,
-pids, quorum size, leader epoch), never on a timer, and at most once every
-``RECORD_GAP_S`` (changes within it go out together, the latest values): every write
-is an event that every other daemon's watch receives, so a record that changed every
-step cost N events per step across the job, and a node passing through joining,
-claiming, waiting and running within a second costs one or two. The step, which does change every step, is written
-apart (``daemon.coordination.progress``): when it changed and the last write is
-``PROGRESS_EVERY_S`` old, at once on a new session and on the first step, and at once when another node
-asks for everyone's progress (the job's ``asks/progress`` changed). Liveness is the
-lease's, not the record's.
+pids), never on a timer, and at most once every ``RECORD_GAP_S`` (changes within it
+go out together, the latest values): every write is an event that every other
+daemon's watch receives. What changes with training rather than with the node's
+state lives apart, in its progress (``daemon.coordination.progress``): the step
+(every step), the quorum size and the leader epoch (each time a node joins or leaves
+the quorum, or the leader changes: in the record, one failure made every node write
+and every node hear all N writes). Progress is written when it changed and the last
+write is ``PROGRESS_EVERY_S`` old, at once on a new session and on the first step,
+and at once when another node asks for everyone's progress (the job's
+``asks/progress`` changed). Liveness is the lease's, not the record's.
 """
 
 from __future__ import annotations
@@ -39,12 +40,13 @@ class NodeRecord:
         self._written: dict[str, Any] = {}
         self._written_at = -RECORD_GAP_S
         self._step_written: int | None = None
+        self._progress: dict[str, Any] = {}
         self._step_written_at = 0.0
         self._ask_answered: object = _UNSET  # the asks/progress value last answered
         self.machine = machine_id()  # tells this node's host from other machines'
         self.writes = 0  # record puts (tests and the bench count them)
 
-    def build(self, epoch: int | None, epoch_step: int) -> dict[str, Any]:
+    def build(self) -> dict[str, Any]:
         v = self.view
         return {
             "host": self.cfg.advertise_host,
@@ -54,32 +56,34 @@ class NodeRecord:
             "version": __version__,
             "group": v.slot,
             "state": v.state.value,
-            "participants": v.participants,
             "pids": v.pids,
-            "epoch": epoch,
-            "epoch_step": epoch_step,
         }
 
-    def update(self, epoch: int | None, epoch_step: int, force: bool = False) -> None:
+    def update(self, force: bool = False) -> None:
         """Write the record if it changed and the last write is RECORD_GAP_S old (a later
         round writes what is held back); raises the coordinator's errors."""
-        record, now = self.build(epoch, epoch_step), time.monotonic()
+        record, now = self.build(), time.monotonic()
         if force or (record != self._written and now - self._written_at >= RECORD_GAP_S):
             self.coord.register(record)
             self._written, self._written_at = record, now
             self.writes += 1
 
-    def update_progress(self, asked: object) -> None:
-        """Write the step if it is due, or if `asked` (the job's asks/progress value) is
-        one not answered yet; raises the coordinator's errors."""
-        step, now = self.view.step, time.monotonic()
+    def update_progress(self, asked: object, epoch: int | None, epoch_step: int) -> None:
+        """Write the progress if it is due, or if `asked` (the job's asks/progress value)
+        is one not answered yet; raises the coordinator's errors. `epoch`, `epoch_step`:
+        the leader epoch the ranks train under and our step when it began (fencing)."""
+        v, now = self.view, time.monotonic()
+        progress = {
+            "step": v.step, "participants": v.participants,
+            "epoch": epoch, "epoch_step": epoch_step,
+        }  # fmt: skip
         ask = asked is not None and asked != self._ask_answered
-        stale = step != self._step_written and now - self._step_written_at >= PROGRESS_EVERY_S
-        began = self._step_written == 0 and step > 0  # status shows training has begun
+        stale = progress != self._progress and now - self._step_written_at >= PROGRESS_EVERY_S
+        began = self._step_written == 0 and v.step > 0  # status shows training has begun
         if not (ask or stale or began or self._step_written is None):
             return
-        self.coord.put_progress({"step": step})
-        self._step_written, self._step_written_at = step, now
+        self.coord.put_progress(progress)
+        self._progress, self._step_written, self._step_written_at = progress, v.step, now
         self._ask_answered = asked
 
     def forget(self) -> None:

@@ -339,9 +339,10 @@ class EtcdUpkeep:
         self._update_record(force=True)
 
     def _update_record(self, force: bool = False) -> None:
-        self.record.update(self.judge.trained_epoch, self.judge.epoch_step, force=force)
-        job = self.view.job
-        self.record.update_progress(job.progress_asked if job else None)
+        self.record.update(force=force)
+        job, judge = self.view.job, self.judge
+        asked = job.progress_asked if job else None
+        self.record.update_progress(asked, judge.trained_epoch, judge.epoch_step)
 
     def _publish_checkpoint(self) -> None:
         """checkpoints/latest in etcd, from the main loop (rank threads only record it);

@@ -54,33 +54,37 @@ def test_the_record_is_written_when_it_changes_and_never_on_a_timer(
     tmp_path: Path, clock: list[float]
 ) -> None:
     record, sent, view = made(tmp_path)
-    record.update(None, 0)
+    record.update()
     for step in range(1, 50):  # training: the step moves, nothing in the record does
         view.step = step
         clock[0] += 1.0
-        record.update(None, 0)
+        record.update()
     assert len(sent.records) == 1 and "step" not in sent.records[0]
     view.state = State.FENCED
-    record.update(None, 0)
-    record.update(None, 0)
+    record.update()
+    record.update()
     assert [r["state"] for r in sent.records] == ["joining", "fenced"]
     clock[0] += RECORD_GAP_S
-    record.update(7, 49)  # a new leader epoch is a change too
-    assert sent.records[-1]["epoch"] == 7 and len(sent.records) == 3
+    view.participants = 3  # a group joined the quorum: progress, not the record
+    record.update()
+    assert len(sent.records) == 2 and "participants" not in sent.records[-1]
+    view.slot = 4
+    record.update()
+    assert sent.records[-1]["group"] == 4 and len(sent.records) == 3
 
 
 def test_changes_within_the_gap_go_out_together_with_the_latest_values(
     tmp_path: Path, clock: list[float]
 ) -> None:
     record, sent, view = made(tmp_path)
-    record.update(None, 0, force=True)  # registering
+    record.update(force=True)  # registering
     for state in (State.CLAIMING, State.WAITING, State.RUNNING):  # a quick join
         view.state = state
         clock[0] += 0.25  # a round
-        record.update(None, 0)
+        record.update()
     assert [r["state"] for r in sent.records] == ["joining"]
     clock[0] += RECORD_GAP_S
-    record.update(None, 0)
+    record.update()
     assert [r["state"] for r in sent.records] == ["joining", "running"]
 
 
@@ -88,30 +92,41 @@ def test_the_step_is_written_first_at_its_first_move_then_every_period(
     tmp_path: Path, clock: list[float]
 ) -> None:
     record, sent, view = made(tmp_path)
-    record.update_progress(None)
+    record.update_progress(None, None, 0)
     view.step = 1
-    record.update_progress(None)  # training began: at once
+    record.update_progress(None, None, 0)  # training began: at once
     for _ in range(int(PROGRESS_EVERY_S) - 1):
         clock[0] += 1.0
         view.step += 1
-        record.update_progress(None)
+        record.update_progress(None, None, 0)
     assert [p["step"] for p in sent.progress] == [0, 1]
     clock[0] += 1.0
-    record.update_progress(None)
+    record.update_progress(None, None, 0)
     assert [p["step"] for p in sent.progress] == [0, 1, view.step]
+    view.participants = 2
+    record.update_progress(None, 7, view.step)  # a new epoch, a new quorum: due in time
+    assert len(sent.progress) == 3
+    clock[0] += PROGRESS_EVERY_S
+    record.update_progress(None, 7, view.step)
+    assert sent.progress[-1] == {
+        "step": view.step,
+        "participants": 2,
+        "epoch": 7,
+        "epoch_step": view.step,
+    }
 
 
 def test_each_ask_is_answered_at_once_and_only_once(tmp_path: Path, clock: list[float]) -> None:
     record, sent, view = made(tmp_path)
-    record.update_progress(None)
+    record.update_progress(None, None, 0)
     view.step = 5
-    record.update_progress(None)
+    record.update_progress(None, None, 0)
     first = {"node": "node-b", "instance": "i", "at": 1}
-    record.update_progress(first)
-    record.update_progress(first)
+    record.update_progress(first, None, 0)
+    record.update_progress(first, None, 0)
     again = {"node": "node-b", "instance": "i", "at": 2}  # the same node asks again
-    record.update_progress(again)
+    record.update_progress(again, None, 0)
     assert [p["step"] for p in sent.progress] == [0, 5, 5, 5]
     record.forget()  # a new session writes at once
-    record.update_progress(again)
+    record.update_progress(again, None, 0)
     assert len(sent.progress) == 5
