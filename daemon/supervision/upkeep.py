@@ -5,8 +5,9 @@ in the daemon, and no coordination error leaves it as an exception. Each one
 becomes what the state machine needs to know:
 
 * etcd unreachable (or a lost lease): ``view.etcd_up`` goes false, the round is
-  retried with backoff (attempts.py, which turns every error into state); only once the lease is in doubt does :attr:`fenced`
-  go true (``daemon.coordination.fencing``: the lighthouse stops, the supervisor pauses the ranks);
+  retried with backoff (attempts.py, which turns every error into state); only once
+  the lease is in doubt does :attr:`fenced` go true (``daemon.coordination.fencing``:
+  the lighthouse stops, the supervisor pauses the ranks);
 * a conflict (a compare-and-swap that lost a race, ``NotLeader``, a key that
   "keeps changing"): logged as ``etcd_retry`` and tried again next round;
 * a refusal that is the user's to fix (another job file, wrong credentials, a
@@ -222,10 +223,8 @@ class EtcdUpkeep:
                 return Fence.HOLD, "waiting for the other nodes' progress"
             if not asked[1]:
                 self.progress_ask.done()
-                return judge.discard(
-                    view.step,
-                    f"not every running node answered within {ASK_WAIT_S:g} s, so they may have gone on without us",
-                )
+                why = f"not every running node answered within {ASK_WAIT_S:g} s"
+                return judge.discard(view.step, f"{why}: they may have gone on without us")
             job = replace(job, nodes=asked[0])
         verdict = judge.verdict(job, view.step, self.snapshot_at, view.waiting_for)
         if not judge.lease_lost:
