@@ -21,6 +21,7 @@ import pytest
 
 from daemon.coordination.fencing import refresh_every_s
 from daemon.coordination.progress import PROGRESS_EVERY_S
+from daemon.supervision.node_record import RECORD_GAP_S
 from daemon.supervision.supervisor import TICK_S
 from tests.support.etcd_control import ControlledEtcd
 from tests.support.etcd_metrics import calls, counter
@@ -61,9 +62,11 @@ def test_a_training_daemon_sends_keepalives_and_rare_progress_and_nothing_else(
     )
     try:
         wait_for(lambda: daemon.step() >= 3, 120, "node-a to train")
-        # The record changes once more after the first quorum (participants); from then
-        # on nothing in it changes while the node trains.
-        wait_for(lambda: record(etcd).get("participants") == 1, 30, "the record's quorum")
+        # The record's last change is the ranks' start (state running, their pids), held
+        # back up to RECORD_GAP_S; from then on nothing in it changes while the node trains.
+        wait_for(lambda: record(etcd).get("state") == "running", 30, "the record to say running")
+        wait_for(lambda: bool(record(etcd).get("pids")), 30, "the record to hold the ranks")
+        time.sleep(RECORD_GAP_S + 2 * TICK_S)
         ticks_before = int((daemon.status() or {})["ticks"])
         published = len(daemon.events("checkpoint_published"))
         before = requests(etcd)
