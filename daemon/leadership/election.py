@@ -51,7 +51,6 @@ class Leadership:
         self.started_at = 0.0
         self.cooldown_until = 0.0
         self.must_resign = False
-        self.campaigns = 0  # transactions sent (the bench and tests count them)
         self.log = logs.get()
 
     @property
@@ -77,7 +76,6 @@ class Leadership:
             return  # resigned after a failed start: let another node lead
         was_leader = view.leader
         if self.must_campaign(view):
-            self.campaigns += 1
             view.leader = self.coord.campaign()
         if view.leader and not was_leader:
             self.log.info("leader_elected", node=self.cfg.node_id)

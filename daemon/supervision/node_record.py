@@ -39,12 +39,10 @@ class NodeRecord:
         self.http_port = cfg.node.http_port  # the bound port (EtcdUpkeep.serving_http)
         self._written: dict[str, Any] = {}
         self._written_at = -RECORD_GAP_S
-        self._step_written: int | None = None
-        self._progress: dict[str, Any] = {}
-        self._step_written_at = 0.0
+        self._progress: dict[str, Any] = {}  # as last written; empty: none since the session
+        self._progress_at = 0.0
         self._ask_answered: object = _UNSET  # the asks/progress value last answered
         self.machine = machine_id()  # tells this node's host from other machines'
-        self.writes = 0  # record puts (tests and the bench count them)
 
     def build(self) -> dict[str, Any]:
         v = self.view
@@ -66,7 +64,6 @@ class NodeRecord:
         if force or (record != self._written and now - self._written_at >= RECORD_GAP_S):
             self.coord.register(record)
             self._written, self._written_at = record, now
-            self.writes += 1
 
     def update_progress(self, asked: object, epoch: int | None, epoch_step: int) -> None:
         """Write the progress if it is due, or if `asked` (the job's asks/progress value)
@@ -78,14 +75,14 @@ class NodeRecord:
             "epoch": epoch, "epoch_step": epoch_step,
         }  # fmt: skip
         ask = asked is not None and asked != self._ask_answered
-        stale = progress != self._progress and now - self._step_written_at >= PROGRESS_EVERY_S
-        began = self._step_written == 0 and v.step > 0  # status shows training has begun
-        if not (ask or stale or began or self._step_written is None):
+        stale = progress != self._progress and now - self._progress_at >= PROGRESS_EVERY_S
+        began = self._progress.get("step") == 0 and v.step > 0  # status: training has begun
+        if not (ask or stale or began or not self._progress):
             return
         self.coord.put_progress(progress)
-        self._progress, self._step_written, self._step_written_at = progress, v.step, now
+        self._progress, self._progress_at = progress, now
         self._ask_answered = asked
 
     def forget(self) -> None:
         """A new session: the next updates write the record and the step."""
-        self._written, self._step_written = {}, None
+        self._written, self._progress = {}, {}
