@@ -158,6 +158,7 @@ def run(cfg: DaemonConfig) -> int:
                 cfg.node_id,
                 cfg.etcd.lease_ttl_s,
                 take_identity(cfg.node_id, run_dir),
+                leader_ttl_s=cfg.etcd.leader_ttl_s,
             )
         except CoordinationError as e:  # the settings themselves: bad input
             print(f"error: {e}", file=sys.stderr)

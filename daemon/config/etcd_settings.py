@@ -139,6 +139,11 @@ def check_etcd_job(cfg: DaemonConfig, path: str | Path) -> None:
         )
     except ValueError as e:
         raise ConfigError(f"{path}: {e}.") from None
+    if etcd.leader_ttl_s > etcd.lease_ttl_s:
+        raise ConfigError(
+            f"{path}: etcd.leader_ttl_s ({etcd.leader_ttl_s}) must not exceed etcd.lease_ttl_s "
+            f"({etcd.lease_ttl_s}); lower etcd.leader_ttl_s."
+        )
     for field in ("ca_file", "cert_file", "key_file", "password_file"):
         value = getattr(etcd, field)
         if value and not Path(value).is_file():

@@ -84,6 +84,13 @@ class EtcdConfig(Section):
     timeout_s: float = Field(
         5.0, gt=0, description="Deadline of each etcd request; must be below lease_ttl_s."
     )
+    leader_ttl_s: int = Field(
+        2,
+        ge=1,
+        le=300,
+        description="The leader key's own lease TTL, at most lease_ttl_s: a dead leader is "
+        "replaced after it (etcd grants at least 2 s with its default timing).",
+    )
 
 
 class NodeConfig(Section):

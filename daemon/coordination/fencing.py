@@ -5,11 +5,12 @@ of replica groups commits steps, and a group on the losing side never becomes th
 state that survives (a healing source or a checkpoint).
 
 * **Fence.** A node whose lease has not been confirmed for ``TTL - margin``
-  (:func:`fence_margin_s`) is *fenced*: its lighthouse is stopped (before etcd can
-  expire the lease and let another node lead and start one) and its ranks are
+  (:func:`fence_margin_s`) is *fenced*: its lighthouse is stopped and its ranks are
   paused with SIGSTOP (they neither commit, checkpoint, nor serve a heal). A new
-  leader is elected only after etcd expired the old lease, so two lighthouses never
-  serve at once. An etcd outage shorter than ``TTL - margin`` fences nobody.
+  leader may be elected before that, once its short leader lease lapsed
+  (``leader_lease``); a group that trained on under the old one meanwhile is
+  restarted (``daemon.supervision.fence_judge``: ``distrust``). An etcd outage
+  shorter than ``TTL - margin`` fences nobody.
 * **Unfence.** When etcd answers again: if the old lease is still alive nothing
   changed hands, and the ranks resume. If it was lost, :func:`after_fence`
   decides. The ranks resume only if nobody went on without them: no other group
@@ -40,6 +41,7 @@ from typing import Any
 LEASE_FILE = (
     "lease.json"  # in run_dir: our lease and its last confirmation (trainer.checkpoint.lease_fence)
 )
+NOTICE_FILE = "notice.json"  # in run_dir: the lighthouse moved (trainer.ft.notice)
 AHEAD_BY = 2  # a paused rank may still commit the step whose vote it had finished
 HOLD_S = 30.0
 

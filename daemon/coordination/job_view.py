@@ -30,9 +30,16 @@ class JobView:
     checkpoint: dict[str, Any] | None
     state: dict[str, Any] | None
     spec: dict[str, Any] | None
-    leader_epoch: int | None = None  # the leader key's create revision: one per term
+    # The leader value's "epoch" (a lighthouse served on from a lapsed leader lease keeps
+    # its own), else the leader key's create revision: one per lighthouse term.
+    leader_epoch: int | None = None
     revision: int = 0  # etcd's revision when this was read
     progress_asked: Any = None  # asks/progress: a node wants everyone's progress now
+
+
+def leader_value(holder: str, epoch: int) -> str:
+    """The leader key's value for `holder` (its JSON) serving on under leader `epoch`."""
+    return dump({**json.loads(holder), "epoch": epoch})
 
 
 def dump(value: object) -> str:
@@ -92,7 +99,8 @@ def assemble(entries: Iterable[tuple[str, Any, int]], revision: int = 0) -> JobV
         else:
             single[name] = value
             if name == "leader":
-                epoch = created
+                carried = value.get("epoch") if isinstance(value, dict) else None
+                epoch = carried if isinstance(carried, int) else created
     return JobView(
         nodes=nodes,
         groups=dict(sorted(groups.items())),

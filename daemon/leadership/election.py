@@ -21,18 +21,34 @@ that another node can lead, and does not campaign again for ``COOLDOWN_S``.
 
 from __future__ import annotations
 
+import socket
 import time
 from enum import StrEnum
 from pathlib import Path
 
 from daemon.config import DaemonConfig
 from daemon.coordination.coordinator import Coordinator
-from daemon.leadership.lighthouse import LighthouseError, LighthouseProcess
+from daemon.leadership.lighthouse import LighthouseError, LighthouseProcess, parse_address
 from daemon.node_state.view import NodeView
 from trainer import logs
 
 START_TIMEOUT_S = 10.0
 COOLDOWN_S = 15.0
+FIRST_PROBE_S = 1.0  # how long a start waits for the lighthouse to listen, in its round
+TAKEOVER_GRACE_S = 1.0  # a vacancy left to the last leader when its lighthouse answers
+PROBE_S = 0.2  # connecting to that lighthouse: a cut-off host never answers
+
+
+def _reachable(address: str | None) -> bool:
+    """Whether `address` (host:port) accepts a TCP connection within ``PROBE_S``."""
+    target = parse_address(address)
+    if target is None:
+        return False
+    try:
+        with socket.create_connection(target, timeout=PROBE_S):
+            return True
+    except OSError:
+        return False
 
 
 class Lighthouse(StrEnum):
@@ -51,6 +67,10 @@ class Leadership:
         self.started_at = 0.0
         self.cooldown_until = 0.0
         self.must_resign = False
+        self.epoch: int | None = None  # the leader epoch of the lighthouse we serve
+        self.deposed = False  # another node took the key while ours served (take_deposed)
+        self._vacant_since: float | None = None  # when we saw the leader key vacant
+        self._holding_back = False  # for the last leader to take it again (takeover_due)
         self.log = logs.get()
 
     @property
@@ -58,11 +78,39 @@ class Leadership:
         return self.lighthouse is not None and self.lighthouse.alive
 
     def must_campaign(self, view: NodeView) -> bool:
-        """Nobody leads, or the view and our belief disagree about whether we do."""
+        """Nobody leads, the view and our belief disagree about whether we do, or we lead
+        on a leader lease that our clock or etcd gave up on (``campaign`` keeps it, or
+        takes the key again on a new one)."""
         job = view.job
         if job is None or job.leader is None:
             return True
+        if view.leader and not self.coord.leader_lease_held:
+            return True
         return (job.leader == self.cfg.node_id) != view.leader
+
+    def takeover_due(self, view: NodeView) -> bool:
+        """Whether to campaign now for a vacant leader key. A follower that still reaches
+        the last published lighthouse waits up to ``TAKEOVER_GRACE_S`` for its leader to
+        take the key again (its leader lease lapsed in an etcd hiccup while it served on:
+        if it wins, nothing changes for the ranks); one that cannot reach it campaigns at once."""
+        job = view.job
+        if view.leader or job is None or job.leader is not None:
+            self._vacant_since, self._holding_back = None, False
+            return True
+        now = time.monotonic()
+        if self._vacant_since is None:
+            self._vacant_since = now
+            self._holding_back = self.lighthouse is None and _reachable(view.lighthouse)
+            if self._holding_back:
+                self.log.info(
+                    "leader_vacant", waiting_s=TAKEOVER_GRACE_S, reason="its lighthouse answers"
+                )
+        return not self._holding_back or now - self._vacant_since >= TAKEOVER_GRACE_S
+
+    def take_deposed(self) -> bool:
+        """True once after another node took the leader key while our lighthouse served."""
+        deposed, self.deposed = self.deposed, False
+        return deposed
 
     def update(self, view: NodeView) -> None:
         """One round: campaign if needed, then start, probe or publish the lighthouse while
@@ -76,11 +124,15 @@ class Leadership:
             return  # resigned after a failed start: let another node lead
         was_leader = view.leader
         if self.must_campaign(view):
-            view.leader = self.coord.campaign()
+            if not self.takeover_due(view):
+                return
+            serving = self.epoch if self.phase == Lighthouse.SERVING else None
+            view.leader = self.coord.campaign(serving)
         if view.leader and not was_leader:
             self.log.info("leader_elected", node=self.cfg.node_id)
         if not view.leader:
             if self.lighthouse is not None:
+                self.deposed = self.phase == Lighthouse.SERVING
                 self.log.info("lighthouse_stopped", reason="no longer leader")
                 self.stop()
             return
@@ -96,8 +148,11 @@ class Leadership:
             self._probe(view)
         if self.phase == Lighthouse.SERVING:
             assert self.lighthouse is not None
+            job = view.job
+            if self.epoch is None and job is not None and job.leader == self.cfg.node_id:
+                self.epoch = job.leader_epoch
             address = f"{self.cfg.advertise_host}:{self.lighthouse.port}"
-            if (view.job.lighthouse if view.job else None) != address:
+            if (job.lighthouse if job else None) != address:
                 self.coord.publish_lighthouse(address)
                 self.log.info("lighthouse_published", address=address)
 
@@ -117,6 +172,11 @@ class Leadership:
             self._cannot_serve(view, str(e))
             return
         self.lighthouse, self.phase, self.started_at = lh, Lighthouse.STARTING, time.monotonic()
+        # Taking over is starting one and publishing it: wait for it here a little (it
+        # listens in about a tenth of a second), rather than a round per probe.
+        deadline = self.started_at + FIRST_PROBE_S
+        while not lh.listening() and lh.alive and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     def _probe(self, view: NodeView) -> None:
         lh = self.lighthouse
@@ -144,7 +204,7 @@ class Leadership:
         if self.lighthouse is not None:
             self.lighthouse.stop()
             self.lighthouse = None
-        self.phase = Lighthouse.NONE
+        self.phase, self.epoch = Lighthouse.NONE, None
 
     def fence(self, view: NodeView) -> None:
         """Our lease may expire before etcd hears from us again: stop serving now, so
@@ -153,6 +213,8 @@ class Leadership:
         if self.lighthouse is not None:
             self.log.warning("lighthouse_stopped", reason="fenced: lease unconfirmed")
         self.stop()
+        if view.leader:
+            self.coord.drop_leadership()  # its key lapses with the leader lease
         view.leader = False
 
     def resign(self, view: NodeView) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from daemon.config import DaemonConfig
 from daemon.config.netif import interface_for
-from daemon.coordination.fencing import LEASE_FILE
+from daemon.coordination.fencing import LEASE_FILE, NOTICE_FILE
 
 RANK_ARGV = [sys.executable, "-m", "trainer"]
 
@@ -96,6 +96,7 @@ def rank_env(spec: GroupSpec, rank: int, master_port: int, attempt: int) -> dict
         "PHALANX_MIN_REPLICAS": str(s.min_replicas),
         "PHALANX_HEARTBEAT": str(heartbeat_path(s, rank)),
         "PHALANX_LEASE_FILE": str(s.run_dir / LEASE_FILE),
+        "PHALANX_NOTICE": str(s.run_dir / NOTICE_FILE),
         "PHALANX_JOB": s.job,
         "PHALANX_NODE": s.node,
         "PHALANX_ADVERTISE_HOST": s.advertise_host,

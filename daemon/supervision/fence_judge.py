@@ -15,6 +15,8 @@ from daemon.coordination.fencing import job_moved_on
 from daemon.coordination.job_view import JobView
 from trainer import logs
 
+GAP_SETTLE_S = 2.0  # after etcd answers again, how long the view may take to show a new leader
+
 
 @dataclass
 class FenceJudge:
@@ -24,10 +26,27 @@ class FenceJudge:
     answered_at: float = 0.0  # when etcd answered again after the fence
     trained_epoch: int | None = None  # the leader epoch our ranks train under
     epoch_step: int = 0  # our step when they began to
+    doubt: str | None = None  # why our running ranks may hold steps no survivor has
+    gap_s: float = 0.0  # the longest time etcd did not confirm our lease, since the last
+    gap_ended: float = 0.0  # epoch check, and when that gap ended (see out_of_touch)
 
     def must_pause(self) -> bool:
-        """Nothing may commit here now: fenced, or a lost lease not judged yet."""
-        return self.fenced or self.lease_lost
+        """Nothing may commit here now: fenced, a lost lease not judged yet, or a doubt."""
+        return self.fenced or self.lease_lost or self.doubt is not None
+
+    def distrust(self, why: str, step: int) -> None:
+        """Our ranks may have committed steps the job's leader never saw (we led on, or
+        trained on under the old leader, while another node took over): they restart
+        and heal from the survivors (``verdict`` discards them)."""
+        if self.doubt is None:
+            logs.get().warning("epoch_doubt", reason=why, step=step)
+        self.doubt = why
+
+    def out_of_touch(self, gap_s: float, now: float) -> None:
+        """etcd confirmed our lease again after `gap_s` without (measured from the last
+        confirmation's send time to this one's)."""
+        if gap_s > self.gap_s:
+            self.gap_s, self.gap_ended = gap_s, now
 
     def fence(self, step: int) -> None:
         self.fenced = True
@@ -44,13 +63,28 @@ class FenceJudge:
 
     def ranks_started(self) -> None:
         """Fresh ranks: nothing of theirs is left to judge."""
-        self.lease_lost = False
+        self.lease_lost, self.doubt = False, None
 
-    def follow_epoch(self, epoch: int | None, running: bool, step: int) -> None:
+    def follow_epoch(
+        self, epoch: int | None, running: bool, step: int, leader_ttl_s: float, now: float
+    ) -> None:
         """While our ranks train (not fenced, no lost lease to judge), note the leader
-        epoch they train under and our step when it began."""
-        if epoch is None or self.lease_lost or epoch == self.trained_epoch:
+        epoch they train under and our step when it began. A new epoch seen after etcd
+        was out of touch for longer than the leader's TTL is a doubt: a new leader may
+        have been elected while our ranks trained on under the old one."""
+        if epoch is None or self.lease_lost:
             return
+        if epoch == self.trained_epoch:
+            if now - self.gap_ended > GAP_SETTLE_S:  # the view has caught up since
+                self.gap_s = 0.0
+            return
+        if running and self.trained_epoch is not None and self.gap_s > leader_ttl_s:
+            self.distrust(
+                f"a new leader (epoch {self.trained_epoch} -> {epoch}) was elected while etcd "
+                f"did not confirm our lease for {self.gap_s:.1f} s",
+                step,
+            )
+        self.gap_s = 0.0
         if running:
             self.trained_epoch, self.epoch_step = epoch, step
 
@@ -71,6 +105,9 @@ class FenceJudge:
             return Fence.HOLD, "etcd has not confirmed our lease"
         if snapshot_at < self.answered_at:  # lease kept or not: the job may have ended
             return Fence.HOLD, "no view of the job since etcd answered"
+        if self.doubt is not None:
+            why, self.doubt = self.doubt, None
+            return self.discard(step, why)
         verdict, why = Fence.KEEP, "the lease was kept: nothing changed hands"
         moved_on = job_moved_on(step, job.state, job.checkpoint) if job else None
         if moved_on is not None:

@@ -1,4 +1,4 @@
-"""The node's lease and its last confirmation, as a file its ranks read.
+"""The node's lease and its last confirmation, and the lighthouse notice: files its ranks read.
 
 ``<run_dir>/lease.json`` (``PHALANX_LEASE_FILE``) holds the etcd lease the node
 trains under and when etcd last confirmed it; the writer group's rank 0 marks a
@@ -28,3 +28,11 @@ class LeaseFile:
         tmp.write_text(json.dumps({"lease": lease, "confirmed_ns": int(confirmed * 1e9)}))
         os.replace(tmp, self.path)
         self._written = confirmation
+
+
+def write_notice(path: Path, seq: int, lighthouse: str, reason: str) -> None:
+    """``<run_dir>/notice.json`` (``PHALANX_NOTICE``): the lighthouse moved, read by
+    ``trainer.ft.notice`` (which says what the ranks do); replaced atomically."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps({"seq": seq, "lighthouse": lighthouse, "reason": reason}))
+    os.replace(tmp, path)

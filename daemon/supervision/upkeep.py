@@ -41,6 +41,7 @@ from daemon.config import DaemonConfig
 from daemon.config.preflight import node_device
 from daemon.coordination import (
     LEASE_FILE,
+    NOTICE_FILE,
     AddressHeld,
     Coordinator,
     EtcdAccessDenied,
@@ -58,7 +59,7 @@ from daemon.supervision.attempts import Attempts
 from daemon.supervision.fence_judge import FenceJudge
 from daemon.supervision.held_id import HeldIdWait
 from daemon.supervision.job_follow import JobFollower
-from daemon.supervision.lease_file import LeaseFile
+from daemon.supervision.lease_file import LeaseFile, write_notice
 from daemon.supervision.node_record import NodeRecord
 from daemon.supervision.progress_ask import ASK_WAIT_S, ProgressAsk
 from trainer import logs
@@ -108,6 +109,10 @@ class EtcdUpkeep:
         self.snapshot_at = 0.0  # when view.job was last read
         self.lease_file = LeaseFile(run_dir / LEASE_FILE)
         self.slot_file = run_dir / "slot"
+        self._confirmed_at: float | None = None  # the lease's last confirmation seen
+        self.notice_file = run_dir / NOTICE_FILE
+        self.notice_file.unlink(missing_ok=True)  # a notice is news to this daemon's ranks only
+        self._notices = 0
 
     # ------------------------------------------------------------------ joining
 
@@ -249,20 +254,36 @@ class EtcdUpkeep:
             self.judge.renewed()
         if renewed and not self._rejoin():
             return
-        self.lease_file.write(self.coord.lease_confirmation())
+        confirmation = self.coord.lease_confirmation()
+        self.lease_file.write(confirmation)
+        self._note_gap(confirmation)
         if self.judge.fenced:
             self.judge.answered()
             self.follower.refence()  # the stream may have gone quiet while fenced
         if not self._read_job():  # etcd away: one request's timeout per round
             return
         self._attempt("leadership", lambda: self.leadership.update(self.view))
+        running = self.view.state == State.RUNNING
+        if self.leadership.take_deposed() and running:
+            self.judge.distrust(
+                "another node took over while our lighthouse served", self.view.step
+            )
         job = self.view.job
         if not self.view.etcd_up or job is None:
             return
-        self.judge.follow_epoch(job.leader_epoch, self.view.state == State.RUNNING, self.view.step)
+        self.judge.follow_epoch(
+            job.leader_epoch, running, self.view.step, self.cfg.etcd.leader_ttl_s, time.monotonic()
+        )
         self._follow_lighthouse(job.lighthouse)
         self._publish_checkpoint()
         self._attempt("record", self._update_record)
+
+    def _note_gap(self, confirmation: tuple[str, float] | None) -> None:
+        """How long etcd went without confirming our lease, once it confirms it again."""
+        sent = confirmation[1] if confirmation is not None else None
+        last, self._confirmed_at = self._confirmed_at, sent
+        if sent is not None and last is not None and sent > last:
+            self.judge.out_of_touch(sent - last, time.monotonic())
 
     def _read_job(self) -> bool:
         """Bring the job view up to date: the watch's events applied to the cached copy,
@@ -330,8 +351,13 @@ class EtcdUpkeep:
                 self.log.error("lighthouse_address_invalid", value=str(address)[:200])
                 self._bad_lighthouse = address
             return
+        moved = self.view.lighthouse is not None and self.view.lighthouse != address
         self.view.lighthouse = address
         self.forwarder.set_target(address, self.coord.job_secret())
+        if moved:  # the ranks abandon a step that may wait on the old leader's group
+            self._notices += 1
+            write_notice(self.notice_file, self._notices, address, "a new leader published it")
+            self.log.info("ranks_told", lighthouse=address, seq=self._notices)
 
     def _register(self) -> None:
         self.record.forget()

@@ -409,6 +409,9 @@ def test_restarted_etcd_after_ttl_keeps_the_lease_our_clock_gave_up(
     assert a.ensure_session() is False  # kept: nothing to register or claim again
     kept = a.lease_confirmation()
     assert kept is not None and kept[0] == lease[0] and kept[1] > lease[1]
+    # The leader key is on a lease of its own (leader_lease.py), which the daemon's round
+    # confirms by campaigning when its clock gave it up: etcd restored that one too.
+    assert not a.leader_lease_held and a.campaign() and a.leader_lease_held
     assert b.claim_slot(1) is None and not b.campaign()
     time.sleep(3)  # past the TTL: the new keepalive holds the lease
     assert a.session_alive and a.ensure_session() is False
@@ -435,5 +438,10 @@ def test_a_lease_etcd_expired_is_replaced_and_its_keys_are_gone(
     fresh = a.lease_confirmation()
     assert fresh is not None and fresh[0] != lease[0]
     view = a.snapshot()
-    assert view.groups == {} and view.leader is None
-    assert b.claim_slot(1) == 0 and b.campaign()
+    # The leader key is on the leader's own lease (leader_lease.py): it outlives the node
+    # lease, and lapses within the leader TTL once nothing keeps it alive (a fence).
+    assert view.groups == {} and view.leader == "a"
+    assert b.claim_slot(1) == 0 and not b.campaign()
+    a.drop_leadership()
+    wait_for(lambda: b.snapshot().leader is None, 10, "the leader lease to lapse")
+    assert b.campaign()

@@ -79,7 +79,46 @@ def test_every_reach_in_is_checked() -> None:
         ("torchft.manager", "uuid"),
         ("Manager", "_commit_failures"),
         ("torchft.checkpointing.http_transport", "_IPv6HTTPServer"),
+        ("_ManagedWork", "_work"),
+        ("ProcessGroupWrapper", "_pg"),
     }
+
+
+def test_managed_work_keeps_the_process_groups_work() -> None:
+    """pending_work reads _ManagedWork._work: the process group's own Work, whose future
+    says whether the collective still runs."""
+    from torchft.manager import _ManagedWork
+
+    assert "self._work = work" in source(_ManagedWork.__init__)
+
+    class Managed:
+        _work = "the process group's"
+
+    assert ft.pending_work(Managed()) == "the process group's"
+    assert ft.pending_work("plain") == "plain"
+
+
+def test_a_buried_process_group_is_not_aborted_by_the_next_configure() -> None:
+    """bury_process_group empties ProcessGroupWrapper._pg, which configure aborts first
+    (gloo's abort waits for a collective a cut-off peer never finishes); the buried group
+    is kept referenced for its timeout."""
+    from torchft.process_group import ProcessGroupWrapper
+
+    assert "self.abort(errored=False)" in source(ProcessGroupWrapper.configure)
+    assert "pg = self._pg" in source(ProcessGroupWrapper.abort)
+
+    class Inner:
+        aborted = False
+
+        def abort(self) -> None:
+            self.aborted = True
+
+    wrapper, inner = ProcessGroupWrapper(), Inner()
+    wrapper._pg = inner
+    ft.bury_process_group(wrapper, keep_s=60.0)
+    wrapper.abort(errored=False)
+    assert wrapper._pg is None and not inner.aborted
+    assert any(p is inner for _, p in ft._BURIED)
 
 
 def test_manager_client() -> None:

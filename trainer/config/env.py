@@ -35,6 +35,7 @@ class RankEnv:
     )
     job: str | None = None
     node: str | None = None
+    notice: Path | None = None  # PHALANX_NOTICE: the daemon's word that the lighthouse moved
     torchelastic: bool = False  # launched by torchrun (its agent hosts the store)
     # PHALANX_REPLICA_UUID: the uuid of the group's torchft replica id, kept by the daemon
     # across the group's restarts; unset: torchft's fresh one per process.
@@ -96,6 +97,7 @@ class RankEnv:
             lease_file=Path(lease_file) if lease_file else None,
             job=env.get("PHALANX_JOB") or None,
             node=env.get("PHALANX_NODE") or None,
+            notice=Path(env["PHALANX_NOTICE"]) if env.get("PHALANX_NOTICE") else None,
             torchelastic=bool(env.get("TORCHELASTIC_RUN_ID")),
             replica_uuid=replica_uuid(env.get("PHALANX_REPLICA_UUID")),
         )

@@ -198,6 +198,33 @@ def scoped_process_group(base: type) -> type:
     return Scoped
 
 
+def pending_work(work: Any) -> Any:
+    """The process group's own work behind a managed one (torchft's ``_ManagedWork``), so a
+    rank can see whether the collective is still running without waiting on it."""
+    # _ManagedWork._work: the process group's Work; the managed work chains its future
+    # callbacks only in wait(), so its own future is not usable before then.
+    return getattr(work, "_work", work)
+
+
+_BURIED: list[tuple[float, Any]] = []  # (when, process group) left to time out
+
+
+def bury_process_group(pg: Any, keep_s: float) -> None:
+    """Set aside the process group under a torchft wrapper whose collective a rank
+    abandoned (its peer will never answer): the next quorum then builds a new one
+    without aborting this one (gloo's abort waits for the stuck collective). It is kept
+    referenced for `keep_s` (its own timeout), then dropped, by which time its
+    collective has failed and its destructor does not wait."""
+    import time
+
+    now = time.monotonic()
+    _BURIED[:] = [(t, p) for t, p in _BURIED if now - t < keep_s]
+    # ProcessGroupWrapper._pg: the backend process group configure builds and aborts.
+    inner, pg._pg = pg._pg, None
+    if inner is not None:
+        _BURIED.append((now, inner))
+
+
 def _with_deadline(create_store_client: Callable[..., Any]) -> Callable[..., Any]:
     """torchft's create_store_client, raising TimeoutError after its `timeout`.
 

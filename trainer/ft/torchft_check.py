@@ -34,6 +34,13 @@ class ReachIn:
 
 
 REACH_INS: tuple[ReachIn, ...] = (
+    ReachIn("torchft.manager:_ManagedWork", "_work", "instance attribute", "pending_work"),
+    ReachIn(
+        "torchft.process_group:ProcessGroupWrapper",
+        "_pg",
+        "instance attribute",
+        "bury_process_group",
+    ),
     ReachIn("torchft.manager:Manager", "_client", "instance attribute", "record_quorums"),
     ReachIn("torchft._torchft:ManagerClient", "_quorum", "method", "QuorumRecorder"),
     ReachIn(

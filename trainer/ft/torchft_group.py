@@ -27,6 +27,7 @@ with it. The paths here report the error to the manager instead.
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import wait
@@ -44,9 +45,14 @@ from trainer.config.env import RankEnv
 from trainer.data.shares import Quorum
 from trainer.ft import torchft_adapter as ft
 from trainer.ft.grad_buckets import buckets
+from trainer.ft.notice import POLL_S, Notice, Told
 from trainer.ft.replication import DRAIN_QUORUM_WAIT_S, NonFiniteStep, leave_unless_formed
 from trainer.ft.state import TrainState
 from trainer.ft.transport import advertise_host, bind_host, checkpoint_transport
+
+
+class LighthouseMoved(RuntimeError):
+    """The step was abandoned: the daemon said the lighthouse moved while it waited."""
 
 
 def membership_token(replica_ids: Iterable[str], *, step: int) -> str:
@@ -136,6 +142,8 @@ class TorchFTGroup:
         self._heal_seconds: list[float] = []  # see take_heals
         self._last_quorum: Quorum | None = None
         self._next: Quorum | None = None  # see last_quorum
+        self.notice = Notice(env.notice)  # the daemon's word that the lighthouse moved
+        self._timeout_s = cfg.timeout_s
 
     def _load_healing(self, state_dict: dict[str, Any]) -> None:
         """torchft's load of a peer's state: apply it, then say how long the heal took."""
@@ -156,7 +164,44 @@ class TorchFTGroup:
     def start_step(self) -> None:
         self._step_started = time.monotonic()
         self.transport.close()  # a copy served to a healer in the last step
+        told = self.notice.changed()
+        if told is not None:  # between steps: nothing to abandon, the next quorum moves
+            self.log.info(
+                "lighthouse_moved", lighthouse=told.lighthouse, reason=told.reason, abandoned=False
+            )
         self.manager.start_quorum()
+
+    def _wait(self, work: Any) -> bool:
+        """`work.wait()`, unless the daemon says the lighthouse moved while the collective
+        is still running: then the step is abandoned at once (its peers may be a cut-off
+        group that would hold it for ``ft.timeout_s``), see :mod:`trainer.ft.notice`.
+        False when abandoned."""
+        done = threading.Event()
+        try:
+            ft.pending_work(work).get_future().add_done_callback(lambda _: done.set())
+        except (RuntimeError, AttributeError):  # no future (a dummy work after an error)
+            done.set()
+        while not done.wait(POLL_S):
+            told = self.notice.changed()
+            if told is not None:
+                self._abandon(told)
+                return False
+        work.wait()
+        return True
+
+    def _abandon(self, told: Told) -> None:
+        self.log.warning(
+            "lighthouse_moved",
+            lighthouse=told.lighthouse,
+            reason=told.reason,
+            abandoned=True,
+            step=self.current_step(),
+        )
+        self.manager.report_error(LighthouseMoved(f"the lighthouse moved: {told.reason}"))
+        if self.device.type == "cuda":
+            self.pg.abort()  # NCCL's abort ends the stuck collective
+        else:  # gloo's would wait for it: the next quorum builds a new one beside it
+            ft.bury_process_group(self.pg, keep_s=2 * self._timeout_s)
 
     def current_step(self) -> int:
         return int(self.manager.current_step())
@@ -236,7 +281,7 @@ class TorchFTGroup:
             self._quorum_or_drain()
             work = self._allreduce(output)
             self.chaos.at("allreduce")
-            work.wait()  # type: ignore[attr-defined]
+            self._wait(work)
 
         for module in modules:
             if isinstance(module, FSDPModule):
@@ -261,7 +306,7 @@ class TorchFTGroup:
         for _, _, work in pending:
             try:
                 if work is not None:
-                    work.wait()  # type: ignore[attr-defined]
+                    self._wait(work)
             except Exception as e:  # a raw process group's failure (the healing exchange)
                 self.manager.report_error(e)
         if self.manager.errored() is not None:
@@ -318,7 +363,8 @@ class TorchFTGroup:
             t = torch.tensor(values, dtype=torch.int64, device=self.device)
             opts = AllreduceOptions()
             opts.reduceOp = op  # type: ignore[assignment]
-            self.pg.allreduce([t], opts).wait()
+            if not self._wait(self.pg.allreduce([t], opts)):
+                raise LighthouseMoved("the lighthouse moved during a check across groups")
             out.append([int(v) for v in t.cpu().tolist()])
         return out[0], out[1]
 
@@ -331,7 +377,7 @@ class TorchFTGroup:
     def average_across_groups(self, t: torch.Tensor) -> torch.Tensor | None:
         """`t` averaged over the participating groups through the managed all-reduce, like
         gradients; None when this group only heals in this step or the exchange failed."""
-        self._allreduce(t).wait()  # type: ignore[attr-defined]
+        self._wait(self._allreduce(t))
         if self.manager.errored() is not None or not self.manager.is_participating():
             return None
         return t

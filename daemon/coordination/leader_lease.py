@@ -1,0 +1,93 @@
+"""The leader's own short lease (``etcd.leader_ttl_s``, 2 s by default), apart from the node's.
+
+The ``leader`` and ``lighthouse`` keys live on it, so a dead leader's keys vanish within
+about two seconds (etcd checks for expired leases every half second), not after the
+node lease's TTL: that TTL (10 s) was most of what losing the leader's node cost the
+job (issue 36). Only the leader holds one; it is kept alive from a thread of its own
+(:class:`~daemon.coordination.keepalive._Session`) on a keepalive stream and connection
+of its own, so the node's keepalive, a slow request of the main loop or the node lease
+being in doubt never delay it.
+
+A leader lease that our clock gave up on is not given up: etcd may still hold it (a
+restarted etcd restores leases with a fresh TTL, an outage shorter than the TTL never
+lapsed it). :meth:`LeaderLease.current` asks etcd once and goes on with it; only a
+lease etcd itself expired is replaced, and the leader key must then be taken again.
+"""
+
+from __future__ import annotations
+
+from daemon.coordination.etcd_client import (
+    CoordinationError,
+    EtcdSettings,
+    SessionExpired,
+    _Connection,
+)
+from daemon.coordination.keepalive import LeaseKeepAlive, _Session
+from trainer import logs
+
+log = logs.get()
+
+DEFAULT_LEADER_TTL_S = 2  # etcd's shortest with its default timing (1.5 election timeouts)
+
+
+class LeaderLease:
+    """The lease of this node's leadership: granted when it campaigns, revoked when it resigns."""
+
+    def __init__(self, settings: EtcdSettings, job: str, ttl_s: int) -> None:
+        self.ttl_s = ttl_s
+        self.job = job
+        timeout = max(0.5, min(settings.timeout_s, ttl_s / 3.0))
+        self._conn = _Connection(settings, timeout)
+        self._keepalive = LeaseKeepAlive(_Connection(settings, timeout))
+        self._session: _Session | None = None
+
+    @property
+    def held(self) -> bool:
+        """A lease is held and alive by our clock (etcd confirmed it within its TTL)."""
+        session = self._session
+        return session is not None and session.alive and session.running
+
+    @property
+    def lost(self) -> bool:
+        """etcd said the lease we held is gone: another node may lead by now."""
+        session = self._session
+        return session is not None and session.confirmed_gone
+
+    def current(self) -> int:
+        """The id of a live leader lease: the one held, revived if etcd still holds it
+        although our clock gave up on it, else a new one. Raises EtcdUnavailable."""
+        session = self._session
+        if session is not None and session.alive and session.running:
+            return session.lease_id
+        if session is not None:
+            session.stop()
+            again = None if session.confirmed_gone else session.revived(self._conn)
+            if again is not None:
+                again.start()
+                self._session = again
+                log.info("leader_lease_kept", job=self.job, lease=f"{again.lease_id:x}")
+                return again.lease_id
+        grant = self._conn.call(lambda c: c.lease(self.ttl_s))
+        session = _Session(int(grant.id), int(grant.ttl), self._keepalive, self.job)
+        session.start()
+        self._session = session
+        return session.lease_id
+
+    def drop(self, revoke: bool) -> None:
+        """Stop keeping the lease alive; with `revoke`, end it now (else it lapses in its TTL)."""
+        session, self._session = self._session, None
+        if session is None:
+            return
+        session.stop()
+        if not revoke:
+            return
+        try:
+            self._conn.call(lambda c: c.revoke_lease(session.lease_id))
+        except CoordinationError as exc:
+            if not isinstance(exc, SessionExpired):
+                log.warning("leader_lease_revoke_failed", error=str(exc))
+
+    def close(self, revoke: bool = True) -> None:
+        self.drop(revoke)
+        self._keepalive.close()
+        self._conn.close()

@@ -1,0 +1,92 @@
+"""Losing the leader's host, with the default settings (issue 36): the others go on within
+seconds, not after the leader's lease TTL and ``ft.timeout_s``.
+
+The leader key lives on its own 2 s lease, so the other hosts elect a leader about two
+seconds after a cut; its daemon publishes a new lighthouse and every daemon tells its
+ranks (``PHALANX_NOTICE``), which abandon a collective still waiting on the cut-off
+group (``lighthouse_moved``) and ask the new lighthouse for a quorum. The cut-off host
+is fenced as before and heals from the others once the cut ends.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.support.harness import Daemon, event_time, largest_step_gap, start_daemon, wait_for
+from tests.support.job_queries import digest
+from tests.support.multihost import NEEDS_NAMESPACES, etcd_on
+from tests.support.netns import Host, Network
+
+pytestmark = [pytest.mark.integration, NEEDS_NAMESPACES]
+
+CUT_S = 20.0
+FT_TIMEOUT_S = 30.0  # ft.timeout_s's default, which the job below leaves alone
+
+
+def test_a_cut_off_leaders_host_leaves_the_others_training_during_the_cut(
+    tmp_path: Path, network: Network, recovery: Callable[[str, float], None]
+) -> None:
+    """Cut the leader's host off from everything for 20 s: the other two hosts commit
+    steps during the cut (before issue 36 they committed none for 26.7 s), their ranks
+    are told the lighthouse moved, and after the cut all three end with equal parameters.
+    Nothing is overridden but the job's size: every timeout is the default."""
+    etcd_host = network.add_host("etcd")
+    etcd = etcd_on(etcd_host, tmp_path)
+    endpoint = f"{etcd_host.address}:2379"
+    daemons: list[tuple[Host, Daemon]] = []
+    try:
+        for name in ("a", "b", "c"):
+            h = network.add_host(name)
+            overrides = ["job.max_replicas=3", "train.steps=700"]
+            d = start_daemon(tmp_path, f"node-{name}", [endpoint], overrides=overrides, host=h)
+            daemons.append((h, d))
+        wait_for(
+            lambda: all(
+                any(e.get("participants") == 3 for e in d.events("train_step")) for _, d in daemons
+            ),
+            180,
+            "three hosts' groups to commit a step together",
+        )
+        host, leader = next((h, d) for h, d in daemons if d.require_status()["leader"])
+        rest = [d for _, d in daemons if d is not leader]
+        cut_at = time.time()
+        network.isolate(host)
+        try:
+            wait_for(
+                lambda: all(
+                    sum(event_time(e) > cut_at for e in d.events("train_step")) > 10 for d in rest
+                ),
+                CUT_S - 2.0,
+                "the other hosts to commit steps during the cut",
+            )
+            gap = max(largest_step_gap(d.events(), cut_at) for d in rest)
+            recovery("leader host cut off: the others' longest pause between commits", gap)
+            elected = [
+                e for d in rest for e in d.events("leader_elected") if event_time(e) > cut_at
+            ]
+            assert elected, "no other host took over"
+            recovery(
+                "leader host cut off: a new leader elected after", event_time(elected[0]) - cut_at
+            )
+            for d in rest:
+                told = [e for e in d.events("lighthouse_moved") if event_time(e) > cut_at]
+                assert told, f"{d.node_id}'s ranks were not told the lighthouse moved"
+            time.sleep(max(0.0, CUT_S - (time.time() - cut_at)))
+            assert gap < FT_TIMEOUT_S
+        finally:
+            network.rejoin(host)
+        for _, d in daemons:
+            assert d.wait(300) == 0, d.proc.tail()
+    finally:
+        for _, d in daemons:
+            d.stop()
+        etcd.stop()
+    for d in rest:
+        restarts = [e for e in d.events("group_restarted") if event_time(e) > cut_at]
+        assert not restarts, (d.node_id, restarts)
+    digests = {d.node_id: digest(d) for _, d in daemons}
+    assert len(set(digests.values())) == 1, digests
