@@ -10,11 +10,12 @@ carries the instance (``daemon.coordination.identity``): :meth:`Coordinator.regi
 refuses a node id that another daemon process holds (:class:`NodeIdHeld`), and
 claims keys of this node id from the process's predecessor.
 
-Sessions. A node's claims (record, slot, leadership, lighthouse) are bound to
-one etcd lease kept alive by ``keepalive._Session`` over the daemon's one keepalive
-stream. :meth:`Coordinator.ensure_session` replaces a lost lease and returns True:
-the caller then registers and claims again. A lease that our clock gave up on but
-etcd still holds (a restarted etcd restores leases) is kept, with its keys.
+Sessions. A node's record and slot are bound to one etcd lease kept alive by
+``keepalive._Session`` over the daemon's one keepalive stream; the ``leader`` and
+``lighthouse`` keys to the leader's own short lease (``leader_lease``).
+:meth:`Coordinator.ensure_session` replaces a lost lease and returns True: the caller
+then registers and claims again. A lease that our clock gave up on but etcd still
+holds (a restarted etcd restores leases) is kept, with its keys.
 
 Failures are mapped to the exceptions of ``etcd_client`` (re-exported here):
 :class:`EtcdUnavailable` is transient, :class:`EtcdAccessDenied` is a
@@ -44,10 +45,10 @@ from daemon.coordination.etcd_client import (
     _Connection,
     translate_error,
 )
-from daemon.coordination.identity import Identity, holder_of, new_instance
+from daemon.coordination.identity import Identity, new_instance
 from daemon.coordination.job_secret import get_or_make_secret
 from daemon.coordination.job_spec import put_spec
-from daemon.coordination.job_view import STATES, JobView, dump, leader_value, parse_job
+from daemon.coordination.job_view import STATES, JobView, dump, parse_job
 from daemon.coordination.keepalive import LeaseKeepAlive, _Session
 from daemon.coordination.latest_checkpoint import publish_latest
 from daemon.coordination.leader_lease import DEFAULT_LEADER_TTL_S, LeaderLease
@@ -122,7 +123,6 @@ class Coordinator:
         self._keepalive = LeaseKeepAlive(_Connection(settings, keepalive_timeout))
         self._session: _Session | None = None
         self._leader = LeaderLease(settings, job, min(leader_ttl_s, lease_ttl_s))
-        self._leading = self._me  # the leader value we wrote last (it may carry an epoch)
         self._failed_at = 0.0  # when a request here last found etcd unavailable
         self._session_lock = threading.Lock()
         self._record: tuple[int, str] | None = None  # (lease, value) of our record as last put
@@ -245,44 +245,14 @@ class Coordinator:
     # --------------------------------------------------------------- leadership
 
     def campaign(self, epoch: int | None = None) -> bool:
-        """Try to become the leader; True if this node is (now or already) the leader.
-
-        The key goes on the leader's own short lease (``leader_lease.py``). `epoch`: the
-        epoch of a lighthouse this node still serves (it led, its leader lease lapsed,
-        and nobody took over), so that ranks training under it keep their epoch."""
-        lease = self._leader.current()
-        key = self._key("leader")
-        value = self._me if epoch is None else leader_value(self._me, epoch)
-        ok, responses = self._txn(
-            [txn.Create(key) == 0], [txn.Put(key, value, lease)], [txn.Get(key)]
-        )
-        if ok:
-            self._leading = value
-            return True
-        if not responses[0]:
-            return False  # the leader key vanished in between: campaign again next round
-        held, meta = responses[0][0]
-        if holder_of(held)[0] != self.node_id:
-            return False
-        if meta.lease_id == lease and held == self._leading.encode():
-            return True
-        # Ours (this process's on an older lease, or a predecessor's): kept, on our lease.
-        if holder_of(held)[1] == self.identity.instance:
-            value = held.decode()
-        ok, _ = self._txn([txn.Mod(key) == meta.mod_revision], [txn.Put(key, value, lease)], [])
-        if ok:
-            self._leading = value
-        return ok
+        """Try to become the leader; True if this node is (now or already) the leader
+        (``LeaderLease.campaign``: `epoch` is that of a lighthouse we still serve)."""
+        return self._leader.campaign(self._txn, self._key("leader"), self.identity, epoch)
 
     @property
     def leader_lease_held(self) -> bool:
         """Our leader lease is alive by our clock and its keepalive runs."""
         return self._leader.held
-
-    @property
-    def leader_lease_lost(self) -> bool:
-        """etcd said our leader lease is gone (so is the leader key we held on it)."""
-        return self._leader.lost
 
     def drop_leadership(self) -> None:
         """Stop keeping the leader lease alive (a fence): it lapses within its TTL."""
@@ -290,24 +260,13 @@ class Coordinator:
 
     def resign(self) -> None:
         """Give up leadership (and the lighthouse address) if this node holds it."""
-        key = self._key("leader")
-        self._txn(
-            [txn.Value(key) == self._leading],
-            [txn.Delete(key), txn.Delete(self._key("lighthouse"))],
-            [],
-        )
-        self._leader.drop(revoke=True)
+        self._leader.resign(self._txn, self._key("leader"), self._key("lighthouse"))
 
     def publish_lighthouse(self, address: str) -> None:
         """Put ``lighthouse`` bound to the leader lease; raises NotLeader unless this node leads."""
-        lease = self._leader.current()
-        key = self._key("lighthouse")
-        ok, _ = self._txn(
-            [txn.Value(self._key("leader")) == self._leading],
-            [txn.Put(key, dump(address), lease)],
-            [],
-        )
-        if not ok:
+        if not self._leader.publish(
+            self._txn, self._key("leader"), self._key("lighthouse"), dump(address)
+        ):
             raise NotLeader(f"node '{self.node_id}' is not the leader of job '{self.job}'.")
 
     # ---------------------------------------------------------- persistent keys

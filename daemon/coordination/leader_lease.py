@@ -16,17 +16,25 @@ lease etcd itself expired is replaced, and the leader key must then be taken aga
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+from pyetcd import transactions as etx
+
 from daemon.coordination.etcd_client import (
     CoordinationError,
     EtcdSettings,
     SessionExpired,
     _Connection,
 )
+from daemon.coordination.identity import Identity, holder_of
+from daemon.coordination.job_view import leader_value
 from daemon.coordination.keepalive import LeaseKeepAlive, _Session
 from trainer import logs
 
 log = logs.get()
 
+Txn = Callable[[list[Any], list[Any], list[Any]], tuple[bool, list[Any]]]
 DEFAULT_LEADER_TTL_S = 2  # etcd's shortest with its default timing (1.5 election timeouts)
 
 
@@ -40,18 +48,13 @@ class LeaderLease:
         self._conn = _Connection(settings, timeout)
         self._keepalive = LeaseKeepAlive(_Connection(settings, timeout))
         self._session: _Session | None = None
+        self._leading = ""  # the leader value we wrote last (it may carry an epoch)
 
     @property
     def held(self) -> bool:
         """A lease is held and alive by our clock (etcd confirmed it within its TTL)."""
         session = self._session
         return session is not None and session.alive and session.running
-
-    @property
-    def lost(self) -> bool:
-        """etcd said the lease we held is gone: another node may lead by now."""
-        session = self._session
-        return session is not None and session.confirmed_gone
 
     def current(self) -> int:
         """The id of a live leader lease: the one held, revived if etcd still holds it
@@ -72,6 +75,46 @@ class LeaderLease:
         session.start()
         self._session = session
         return session.lease_id
+
+    def campaign(self, txn: Txn, key: str, me: Identity, epoch: int | None) -> bool:
+        """Take the leader `key` on this lease, or keep it if ours; True if we lead.
+        `epoch`: that of a lighthouse we still serve (our lease lapsed, nobody took over),
+        so that ranks training under it keep their epoch."""
+        lease = self.current()
+        value = me.holder() if epoch is None else leader_value(me.holder(), epoch)
+        ok, responses = txn([etx.Create(key) == 0], [etx.Put(key, value, lease)], [etx.Get(key)])
+        if ok:
+            self._leading = value
+            return True
+        if not responses[0]:
+            return False  # the leader key vanished in between: campaign again next round
+        held, meta = responses[0][0]
+        if holder_of(held)[0] != me.node_id:
+            return False
+        if meta.lease_id == lease and held == self._leading.encode():
+            return True
+        # Ours (this process's on an older lease, or a predecessor's): kept, on our lease.
+        if holder_of(held)[1] == me.instance:
+            value = held.decode()
+        ok, _ = txn([etx.Mod(key) == meta.mod_revision], [etx.Put(key, value, lease)], [])
+        if ok:
+            self._leading = value
+        return bool(ok)
+
+    def resign(self, txn: Txn, key: str, lighthouse_key: str) -> None:
+        """Delete the leader key (and the lighthouse) if ours, then revoke the lease."""
+        if self._leading:
+            txn(
+                [etx.Value(key) == self._leading], [etx.Delete(key), etx.Delete(lighthouse_key)], []
+            )
+        self.drop(revoke=True)
+
+    def publish(self, txn: Txn, key: str, lighthouse_key: str, address: str) -> bool:
+        """Put the lighthouse `address` on this lease while the leader key is ours."""
+        lease = self.current()
+        put = [etx.Put(lighthouse_key, address, lease)]
+        ok, _ = txn([etx.Value(key) == self._leading], put, [])
+        return bool(ok)
 
     def drop(self, revoke: bool) -> None:
         """Stop keeping the lease alive; with `revoke`, end it now (else it lapses in its TTL)."""
