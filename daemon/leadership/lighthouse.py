@@ -204,11 +204,14 @@ class Forwarder:
             threading.Thread(target=self._serve, args=(client,), daemon=True).start()
 
     def _serve(self, client: socket.socket) -> None:
-        target, secret = self._target, self._secret
+        with self._lock:
+            target, secret = self._target, self._secret
+            if target is not None:  # a new target drops it even while we dial the old one
+                self._conns.add(client)
         if target is None:
             _close(client)
             return
-        try:
+        try:  # a cut-off host never answers: without the line above, its rank waited 5 s
             upstream = socket.create_connection(target, timeout=5)
         except OSError:
             _close(client)

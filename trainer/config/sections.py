@@ -269,10 +269,11 @@ class FaultToleranceConfig(Section):
         "device and one small all-reduce.",
     )
     quorum_retries: int = Field(
-        30,
+        600,
         ge=0,
         le=1_000_000,
-        description="Lighthouse quorum retries (spread over quorum_timeout_s); they carry a group across a lighthouse failover.",
+        description="Lighthouse quorum retries; torchft waits quorum_timeout_s / (quorum_retries + 1), "
+        "at least 0.1 s, after a failed call: the default asks again 0.1 s after a leader change.",
     )
 
 
