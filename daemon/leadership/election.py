@@ -29,6 +29,7 @@ from pathlib import Path
 from daemon.config import DaemonConfig
 from daemon.coordination.coordinator import Coordinator
 from daemon.leadership.lighthouse import LighthouseError, LighthouseProcess, parse_address
+from daemon.leadership.lighthouse_status import lost_members, read_status
 from daemon.node_state.view import NodeView
 from trainer import logs
 
@@ -69,6 +70,7 @@ class Leadership:
         self.must_resign = False
         self.epoch: int | None = None  # the leader epoch of the lighthouse we serve
         self.deposed = False  # another node took the key while ours served (take_deposed)
+        self.announced: list[str] = []  # the quorum members last announced lost
         self._vacant_since: float | None = None  # when we saw the leader key vacant
         self._holding_back = False  # for the last leader to take it again (takeover_due)
         self.log = logs.get()
@@ -155,6 +157,20 @@ class Leadership:
             if (job.lighthouse if job else None) != address:
                 self.coord.publish_lighthouse(address)
                 self.log.info("lighthouse_published", address=address)
+            self._announce_lost()
+
+    def _announce_lost(self) -> None:
+        """Announce the members of the last quorum our lighthouse stopped hearing from
+        (``lighthouse_status``): every daemon then tells its ranks, which abandon a step
+        that waits on them. Once per set of members lost."""
+        lh = self.lighthouse
+        page = read_status(lh.internal_port) if lh and lh.internal_port else None
+        timeout_s = self.cfg.lighthouse.heartbeat_timeout_ms / 1000.0
+        lost = lost_members(page, timeout_s) if page else []
+        if lost and lost != self.announced:
+            self.coord.announce_lost(lost)
+            self.log.warning("replicas_lost", replicas=lost)
+        self.announced = lost
 
     def _start(self, view: NodeView) -> None:
         node = self.cfg.node

@@ -62,8 +62,10 @@ class FenceJudge:
         logs.get().info("unfenced", lease="new" if self.lease_lost else "kept")
 
     def ranks_started(self) -> None:
-        """Fresh ranks: nothing of theirs is left to judge."""
+        """Fresh ranks: nothing of theirs is left to judge, and they train under whichever
+        epoch the view shows next (a gap before they started is no doubt about them)."""
         self.lease_lost, self.doubt = False, None
+        self.trained_epoch, self.gap_s = None, 0.0
 
     def follow_epoch(
         self, epoch: int | None, running: bool, step: int, leader_ttl_s: float, now: float

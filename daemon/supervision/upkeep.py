@@ -59,9 +59,10 @@ from daemon.supervision.attempts import Attempts
 from daemon.supervision.fence_judge import FenceJudge
 from daemon.supervision.held_id import HeldIdWait
 from daemon.supervision.job_follow import JobFollower
-from daemon.supervision.lease_file import LeaseFile, write_notice
+from daemon.supervision.lease_file import LeaseFile
 from daemon.supervision.node_record import NodeRecord
 from daemon.supervision.progress_ask import ASK_WAIT_S, ProgressAsk
+from daemon.supervision.rank_notice import RankNotice
 from trainer import logs
 
 
@@ -110,9 +111,7 @@ class EtcdUpkeep:
         self.lease_file = LeaseFile(run_dir / LEASE_FILE)
         self.slot_file = run_dir / "slot"
         self._confirmed_at: float | None = None  # the lease's last confirmation seen
-        self.notice_file = run_dir / NOTICE_FILE
-        self.notice_file.unlink(missing_ok=True)  # a notice is news to this daemon's ranks only
-        self._notices = 0
+        self.notice = RankNotice(run_dir / NOTICE_FILE)  # the ranks told at once
 
     # ------------------------------------------------------------------ joining
 
@@ -275,6 +274,7 @@ class EtcdUpkeep:
             job.leader_epoch, running, self.view.step, self.cfg.etcd.leader_ttl_s, time.monotonic()
         )
         self._follow_lighthouse(job.lighthouse)
+        self.notice.follow_lost(job.lost, self.view.lighthouse)
         self._publish_checkpoint()
         self._attempt("record", self._update_record)
 
@@ -355,9 +355,7 @@ class EtcdUpkeep:
         self.view.lighthouse = address
         self.forwarder.set_target(address, self.coord.job_secret())
         if moved:  # the ranks abandon a step that may wait on the old leader's group
-            self._notices += 1
-            write_notice(self.notice_file, self._notices, address, "a new leader published it")
-            self.log.info("ranks_told", lighthouse=address, seq=self._notices)
+            self.notice.tell(address, "a new leader published it")
 
     def _register(self) -> None:
         self.record.forget()

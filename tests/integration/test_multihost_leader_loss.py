@@ -23,6 +23,14 @@ from tests.support.netns import Host, Network
 
 pytestmark = [pytest.mark.integration, NEEDS_NAMESPACES]
 
+JOB = """\
+[job]
+name = "itest"
+max_replicas = 3
+
+[train]
+steps = 700
+"""
 CUT_S = 20.0
 FT_TIMEOUT_S = 30.0  # ft.timeout_s's default, which the job below leaves alone
 
@@ -33,16 +41,18 @@ def test_a_cut_off_leaders_host_leaves_the_others_training_during_the_cut(
     """Cut the leader's host off from everything for 20 s: the other two hosts commit
     steps during the cut (before issue 36 they committed none for 26.7 s), their ranks
     are told the lighthouse moved, and after the cut all three end with equal parameters.
-    Nothing is overridden but the job's size: every timeout is the default."""
+    The job file sets only the job's size: every timeout is the default (a 10 s node
+    lease, a 2 s leader lease, ft.timeout_s 30 s)."""
     etcd_host = network.add_host("etcd")
     etcd = etcd_on(etcd_host, tmp_path)
     endpoint = f"{etcd_host.address}:2379"
+    job = tmp_path / "job.toml"  # not the tests' job file, whose timeouts are short
+    job.write_text(JOB)
     daemons: list[tuple[Host, Daemon]] = []
     try:
         for name in ("a", "b", "c"):
             h = network.add_host(name)
-            overrides = ["job.max_replicas=3", "train.steps=700"]
-            d = start_daemon(tmp_path, f"node-{name}", [endpoint], overrides=overrides, host=h)
+            d = start_daemon(tmp_path, f"node-{name}", [endpoint], config=job, host=h)
             daemons.append((h, d))
         wait_for(
             lambda: all(

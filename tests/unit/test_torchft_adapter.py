@@ -222,6 +222,20 @@ def test_configure_gives_up_on_a_paused_store_at_the_timeout() -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.timeout(60)
+def test_configure_gives_up_at_once_on_a_store_whose_process_is_gone() -> None:
+    """A store whose process died (its group's rank killed just after the quorum formed)
+    refuses connections; torch's store client would retry them until the timeout (30 s by
+    default, every other group held that long). The scoped group gives up at once."""
+    with socket.socket() as s:  # a port nothing listens on: what a dead store leaves
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    pg = ft.scoped_process_group(ProcessGroupGloo)(timeout=timedelta(seconds=30))
+    # The probe's refusal, not the store client's 30 s deadline ("did not answer within").
+    with pytest.raises(TimeoutError, match=rf"127\.0\.0\.1:{port} does not answer \("):
+        pg.configure(f"127.0.0.1:{port}/torchft/1/0", "phalanx_group_00000:x", 0, 1)
+
+
 def test_http_transport_load_from_address() -> None:
     """SafeHTTPTransport overrides the classmethod recv_checkpoint fetches every URL with."""
     assert isinstance(inspect.getattr_static(HTTPTransport, "_load_from_address"), classmethod)

@@ -19,6 +19,7 @@ import importlib
 import importlib.metadata
 import socket
 import threading
+import time
 import types
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -215,14 +216,29 @@ def bury_process_group(pg: Any, keep_s: float) -> None:
     without aborting this one (gloo's abort waits for the stuck collective). It is kept
     referenced for `keep_s` (its own timeout), then dropped, by which time its
     collective has failed and its destructor does not wait."""
-    import time
-
     now = time.monotonic()
     _BURIED[:] = [(t, p) for t, p in _BURIED if now - t < keep_s]
     # ProcessGroupWrapper._pg: the backend process group configure builds and aborts.
     inner, pg._pg = pg._pg, None
     if inner is not None:
         _BURIED.append((now, inner))
+
+
+STORE_PROBE_S = 2.0  # a live store's kernel accepts at once, even while its process is paused
+STORE_RECHECK_S = 0.25  # while the store client still connects, its port is probed this often
+
+
+def _store_answers(address: str, timeout_s: float) -> None:
+    """Raise TimeoutError unless `address` (host:port) accepts a TCP connection within
+    `timeout_s`. torch's store client retries a refused connection until its own timeout
+    (``ft.timeout_s``): a quorum whose store host's rank died just after the quorum formed
+    held every other group that long."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            return
+    except (OSError, ValueError) as e:
+        raise TimeoutError(f"the quorum's store at {address} does not answer ({e})") from None
 
 
 def _with_deadline(create_store_client: Callable[..., Any]) -> Callable[..., Any]:
@@ -234,6 +250,8 @@ def _with_deadline(create_store_client: Callable[..., Any]) -> Callable[..., Any
     """
 
     def create(store_addr: str, timeout: timedelta) -> Any:
+        address = store_addr.partition("/")[0]
+        _store_answers(address, min(STORE_PROBE_S, timeout.total_seconds()))
         done: Future[Any] = Future()
 
         def connect() -> None:
@@ -243,13 +261,17 @@ def _with_deadline(create_store_client: Callable[..., Any]) -> Callable[..., Any
                 done.set_exception(e)
 
         threading.Thread(target=connect, daemon=True, name="torchft-store-connect").start()
-        try:
-            return done.result(timeout.total_seconds())
-        except FutureTimeout:
-            raise TimeoutError(
-                f"the quorum's store at {store_addr.partition('/')[0]} did not answer within "
-                f"{timeout.total_seconds():g}s (its process may be paused)"
-            ) from None
+        deadline = time.monotonic() + timeout.total_seconds()
+        while True:  # a store whose process dies meanwhile refuses the next probe
+            try:
+                return done.result(max(0.0, min(STORE_RECHECK_S, deadline - time.monotonic())))
+            except FutureTimeout:
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(
+                        f"the quorum's store at {address} did not answer within "
+                        f"{timeout.total_seconds():g}s (its process may be paused)"
+                    ) from None
+                _store_answers(address, STORE_PROBE_S)
 
     return create
 

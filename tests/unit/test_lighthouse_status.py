@@ -1,0 +1,79 @@
+"""The leader reads which quorum members its lighthouse lost from torchft's status page."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+
+from torchft._torchft import LighthouseClient
+
+from daemon.leadership.lighthouse import lighthouse_command
+from daemon.leadership.lighthouse_status import lost_members, read_status
+from tests.support.ports import free_port
+
+
+def test_a_member_of_the_last_quorum_that_stopped_heartbeating_is_lost() -> None:
+    """Against torchft's real lighthouse: a member of the last quorum whose heartbeat
+    is older than the timeout is named; a member heartbeating, and a replica that is
+    not in the quorum, are not; a lighthouse that does not answer names nobody."""
+    port = free_port()
+    argv = [
+        *lighthouse_command(),
+        "--min_replicas", "2",
+        "--bind", f"127.0.0.1:{port}",
+        "--join_timeout_ms", "100",
+        "--heartbeat_timeout_ms", "300",
+        "--quorum_tick_ms", "50",
+    ]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert time.monotonic() < deadline, "the lighthouse never listened"
+            time.sleep(0.05)
+        page = read_status(port)
+        assert page is not None and lost_members(page, 0.3) == []  # no quorum yet
+        client = LighthouseClient(f"http://127.0.0.1:{port}", timedelta(seconds=5))
+        stays, goes = "phalanx_group_00000:a", "phalanx_group_00001:b"
+        with ThreadPoolExecutor(2) as pool:  # a quorum of two forms once both ask
+            asks = [
+                pool.submit(
+                    client.quorum,
+                    replica_id=rid,
+                    timeout=timedelta(seconds=10),
+                    address=rid,
+                    store_address="s",
+                    step=1,
+                    world_size=1,
+                )
+                for rid in (stays, goes)
+            ]
+            for ask in asks:
+                ask.result()
+        client.heartbeat("phalanx_group_00002:spare")  # heartbeating, in no quorum
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:  # `stays` keeps heartbeating, `goes` stopped
+            client.heartbeat(stays)
+            time.sleep(0.05)
+        page = read_status(port)
+        assert page is not None
+        assert lost_members(page, 0.3) == [goes]
+        assert lost_members(page, 5.0) == []
+    finally:
+        proc.kill()
+        proc.wait()
+    assert read_status(port) is None
+
+
+def test_a_page_that_does_not_parse_names_nobody() -> None:
+    assert lost_members("", 0.5) == []
+    assert lost_members("<h2>Heartbeats</h2> x: seen 9s ago <h3>Previous Quorum</h3>", 0.5) == []
+    page = "<h3>Previous Quorum</h3><b>g:1</b><h2>Heartbeats</h2>\n  g:1: seen 0.1s ago\n"
+    assert lost_members(page, 0.5) == []
+    assert lost_members(page.replace("0.1s", "2.5s"), 0.5) == ["g:1"]
