@@ -254,6 +254,10 @@ class Coordinator:
         """Our leader lease is alive by our clock and its keepalive runs."""
         return self._leader.held
 
+    @property
+    def leader_lease_id(self) -> int | None:
+        return self._leader.lease_id
+
     def drop_leadership(self) -> None:
         """Stop keeping the leader lease alive (a fence): it lapses within its TTL."""
         self._leader.drop(revoke=False)

@@ -56,6 +56,12 @@ class LeaderLease:
         session = self._session
         return session is not None and session.alive and session.running
 
+    @property
+    def lease_id(self) -> int | None:
+        """The lease held now (alive or not by our clock), None without one."""
+        session = self._session
+        return None if session is None else session.lease_id
+
     def current(self) -> int:
         """The id of a live leader lease: the one held, revived if etcd still holds it
         although our clock gave up on it, else a new one. Raises EtcdUnavailable."""

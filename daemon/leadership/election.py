@@ -30,6 +30,7 @@ from daemon.config import DaemonConfig
 from daemon.coordination.coordinator import Coordinator
 from daemon.leadership.lighthouse import LighthouseError, LighthouseProcess, parse_address
 from daemon.leadership.lighthouse_status import lost_members, read_status
+from daemon.leadership.will import Will
 from daemon.node_state.view import NodeView
 from trainer import logs
 
@@ -71,6 +72,7 @@ class Leadership:
         self.epoch: int | None = None  # the leader epoch of the lighthouse we serve
         self.deposed = False  # another node took the key while ours served (take_deposed)
         self.announced: list[str] = []  # the quorum members last announced lost
+        self.will: Will | None = None  # revokes the leader lease if this daemon dies
         self._vacant_since: float | None = None  # when we saw the leader key vacant
         self._holding_back = False  # for the last leader to take it again (takeover_due)
         self.log = logs.get()
@@ -158,6 +160,16 @@ class Leadership:
                 self.coord.publish_lighthouse(address)
                 self.log.info("lighthouse_published", address=address)
             self._announce_lost()
+            self._keep_will()
+
+    def _keep_will(self) -> None:
+        """A will (``will.py``) for the leader lease we hold: revoked if this daemon dies."""
+        lease = self.coord.leader_lease_id
+        if lease is None or (self.will is not None and self.will.lease_id == lease):
+            return  # one per lease: a will that died is not spawned again every round
+        if self.will is not None:
+            self.will.cancel()
+        self.will = Will(self.coord.settings, lease)
 
     def _announce_lost(self) -> None:
         """Announce the members of the last quorum our lighthouse stopped hearing from
@@ -217,6 +229,9 @@ class Leadership:
         view.leader, self.must_resign = False, True
 
     def stop(self) -> None:
+        if self.will is not None:  # leading ends on our terms: nothing to revoke at death
+            self.will.cancel()
+            self.will = None
         if self.lighthouse is not None:
             self.lighthouse.stop()
             self.lighthouse = None
