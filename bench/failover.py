@@ -9,7 +9,10 @@ below sets only the job's size). The same cluster then meets, ``--repeats`` time
 (b) the leader's host cut off from everything for ``--cut-s`` seconds;
 (c) a non-leader host power-cycled: its daemon and ranks SIGKILLed, its link down for
     ``--off-s`` seconds, then a fresh daemon started;
-(d) right after (c), that node's rank SIGKILLed while its first standby still warms.
+(d) right after (c), that node's rank SIGKILLed while its first standby still warms;
+(e) etcd paused (SIGSTOP) for ``--etcd-pause-s`` seconds, less than the node lease's fence.
+
+``--quiet-s`` first runs that long without a fault: an election then is a false takeover.
 
 For each it prints the survivors' longest pause between commits (a pause that spans
 the fault), the time to a new leader, the time until every live group commits again,
@@ -172,6 +175,28 @@ def follower_power_cycled(c: Cluster, off_s: float) -> tuple[Fault, Fault | None
     return fault, cold
 
 
+def etcd_paused(c: Cluster, pause_s: float) -> Fault:
+    """etcd stopped (SIGSTOP) for `pause_s`, shorter than the node lease's fence: nothing
+    may pause, no leader may change hands, no group may restart."""
+    at = time.time()
+    os.kill(c.etcd.pid, signal.SIGSTOP)
+    try:
+        time.sleep(pause_s)
+    finally:
+        os.kill(c.etcd.pid, signal.SIGCONT)
+    time.sleep(5.0)
+    return Fault(f"e: etcd paused {pause_s:g} s", at, list(c.daemons.values()), until=time.time())
+
+
+def quiet(c: Cluster, seconds: float) -> Fault:
+    """No fault for `seconds`: any election meanwhile is a false takeover."""
+    at = time.time()
+    time.sleep(seconds)
+    return Fault(
+        f"q: {seconds:g} s without a fault", at, list(c.daemons.values()), until=time.time()
+    )
+
+
 def _committed_since(d: Daemon, t: float) -> bool:
     return any(event_time(e) > t for e in d.events("train_step"))
 
@@ -181,6 +206,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--cut-s", type=float, default=20.0)
     p.add_argument("--off-s", type=float, default=3.0)
+    p.add_argument("--etcd-pause-s", type=float, default=5.0, help="0: no etcd pause")
+    p.add_argument(
+        "--quiet-s", type=float, default=0.0, help="first, this long without a fault (0: none)"
+    )
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.add_argument("--keep", action="store_true", help="keep the logs (printed path)")
     args = p.parse_args(argv)
@@ -190,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     c: Cluster | None = None
     try:
         c = Cluster(net, work)
+        if args.quiet_s:
+            faults.append(quiet(c, args.quiet_s))
         for _ in range(args.repeats):
             faults.append(leader_killed(c))
             faults.append(leader_cut(c, args.cut_s))
@@ -197,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
             faults.append(power)
             if cold is not None:
                 faults.append(cold)
+            if args.etcd_pause_s:
+                faults.append(etcd_paused(c, args.etcd_pause_s))
     finally:
         if c is not None:
             c.close()

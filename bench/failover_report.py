@@ -47,12 +47,16 @@ def measure(f: Fault) -> dict[str, Any]:
         end = min(f.until + 30.0, f.next_at or math.inf)
         back = [_longest_gap(_commits(d, f.until - 10.0, end), f.until) for d in f.survivors]
         row["survivors_pause_at_return_s"] = round(max(p for p, _ in back), 3)
+    last = f.until if f.until else f.at + WINDOW_S
     elected = [
         event_time(e)
         for d in f.survivors
         for e in d.events("leader_elected")
-        if f.at < event_time(e) < f.at + WINDOW_S
+        if f.at < event_time(e) < last
     ]
+    row["group_restarts"] = sum(
+        f.at < event_time(e) < last for d in f.survivors for e in d.events("group_restarted")
+    )
     row["new_leader_s"] = round(min(elected) - f.at, 3) if elected else None
     if f.restarted is not None:
         started, first = f.restarted
@@ -70,6 +74,7 @@ METRICS = (
     "restarted_start_to_commit_s",
     "survivors_pause_at_return_s",
     "group_commits_again_s",
+    "group_restarts",
 )
 
 

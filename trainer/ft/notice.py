@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 POLL_S = 0.05  # how often a waiting rank looks at the file
 
@@ -66,3 +68,21 @@ class Notice:
         except (OSError, ValueError, KeyError, TypeError):
             return self._last
         return self._last
+
+
+def wait_unless_told(work: Any, pending: Any, notice: Notice) -> Told | None:
+    """Wait for `work` (``work.wait()``) unless a notice comes while `pending` (the
+    process group's own work behind it) still runs: then that notice, and `work` is left
+    unwaited. No host sync is added: on CUDA the future completes when the collective
+    is enqueued."""
+    done = threading.Event()
+    try:
+        pending.get_future().add_done_callback(lambda _: done.set())
+    except (RuntimeError, AttributeError):  # no future (a dummy work after an error)
+        done.set()
+    while not done.wait(POLL_S):
+        told = notice.changed()
+        if told is not None:
+            return told
+    work.wait()
+    return None

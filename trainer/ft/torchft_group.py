@@ -27,7 +27,6 @@ with it. The paths here report the error to the manager instead.
 from __future__ import annotations
 
 import hashlib
-import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import wait
@@ -45,7 +44,7 @@ from trainer.config.env import RankEnv
 from trainer.data.shares import Quorum
 from trainer.ft import torchft_adapter as ft
 from trainer.ft.grad_buckets import buckets
-from trainer.ft.notice import POLL_S, Notice, Told
+from trainer.ft.notice import Notice, Told, wait_unless_told
 from trainer.ft.replication import DRAIN_QUORUM_WAIT_S, NonFiniteStep, leave_unless_formed
 from trainer.ft.state import TrainState
 from trainer.ft.transport import advertise_host, bind_host, checkpoint_transport
@@ -176,18 +175,11 @@ class TorchFTGroup:
         is still running: then the step is abandoned at once (its peers may be a cut-off
         group that would hold it for ``ft.timeout_s``), see :mod:`trainer.ft.notice`.
         False when abandoned."""
-        done = threading.Event()
-        try:
-            ft.pending_work(work).get_future().add_done_callback(lambda _: done.set())
-        except (RuntimeError, AttributeError):  # no future (a dummy work after an error)
-            done.set()
-        while not done.wait(POLL_S):
-            told = self.notice.changed()
-            if told is not None:
-                self._abandon(told)
-                return False
-        work.wait()
-        return True
+        told = wait_unless_told(work, ft.pending_work(work), self.notice)
+        if told is None:
+            return True
+        self._abandon(told)
+        return False
 
     def _abandon(self, told: Told) -> None:
         self.log.warning(

@@ -1,0 +1,59 @@
+"""A rank abandons a collective when its daemon says the lighthouse moved (trainer/ft/notice.py)."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+from torch.distributed import AllreduceOptions, TCPStore  # type: ignore[attr-defined]
+from torchft.process_group import ProcessGroupGloo
+
+from daemon.supervision.lease_file import write_notice
+from trainer.ft import torchft_adapter as ft
+from trainer.ft.notice import Notice, wait_unless_told
+
+
+def test_a_notice_is_news_once_and_what_came_before_the_rank_is_not(tmp_path: Path) -> None:
+    path = tmp_path / "notice.json"
+    write_notice(path, 1, "10.0.0.1:1", "before this rank")
+    notice = Notice(path)
+    assert notice.changed() is None
+    write_notice(path, 2, "10.0.0.2:2", "a new leader published it")
+    told = notice.changed()
+    assert told is not None and (told.seq, told.lighthouse) == (2, "10.0.0.2:2")
+    assert notice.changed() is None
+    path.write_text("{not json")  # half a file never reads as news
+    assert notice.changed() is None
+    assert Notice(None).changed() is None
+
+
+def test_a_collective_whose_peer_never_answers_is_abandoned_on_notice(tmp_path: Path) -> None:
+    """Two gloo ranks; rank 1 never joins rank 0's all-reduce (a cut-off group). A notice
+    ends rank 0's wait at once, not at the collective's timeout; its process group is set
+    aside, and the next configure (alone) goes ahead without waiting on it."""
+    store = TCPStore("127.0.0.1", 0, 2, True, timedelta(seconds=30), wait_for_workers=False)
+    address = f"127.0.0.1:{store.port}"
+    timeout = timedelta(seconds=20)
+    pgs = [ProcessGroupGloo(timeout=timeout), ProcessGroupGloo(timeout=timeout)]
+    threads = [
+        threading.Thread(target=pgs[r].configure, args=(f"{address}/q1", f"r{r}", r, 2))
+        for r in (0, 1)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    path = tmp_path / "notice.json"
+    notice = Notice(path)
+    work = pgs[0].allreduce([torch.ones(4)], AllreduceOptions())
+    threading.Timer(0.3, write_notice, (path, 1, "10.0.0.9:1", "a new leader published it")).start()
+    told = wait_unless_told(work, ft.pending_work(work), notice)
+    assert told is not None and told.reason == "a new leader published it"
+    assert not ft.pending_work(work).is_completed()  # told while it waits, not timed out
+    ft.bury_process_group(pgs[0], keep_s=60.0)
+    pgs[0].configure(f"{address}/q2", "r0", 0, 1)  # alone now: no abort of the stuck group
+    alone = torch.ones(2)
+    pgs[0].allreduce([alone], AllreduceOptions()).wait()
+    assert alone.tolist() == [1.0, 1.0]
