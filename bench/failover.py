@@ -51,6 +51,9 @@ steps = 1000000
 """
 
 
+SETTLE_S = 5.0  # between faults: each one's figures end where the next begins
+
+
 class Cluster:
     """etcd and three daemons on hosts of their own; daemons restarted on their host."""
 
@@ -223,13 +226,17 @@ def main(argv: list[str] | None = None) -> int:
             faults.append(quiet(c, args.quiet_s))
         for _ in range(args.repeats):
             faults.append(leader_killed(c))
+            time.sleep(SETTLE_S)
             faults.append(leader_cut(c, args.cut_s))
+            time.sleep(SETTLE_S)
             power, cold = follower_power_cycled(c, args.off_s)
             faults.append(power)
             if cold is not None:
                 faults.append(cold)
+            time.sleep(SETTLE_S)
             if args.etcd_pause_s:
                 faults.append(etcd_paused(c, args.etcd_pause_s))
+                time.sleep(SETTLE_S)
     finally:
         if c is not None:
             c.close()

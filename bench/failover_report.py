@@ -39,7 +39,7 @@ def _longest_gap(times: list[float], at: float) -> tuple[float, float]:
 
 def measure(f: Fault) -> dict[str, Any]:
     row: dict[str, Any] = {"fault": f.name}
-    until = f.until or f.at + WINDOW_S
+    until = min(f.until or f.at + WINDOW_S, f.next_at or math.inf)
     pauses = [_longest_gap(_commits(d, f.at - 10.0, until), f.at) for d in f.survivors]
     row["survivors_longest_pause_s"] = round(max(p for p, _ in pauses), 3)
     row["every_live_group_commits_again_s"] = round(max(end for _, end in pauses) - f.at, 3)
@@ -47,7 +47,7 @@ def measure(f: Fault) -> dict[str, Any]:
         end = min(f.until + 30.0, f.next_at or math.inf)
         back = [_longest_gap(_commits(d, f.until - 10.0, end), f.until) for d in f.survivors]
         row["survivors_pause_at_return_s"] = round(max(p for p, _ in back), 3)
-    last = f.until if f.until else f.at + WINDOW_S
+    last = min(f.until or f.at + WINDOW_S, f.next_at or math.inf)
     elected = [
         event_time(e)
         for d in f.survivors
@@ -62,7 +62,7 @@ def measure(f: Fault) -> dict[str, Any]:
         started, first = f.restarted
         row["restarted_start_to_commit_s"] = round(event_time(first) - started, 3)
     if f.group is not None:
-        again = _commits(f.group, f.at, f.at + WINDOW_S)
+        again = _commits(f.group, f.at, last)
         row["group_commits_again_s"] = round(again[0] - f.at, 3) if again else None
     return row
 

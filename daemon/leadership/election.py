@@ -102,14 +102,17 @@ class Leadership:
             self._vacant_since, self._holding_back = None, False
             return True
         now = time.monotonic()
-        if self._vacant_since is None:
-            self._vacant_since = now
-            self._holding_back = self.lighthouse is None and _reachable(view.lighthouse)
-            if self._holding_back:
+        first = self._vacant_since is None
+        if first:
+            self._vacant_since, self._holding_back = now, self.lighthouse is None
+        if self._holding_back:  # probed every round: a killed leader's port may close late
+            self._holding_back = _reachable(view.lighthouse)
+            if first and self._holding_back:
                 self.log.info(
                     "leader_vacant", waiting_s=TAKEOVER_GRACE_S, reason="its lighthouse answers"
                 )
-        return not self._holding_back or now - self._vacant_since >= TAKEOVER_GRACE_S
+        since = self._vacant_since if self._vacant_since is not None else now
+        return not self._holding_back or now - since >= TAKEOVER_GRACE_S
 
     def take_deposed(self) -> bool:
         """True once after another node took the leader key while our lighthouse served."""
