@@ -21,13 +21,14 @@ that another node can lead, and does not campaign again for ``COOLDOWN_S``.
 
 from __future__ import annotations
 
-import socket
 import time
 from enum import StrEnum
 from pathlib import Path
 
 from daemon.config import DaemonConfig
 from daemon.coordination.coordinator import Coordinator
+from daemon.coordination.fencing import fence_margin_s
+from daemon.leadership.gate import alive as gate_alive
 from daemon.leadership.lighthouse import LighthouseError, LighthouseProcess, parse_address
 from daemon.leadership.lighthouse_status import lost_members, read_status
 from daemon.leadership.will import Will
@@ -37,20 +38,14 @@ from trainer import logs
 START_TIMEOUT_S = 10.0
 COOLDOWN_S = 15.0
 FIRST_PROBE_S = 1.0  # how long a start waits for the lighthouse to listen, in its round
-TAKEOVER_GRACE_S = 1.0  # a vacancy left to the last leader when its lighthouse answers
+TAKEOVER_GRACE_S = 1.0  # at least this long a vacancy is left to a leader whose gate answers
 PROBE_S = 0.2  # connecting to that lighthouse: a cut-off host never answers
 
 
-def _reachable(address: str | None) -> bool:
-    """Whether `address` (host:port) accepts a TCP connection within ``PROBE_S``."""
+def _reachable(address: str | None, secret: bytes) -> bool:
+    """Whether the gate at `address` (host:port) answers within ``PROBE_S``."""
     target = parse_address(address)
-    if target is None:
-        return False
-    try:
-        with socket.create_connection(target, timeout=PROBE_S):
-            return True
-    except OSError:
-        return False
+    return target is not None and gate_alive(target[0], target[1], secret, PROBE_S)
 
 
 class Lighthouse(StrEnum):
@@ -75,6 +70,8 @@ class Leadership:
         self.will: Will | None = None  # revokes the leader lease if this daemon dies
         self._vacant_since: float | None = None  # when we saw the leader key vacant
         self._holding_back = False  # for the last leader to take it again (takeover_due)
+        ttl = cfg.etcd.lease_ttl_s
+        self.grace_s = max(TAKEOVER_GRACE_S, ttl - fence_margin_s(ttl))  # see takeover_due
         self.log = logs.get()
 
     @property
@@ -93,10 +90,12 @@ class Leadership:
         return (job.leader == self.cfg.node_id) != view.leader
 
     def takeover_due(self, view: NodeView) -> bool:
-        """Whether to campaign now for a vacant leader key. A follower that still reaches
-        the last published lighthouse waits up to ``TAKEOVER_GRACE_S`` for its leader to
-        take the key again (its leader lease lapsed in an etcd hiccup while it served on:
-        if it wins, nothing changes for the ranks); one that cannot reach it campaigns at once."""
+        """Whether to campaign now for a vacant leader key. A follower whose probe of the
+        last published lighthouse's gate is answered (its daemon lives, and every group
+        still trains through it) holds back, probing each round, for as long as that
+        leader's node may still serve before its own fence: the leader takes its key
+        again when etcd lets it (its leader lease lapsed in an etcd hiccup), and nothing
+        changes for the ranks. One that is not answered campaigns at once."""
         job = view.job
         if view.leader or job is None or job.leader is not None:
             self._vacant_since, self._holding_back = None, False
@@ -106,13 +105,13 @@ class Leadership:
         if first:
             self._vacant_since, self._holding_back = now, self.lighthouse is None
         if self._holding_back:  # probed every round: a killed leader's port may close late
-            self._holding_back = _reachable(view.lighthouse)
+            self._holding_back = _reachable(view.lighthouse, self.coord.job_secret())
             if first and self._holding_back:
                 self.log.info(
                     "leader_vacant", waiting_s=TAKEOVER_GRACE_S, reason="its lighthouse answers"
                 )
         since = self._vacant_since if self._vacant_since is not None else now
-        return not self._holding_back or now - since >= TAKEOVER_GRACE_S
+        return not self._holding_back or now - since >= self.grace_s
 
     def take_deposed(self) -> bool:
         """True once after another node took the leader key while our lighthouse served."""

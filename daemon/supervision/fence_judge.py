@@ -15,8 +15,6 @@ from daemon.coordination.fencing import job_moved_on
 from daemon.coordination.job_view import JobView
 from trainer import logs
 
-GAP_SETTLE_S = 2.0  # after etcd answers again, how long the view may take to show a new leader
-
 
 @dataclass
 class FenceJudge:
@@ -28,7 +26,7 @@ class FenceJudge:
     epoch_step: int = 0  # our step when they began to
     doubt: str | None = None  # why our running ranks may hold steps no survivor has
     gap_s: float = 0.0  # the longest time etcd did not confirm our lease, since the last
-    gap_ended: float = 0.0  # epoch check, and when that gap ended (see out_of_touch)
+    # view of the job (see out_of_touch, follow_epoch)
 
     def must_pause(self) -> bool:
         """Nothing may commit here now: fenced, a lost lease not judged yet, or a doubt."""
@@ -42,11 +40,10 @@ class FenceJudge:
             logs.get().warning("epoch_doubt", reason=why, step=step)
         self.doubt = why
 
-    def out_of_touch(self, gap_s: float, now: float) -> None:
+    def out_of_touch(self, gap_s: float) -> None:
         """etcd confirmed our lease again after `gap_s` without (measured from the last
         confirmation's send time to this one's)."""
-        if gap_s > self.gap_s:
-            self.gap_s, self.gap_ended = gap_s, now
+        self.gap_s = max(self.gap_s, gap_s)
 
     def fence(self, step: int) -> None:
         self.fenced = True
@@ -68,17 +65,18 @@ class FenceJudge:
         self.trained_epoch, self.gap_s = None, 0.0
 
     def follow_epoch(
-        self, epoch: int | None, running: bool, step: int, leader_ttl_s: float, now: float
+        self, epoch: int | None, running: bool, step: int, leader_ttl_s: float
     ) -> None:
         """While our ranks train (not fenced, no lost lease to judge), note the leader
         epoch they train under and our step when it began. A new epoch seen after etcd
         was out of touch for longer than the leader's TTL is a doubt: a new leader may
         have been elected while our ranks trained on under the old one."""
-        if epoch is None or self.lease_lost:
+        if self.lease_lost:
             return
-        if epoch == self.trained_epoch:
-            if now - self.gap_ended > GAP_SETTLE_S:  # the view has caught up since
-                self.gap_s = 0.0
+        if epoch is None or epoch == self.trained_epoch:
+            # The view, read whole after the gap (EtcdUpkeep._note_gap), shows no new
+            # leader: one elected from now on is seen live, its lighthouse followed at once.
+            self.gap_s = 0.0
             return
         if running and self.trained_epoch is not None and self.gap_s > leader_ttl_s:
             self.distrust(

@@ -271,7 +271,7 @@ class EtcdUpkeep:
         if not self.view.etcd_up or job is None:
             return
         self.judge.follow_epoch(
-            job.leader_epoch, running, self.view.step, self.cfg.etcd.leader_ttl_s, time.monotonic()
+            job.leader_epoch, running, self.view.step, self.cfg.etcd.leader_ttl_s
         )
         self._follow_lighthouse(job.lighthouse)
         self.notice.follow_lost(job.lost, self.view.lighthouse)
@@ -283,7 +283,9 @@ class EtcdUpkeep:
         sent = confirmation[1] if confirmation is not None else None
         last, self._confirmed_at = self._confirmed_at, sent
         if sent is not None and last is not None and sent > last:
-            self.judge.out_of_touch(sent - last, time.monotonic())
+            self.judge.out_of_touch(sent - last)
+            if sent - last > self.cfg.etcd.leader_ttl_s:  # judge the epoch on a whole read
+                self.follower.invalidate()
 
     def _read_job(self) -> bool:
         """Bring the job view up to date: the watch's events applied to the cached copy,
