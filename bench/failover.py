@@ -210,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cut-s", type=float, default=20.0)
     p.add_argument("--off-s", type=float, default=3.0)
     p.add_argument("--etcd-pause-s", type=float, default=5.0, help="0: no etcd pause")
+    p.add_argument("--faults", default="abce", help="which of a b c e to run (d follows c)")
     p.add_argument(
         "--quiet-s", type=float, default=0.0, help="first, this long without a fault (0: none)"
     )
@@ -225,16 +226,19 @@ def main(argv: list[str] | None = None) -> int:
         if args.quiet_s:
             faults.append(quiet(c, args.quiet_s))
         for _ in range(args.repeats):
-            faults.append(leader_killed(c))
-            time.sleep(SETTLE_S)
-            faults.append(leader_cut(c, args.cut_s))
-            time.sleep(SETTLE_S)
-            power, cold = follower_power_cycled(c, args.off_s)
-            faults.append(power)
-            if cold is not None:
-                faults.append(cold)
-            time.sleep(SETTLE_S)
-            if args.etcd_pause_s:
+            if "a" in args.faults:
+                faults.append(leader_killed(c))
+                time.sleep(SETTLE_S)
+            if "b" in args.faults:
+                faults.append(leader_cut(c, args.cut_s))
+                time.sleep(SETTLE_S)
+            if "c" in args.faults:
+                power, cold = follower_power_cycled(c, args.off_s)
+                faults.append(power)
+                if cold is not None:
+                    faults.append(cold)
+                time.sleep(SETTLE_S)
+            if "e" in args.faults and args.etcd_pause_s:
                 faults.append(etcd_paused(c, args.etcd_pause_s))
                 time.sleep(SETTLE_S)
     finally:

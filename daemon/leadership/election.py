@@ -106,10 +106,8 @@ class Leadership:
             self._vacant_since, self._holding_back = now, self.lighthouse is None
         if self._holding_back:  # probed every round: a killed leader's port may close late
             self._holding_back = _reachable(view.lighthouse, self.coord.job_secret())
-            if first and self._holding_back:
-                self.log.info(
-                    "leader_vacant", waiting_s=TAKEOVER_GRACE_S, reason="its lighthouse answers"
-                )
+            if first:
+                self.log.info("leader_vacant", gate_answers=self._holding_back, hold_s=self.grace_s)
         since = self._vacant_since if self._vacant_since is not None else now
         return not self._holding_back or now - since >= self.grace_s
 
@@ -129,6 +127,8 @@ class Leadership:
         if time.monotonic() < self.cooldown_until:
             return  # resigned after a failed start: let another node lead
         was_leader = view.leader
+        if view.job is not None and view.job.leader is not None:
+            self._vacant_since = None  # the next vacancy is probed afresh (takeover_due)
         if self.must_campaign(view):
             if not self.takeover_due(view):
                 return

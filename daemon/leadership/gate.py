@@ -62,14 +62,14 @@ def answer(sock: socket.socket, secret: bytes) -> None:
 def alive(host: str, port: int, secret: bytes, timeout_s: float) -> bool:
     """Whether a gate answers at (host, port) within `timeout_s`: its daemon sends the
     nonce (a dead, frozen or cut-off one does not; a kernel alone would accept the
-    connection) and takes our proof, so the probe is no refusal in its log."""
+    connection) and takes our proof, and gRPC's preface, so the probe is no refusal in its log."""
     try:
         with socket.create_connection((host, port), timeout=timeout_s) as sock:
             sock.settimeout(timeout_s)
             challenge = _recv_exactly(sock, len(MAGIC) + NONCE_BYTES)
             if not challenge.startswith(MAGIC):
                 return False
-            sock.sendall(proof(secret, challenge[len(MAGIC) :]))
+            sock.sendall(proof(secret, challenge[len(MAGIC) :]) + H2_PREFACE)
             return True
     except OSError:
         return False
