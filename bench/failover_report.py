@@ -11,6 +11,7 @@ from typing import Any
 
 from tests.support.harness import Daemon, event_time
 
+NO_PAUSE_S = 0.25  # a longest gap this short is a step, not a pause
 WINDOW_S = 60.0  # commits this long after a fault are looked at
 
 
@@ -42,7 +43,10 @@ def measure(f: Fault) -> dict[str, Any]:
     until = min(f.until or f.at + WINDOW_S, f.next_at or math.inf)
     pauses = [_longest_gap(_commits(d, f.at - 10.0, until), f.at) for d in f.survivors]
     row["survivors_longest_pause_s"] = round(max(p for p, _ in pauses), 3)
-    row["every_live_group_commits_again_s"] = round(max(end for _, end in pauses) - f.at, 3)
+    longest = max(p for p, _ in pauses)
+    # Without a pause (an etcd pause) there is nothing to come back from.
+    back_at = max(end for _, end in pauses) - f.at if longest > NO_PAUSE_S else None
+    row["every_live_group_commits_again_s"] = None if back_at is None else round(back_at, 3)
     if f.until:  # the node back (restarted, rejoined) joins the quorum: what that cost
         end = min(f.until + 30.0, f.next_at or math.inf)
         back = [_longest_gap(_commits(d, f.until - 10.0, end), f.until) for d in f.survivors]

@@ -77,3 +77,28 @@ def test_a_page_that_does_not_parse_names_nobody() -> None:
     page = "<h3>Previous Quorum</h3><b>g:1</b><h2>Heartbeats</h2>\n  g:1: seen 0.1s ago\n"
     assert lost_members(page, 0.5) == []
     assert lost_members(page.replace("0.1s", "2.5s"), 0.5) == ["g:1"]
+
+
+def test_a_followers_probe_finds_a_live_gate_and_no_refusal_in_its_log() -> None:
+    """The takeover probe (gate.alive): a live gate answers and counts no refusal; a
+    listener that only accepts (a frozen daemon's kernel) and a closed port do not."""
+    from daemon.leadership.gate import H2_PREFACE, Gate
+    from daemon.leadership.gate import alive as gate_alive
+
+    secret = b"s" * 32
+    upstream = socket.create_server(("127.0.0.1", 0))
+    gate = Gate("127.0.0.1", 0, upstream.getsockname()[1], secret)
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts, never speaks
+    try:
+        assert gate_alive("127.0.0.1", gate.port, secret, 1.0)
+        upstream.settimeout(10)
+        relayed, _ = upstream.accept()  # passed on like a rank's connection: no refusal
+        with relayed:
+            assert relayed.recv(len(H2_PREFACE)) == H2_PREFACE
+        assert gate.refused == 0
+        assert not gate_alive("127.0.0.1", silent.getsockname()[1], secret, 0.3)
+    finally:
+        gate.close()
+        silent.close()
+        upstream.close()
+    assert not gate_alive("127.0.0.1", gate.port, secret, 0.3)
