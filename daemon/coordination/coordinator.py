@@ -157,15 +157,12 @@ class Coordinator:
                 recheck = self._failed_at >= old.deadline - old.ttl
                 if old.confirm(recheck):
                     return False
-            if old is not None:
-                old.stop()
-                # Our clock gave up on it; if etcd still holds it, nothing changed hands.
-                again = None if old.confirmed_gone else old.revived(self._conn)
-                if again is not None:
-                    again.start()
-                    self._session = again
-                    log.info("etcd_lease_kept", job=self.job, lease=f"{old.lease_id:x}")
-                    return False
+            # Our clock gave up on it; if etcd still holds it, nothing changed hands.
+            again = old.kept(self._conn) if old is not None else None
+            if again is not None:
+                self._session = again
+                log.info("etcd_lease_kept", job=self.job, lease=f"{again.lease_id:x}")
+                return False
             grant = self._call(lambda c: c.lease(self.lease_ttl_s))
             session = _Session(int(grant.id), int(grant.ttl), self._keepalive, self.job)
             session.start()

@@ -311,6 +311,15 @@ class _Session:
         self.mark_gone()
         return None
 
+    def kept(self, conn: _Connection) -> _Session | None:
+        """Stop this session's thread; this lease again, its new thread started, if etcd
+        still holds it although our clock gave up on it, else None. Raises EtcdUnavailable."""
+        self.stop()
+        again = None if self.confirmed_gone else self.revived(conn)
+        if again is not None:
+            again.start()
+        return again
+
     def start(self) -> None:
         self._thread.start()
 

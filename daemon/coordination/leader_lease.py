@@ -68,14 +68,11 @@ class LeaderLease:
         session = self._session
         if session is not None and session.alive and session.running:
             return session.lease_id
-        if session is not None:
-            session.stop()
-            again = None if session.confirmed_gone else session.revived(self._conn)
-            if again is not None:
-                again.start()
-                self._session = again
-                log.info("leader_lease_kept", job=self.job, lease=f"{again.lease_id:x}")
-                return again.lease_id
+        again = session.kept(self._conn) if session is not None else None
+        if again is not None:
+            self._session = again
+            log.info("leader_lease_kept", job=self.job, lease=f"{again.lease_id:x}")
+            return again.lease_id
         grant = self._conn.call(lambda c: c.lease(self.ttl_s))
         session = _Session(int(grant.id), int(grant.ttl), self._keepalive, self.job)
         session.start()

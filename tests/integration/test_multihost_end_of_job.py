@@ -21,7 +21,7 @@ import pytest
 
 from tests.support.harness import Daemon, event_time, run_dir, start_daemon, wait_for
 from tests.support.job_queries import digest
-from tests.support.multihost import NEEDS_NAMESPACES, etcd_on
+from tests.support.multihost import NEEDS_NAMESPACES, etcd_on, wait_all_commit_together
 from tests.support.netns import Host, Network
 from trainer.checkpoint.files import MARKER
 
@@ -56,13 +56,7 @@ def test_a_host_fenced_near_the_end_neither_trains_nor_saves_after_the_job_compl
             daemons.append(
                 (h, start_daemon(tmp_path, f"node-{name}", [endpoint], overrides=job, host=h))
             )
-        wait_for(
-            lambda: all(
-                any(e.get("participants") == 3 for e in d.events("train_step")) for _, d in daemons
-            ),
-            180,
-            "three groups committing together",
-        )
+        wait_all_commit_together([d for _, d in daemons])
         host, leader = next((h, d) for h, d in daemons if d.require_status()["leader"])
         rest = [d for _, d in daemons if d is not leader]
         wait_for(lambda: leader.step() >= STEPS - CUT_BEFORE_END, 120, "the last steps")

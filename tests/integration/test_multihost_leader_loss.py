@@ -18,7 +18,7 @@ import pytest
 
 from tests.support.harness import Daemon, event_time, largest_step_gap, start_daemon, wait_for
 from tests.support.job_queries import digest
-from tests.support.multihost import NEEDS_NAMESPACES, etcd_on
+from tests.support.multihost import NEEDS_NAMESPACES, etcd_on, wait_all_commit_together
 from tests.support.netns import Host, Network
 
 pytestmark = [pytest.mark.integration, NEEDS_NAMESPACES]
@@ -54,13 +54,7 @@ def test_a_cut_off_leaders_host_leaves_the_others_training_during_the_cut(
             h = network.add_host(name)
             d = start_daemon(tmp_path, f"node-{name}", [endpoint], config=job, host=h)
             daemons.append((h, d))
-        wait_for(
-            lambda: all(
-                any(e.get("participants") == 3 for e in d.events("train_step")) for _, d in daemons
-            ),
-            180,
-            "three hosts' groups to commit a step together",
-        )
+        wait_all_commit_together([d for _, d in daemons])
         host, leader = next((h, d) for h, d in daemons if d.require_status()["leader"])
         rest = [d for _, d in daemons if d is not leader]
         cut_at = time.time()

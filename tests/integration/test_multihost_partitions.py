@@ -19,7 +19,7 @@ import pytest
 
 from tests.support.harness import Daemon, Proc, event_time, largest_step_gap, start_daemon, wait_for
 from tests.support.job_queries import digest
-from tests.support.multihost import NEEDS_NAMESPACES, etcd_on
+from tests.support.multihost import NEEDS_NAMESPACES, etcd_on, wait_all_commit_together
 from tests.support.netns import Host, Network
 
 pytestmark = [pytest.mark.integration, NEEDS_NAMESPACES]
@@ -49,13 +49,7 @@ def three_hosts(
         overrides = [*OVERRIDES, f"train.steps={steps}"]
         d = start_daemon(tmp_path, f"node-{name}", [endpoint], overrides=overrides, host=h)
         started.append((h, d))
-    wait_for(
-        lambda: all(
-            any(e.get("participants") == 3 for e in d.events("train_step")) for _, d in started
-        ),
-        180,
-        "three hosts' groups to commit a step together",
-    )
+    wait_all_commit_together([d for _, d in started])
     return etcd
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from daemon.coordination.etcd_server import find_etcd_binary
 from tests.support import netns
-from tests.support.harness import DAEMON_JOB, Proc, start
+from tests.support.harness import DAEMON_JOB, Daemon, Proc, start, wait_for
 from tests.support.netns import Host
 
 NEEDS_NAMESPACES = pytest.mark.skipif(
@@ -71,3 +71,15 @@ def job_without_advertise_host(directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(kept) + "\n")
     return path
+
+
+def wait_all_commit_together(daemons: Sequence[Daemon], timeout: float = 180) -> None:
+    """Until every daemon's group committed a step with all of them in the quorum."""
+    n = len(daemons)
+    wait_for(
+        lambda: all(
+            any(e.get("participants") == n for e in d.events("train_step")) for d in daemons
+        ),
+        timeout,
+        f"{n} hosts' groups to commit a step together",
+    )

@@ -14,6 +14,8 @@ import itertools
 import os
 import random
 import socket
+import subprocess
+import time
 from pathlib import Path
 
 RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
@@ -55,3 +57,15 @@ def free_port() -> int:
         if bindable(port):
             return port
     raise AssertionError("unreachable: the cycle never ends")
+
+
+def wait_listening(port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+    """Until something accepts on 127.0.0.1:`port`; fails if `proc` exits first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        assert proc.poll() is None, f"pid {proc.pid} exited before it listened on {port}"
+        assert time.monotonic() < deadline, f"nothing listened on {port} within {timeout:g} s"
+        time.sleep(0.02)

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from daemon.children import capped_log
 from daemon.leadership.lighthouse import LAUNCHER, lighthouse_command
-from tests.support.ports import free_port
+from tests.support.ports import free_port, wait_listening
 
 
 def test_the_launcher_finds_the_native_server_without_importing_torch() -> None:
@@ -34,14 +32,7 @@ def test_the_launched_lighthouse_listens() -> None:
     argv = [*lighthouse_command(), "--min_replicas", "1", "--bind", f"127.0.0.1:{port}"]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            assert proc.poll() is None, "the lighthouse exited"
-            assert time.monotonic() < deadline, "the lighthouse never listened"
-            time.sleep(0.02)
+        wait_listening(port, proc)
     finally:
         proc.kill()
         proc.wait()

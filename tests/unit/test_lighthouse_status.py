@@ -12,7 +12,7 @@ from torchft._torchft import LighthouseClient
 
 from daemon.leadership.lighthouse import lighthouse_command
 from daemon.leadership.lighthouse_status import lost_members, read_status
-from tests.support.ports import free_port
+from tests.support.ports import free_port, wait_listening
 
 
 def test_a_member_of_the_last_quorum_that_stopped_heartbeating_is_lost() -> None:
@@ -30,13 +30,7 @@ def test_a_member_of_the_last_quorum_that_stopped_heartbeating_is_lost() -> None
     ]  # fmt: skip
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            assert time.monotonic() < deadline, "the lighthouse never listened"
-            time.sleep(0.05)
+        wait_listening(port, proc)
         page = read_status(port)
         assert page is not None and lost_members(page, 0.3) == []  # no quorum yet
         client = LighthouseClient(f"http://127.0.0.1:{port}", timedelta(seconds=5))
