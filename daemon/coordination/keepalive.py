@@ -215,10 +215,18 @@ class LeaseKeepAlive:
 class _Session:
     """One lease and the daemon thread that refreshes it every ``refresh_every_s(ttl)``."""
 
-    def __init__(self, lease_id: int, ttl: int, keepalive: LeaseKeepAlive, job: str) -> None:
+    def __init__(
+        self,
+        lease_id: int,
+        ttl: int,
+        keepalive: LeaseKeepAlive,
+        job: str,
+        every_s: float | None = None,
+    ) -> None:
         self.lease_id = lease_id
         self.job = job
         self.ttl = ttl
+        self.every_s = refresh_every_s(ttl) if every_s is None else every_s
         self._keepalive = keepalive
         self._lock = threading.Lock()  # the fields below
         self._refreshing = threading.Lock()  # one refresh of this lease at a time
@@ -305,7 +313,7 @@ class _Session:
         """This lease with a new keepalive thread, if etcd still holds it although our
         clock gave up on it (a restarted etcd restores leases with a fresh TTL); None
         once etcd says it expired. Raises EtcdUnavailable."""
-        again = _Session(self.lease_id, self.ttl, self._keepalive, self.job)
+        again = _Session(self.lease_id, self.ttl, self._keepalive, self.job, self.every_s)
         if again.refresh(conn):
             return again
         self.mark_gone()
@@ -355,7 +363,7 @@ class _Session:
     def _run(self) -> None:
         """Refresh every ``refresh_every_s(ttl)`` after the last confirmed send (a refresh
         from the main loop counts); after a failure retry as often until the lease is lost."""
-        interval = refresh_every_s(self.ttl)
+        interval = self.every_s
         wait, failing = interval, False
         ctx = {"job": self.job, "lease": f"{self.lease_id:x}"}
         while not self._stop.wait(wait):

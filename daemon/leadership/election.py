@@ -2,21 +2,28 @@
 
 A daemon campaigns (one etcd transaction) in a round whose view of the job shows
 no leader, or disagrees with what it believes about itself (it holds the key but
-thinks it does not, after a fence or a restart, or the reverse). The view is kept
-current by the watch (``daemon.coordination.job_watch``), so a campaign follows the
-event that deleted the leader key (a revoke, a resignation, an expired lease) at once,
-and a steady leader and its followers send nothing: no campaign on a timer. The leader
-keeps a lighthouse running and its address published: it restarts one that
-died, and republishes whenever etcd does not show its address (for example after
-an outage that expired its lease and the key with it). A daemon that is no
-longer leader stops its lighthouse; the ranks follow the new address through
-their daemon's forwarder.
+thinks it does not, after a fence or a restart, or the reverse), or when it leads on
+a leader lease its clock gave up on. The key lives on the leader's own 2 s lease
+(``daemon.coordination.leader_lease``). The view is kept current by the watch
+(``daemon.coordination.job_watch``), so a campaign follows the event that deleted the
+leader key at once, after the takeover probe (:meth:`Leadership.takeover_due`: a
+follower holds back while the old leader's gate still answers), and a steady leader
+and its followers send nothing: no campaign on a timer. The leader keeps a
+lighthouse running and its address published (it restarts one that died, and
+republishes whenever etcd does not show its address), announces the quorum members
+its lighthouse lost (``lighthouse_status``), and keeps a will that revokes its lease
+if its daemon dies (``will``). A daemon that is no longer leader stops its
+lighthouse; the ranks follow the new address through their daemon's forwarder, told
+at once (``daemon.supervision.rank_notice``); one deposed while it served restarts
+its ranks (``daemon.supervision.fence_judge``).
 
-Nothing here blocks: a lighthouse that is starting is probed once per round
-until ``START_TIMEOUT_S``. A leader whose lease may expire unrenewed stops its lighthouse first
-(:meth:`Leadership.fence`, ``daemon.coordination.fencing``). A leader whose lighthouse cannot start (its port is
-taken, the binary is missing, it dies or never listens) says why, resigns so
-that another node can lead, and does not campaign again for ``COOLDOWN_S``.
+Nothing here blocks for long: a lighthouse that is starting is waited for up to
+``FIRST_PROBE_S`` in its round, then probed once per round until ``START_TIMEOUT_S``.
+A leader whose node lease may expire unrenewed stops its lighthouse first
+(:meth:`Leadership.fence`, ``daemon.coordination.fencing``). A leader whose lighthouse
+cannot start (its port is taken, the binary is missing, it dies or never listens) says
+why, resigns so that another node can lead, and does not campaign again for
+``COOLDOWN_S``.
 """
 
 from __future__ import annotations
