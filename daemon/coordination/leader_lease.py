@@ -34,6 +34,7 @@ from trainer import logs
 
 log = logs.get()
 
+
 def leader_refresh_s(ttl_s: float) -> float:
     """How often the leader lease is kept alive: four times a TTL (0.5 s for 2 s). The key
     goes TTL after the last keepalive etcd took, so a longer interval lapses a lost
