@@ -12,7 +12,7 @@ from torchft.process_group import ProcessGroupGloo
 
 from daemon.supervision.lease_file import write_notice
 from trainer.ft import torchft_adapter as ft
-from trainer.ft.notice import Notice, wait_unless_told
+from trainer.ft.notice import Notice, StepWaits
 
 
 def test_a_notice_is_news_once_and_what_came_before_the_rank_is_not(tmp_path: Path) -> None:
@@ -47,11 +47,18 @@ def test_a_collective_whose_peer_never_answers_is_abandoned_on_notice(tmp_path: 
         t.join(30)
     path = tmp_path / "notice.json"
     notice = Notice(path)
-    work = pgs[0].allreduce([torch.ones(4)], AllreduceOptions())
+    # Two buckets of one step on the group whose peer never answers.
+    works = [pgs[0].allreduce([torch.ones(4)], AllreduceOptions()) for _ in range(2)]
     threading.Timer(0.3, write_notice, (path, 1, "10.0.0.9:1", "a new leader published it")).start()
-    told = wait_unless_told(work, ft.pending_work(work), notice)
+    waits = StepWaits(notice)
+    told = waits.wait(works[0], ft.pending_work(works[0]))
     assert told is not None and told.reason == "a new leader published it"
-    assert not ft.pending_work(work).is_completed()  # told while it waits, not timed out
+    assert not ft.pending_work(works[0]).is_completed()  # told while it waits, not timed out
+    # The second bucket is abandoned with the step, not waited for to its timeout.
+    assert waits.wait(works[1], ft.pending_work(works[1])) is told
+    assert not ft.pending_work(works[1]).is_completed()
+    waits.new_step()
+    assert waits.told is None
     ft.bury_process_group(pgs[0], keep_s=60.0)
     pgs[0].configure(f"{address}/q2", "r0", 0, 1)  # alone now: no abort of the stuck group
     alone = torch.ones(2)

@@ -86,3 +86,23 @@ def wait_unless_told(work: Any, pending: Any, notice: Notice) -> Told | None:
             return told
     work.wait()
     return None
+
+
+class StepWaits:
+    """The collective waits of one step: once a notice abandons one, every later one of
+    the step is abandoned at once (a bucket issued before it, on the same process group,
+    would otherwise wait out its own timeout)."""
+
+    def __init__(self, notice: Notice) -> None:
+        self.notice = notice
+        self.told: Told | None = None  # the notice that abandoned this step
+
+    def new_step(self) -> None:
+        self.told = None
+
+    def wait(self, work: Any, pending: Any) -> Told | None:
+        """None once `work` is done; the notice when the step is abandoned (now or before)."""
+        if self.told is None:
+            self.told = wait_unless_told(work, pending, self.notice)
+            return self.told
+        return self.told

@@ -44,7 +44,7 @@ from trainer.config.env import RankEnv
 from trainer.data.shares import Quorum
 from trainer.ft import torchft_adapter as ft
 from trainer.ft.grad_buckets import buckets
-from trainer.ft.notice import Notice, Told, wait_unless_told
+from trainer.ft.notice import Notice, StepWaits, Told
 from trainer.ft.replication import DRAIN_QUORUM_WAIT_S, NonFiniteStep, leave_unless_formed
 from trainer.ft.state import TrainState
 from trainer.ft.transport import advertise_host, bind_host, checkpoint_transport
@@ -143,6 +143,7 @@ class TorchFTGroup:
         self._next: Quorum | None = None  # see last_quorum
         self.notice = Notice(env.notice)  # the daemon's word that the lighthouse moved
         self._timeout_s = cfg.timeout_s
+        self.waits = StepWaits(self.notice)  # this step's collectives (see _wait)
 
     def _load_healing(self, state_dict: dict[str, Any]) -> None:
         """torchft's load of a peer's state: apply it, then say how long the heal took."""
@@ -163,6 +164,7 @@ class TorchFTGroup:
     def start_step(self) -> None:
         self._step_started = time.monotonic()
         self.transport.close()  # a copy served to a healer in the last step
+        self.waits.new_step()
         told = self.notice.changed()
         if told is not None:  # between steps: nothing to abandon, the next quorum moves
             self.log.info(
@@ -174,11 +176,14 @@ class TorchFTGroup:
         """`work.wait()`, unless the daemon says the lighthouse moved while the collective
         is still running: then the step is abandoned at once (its peers may be a cut-off
         group that would hold it for ``ft.timeout_s``), see :mod:`trainer.ft.notice`.
-        False when abandoned."""
-        told = wait_unless_told(work, ft.pending_work(work), self.notice)
+        False when abandoned; after that, every other collective of the step is too (a
+        bucket issued before on the same process group would wait out its timeout)."""
+        already = self.waits.told is not None
+        told = self.waits.wait(work, ft.pending_work(work))
         if told is None:
             return True
-        self._abandon(told)
+        if not already:
+            self._abandon(told)
         return False
 
     def _abandon(self, told: Told) -> None:
