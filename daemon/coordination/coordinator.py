@@ -270,10 +270,18 @@ class Coordinator:
         ):
             raise NotLeader(f"node '{self.node_id}' is not the leader of job '{self.job}'.")
 
-    def announce_lost(self, replicas: list[str]) -> None:
-        """Put ``lost``: the quorum members our lighthouse stopped hearing from (bound to
-        the leader lease); raises NotLeader unless this node leads."""
-        value = dump({"replicas": replicas, "at": time.time_ns()})
+    def announce_lost(self, quorum_id: int, replicas: list[str], lighthouse: str) -> None:
+        """Put ``lost``: the members of quorum `quorum_id` that our lighthouse (published
+        at `lighthouse`) stopped hearing from, bound to the leader lease; raises NotLeader
+        unless this node leads."""
+        value = dump(
+            {
+                "replicas": replicas,
+                "quorum_id": quorum_id,
+                "lighthouse": lighthouse,
+                "at": time.time_ns(),
+            }
+        )
         if not self._leader.publish(self._txn, self._key("leader"), self._key("lost"), value):
             raise NotLeader(f"node '{self.node_id}' is not the leader of job '{self.job}'.")
 

@@ -35,6 +35,7 @@ class JobView:
     leader_epoch: int | None = None
     revision: int = 0  # etcd's revision when this was read
     progress_asked: Any = None  # asks/progress: a node wants everyone's progress now
+    lost: Any = None  # quorum members the leader's lighthouse stopped hearing from
 
 
 def leader_value(holder: str, epoch: int) -> str:
@@ -112,6 +113,7 @@ def assemble(entries: Iterable[tuple[str, Any, int]], revision: int = 0) -> JobV
         leader_epoch=epoch,
         revision=revision,
         progress_asked=single.get(ASK_KEY),
+        lost=single.get("lost"),
     )
 
 

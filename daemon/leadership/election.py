@@ -37,7 +37,7 @@ from daemon.coordination.coordinator import Coordinator
 from daemon.coordination.fencing import fence_margin_s
 from daemon.leadership.gate import alive as gate_alive
 from daemon.leadership.lighthouse import LighthouseError, LighthouseProcess, parse_address
-from daemon.leadership.lighthouse_status import lost_members, read_status
+from daemon.leadership.lighthouse_status import Lost, lost_members, read_status
 from daemon.leadership.will import Will
 from daemon.node_state.view import NodeView
 from trainer import logs
@@ -73,7 +73,7 @@ class Leadership:
         self.must_resign = False
         self.epoch: int | None = None  # the leader epoch of the lighthouse we serve
         self.deposed = False  # another node took the key while ours served (take_deposed)
-        self.announced: list[str] = []  # the quorum members last announced lost
+        self.announced: Lost | None = None  # the quorum members last announced lost
         self.will: Will | None = None  # revokes the leader lease if this daemon dies
         self._vacant_since: float | None = None  # when we saw the leader key vacant
         self._holding_back = False  # for the last leader to take it again (takeover_due)
@@ -168,7 +168,7 @@ class Leadership:
             if (job.lighthouse if job else None) != address:
                 self.coord.publish_lighthouse(address)
                 self.log.info("lighthouse_published", address=address)
-            self._announce_lost()
+            self._announce_lost(address)
             self._keep_will()
 
     def _keep_will(self) -> None:
@@ -180,17 +180,20 @@ class Leadership:
             self.will.cancel()
         self.will = Will(self.coord.settings, lease)
 
-    def _announce_lost(self) -> None:
-        """Announce the members of the last quorum our lighthouse stopped hearing from
-        (``lighthouse_status``): every daemon then tells its ranks, which abandon a step
-        that waits on them. Once per set of members lost."""
+    def _announce_lost(self, address: str) -> None:
+        """Announce the members of the last quorum our lighthouse (at `address`) stopped
+        hearing from (``lighthouse_status``), with that quorum's id: every daemon then
+        tells its ranks, and those still in that quorum abandon the step that waits on
+        them. Once per quorum and set of members lost."""
         lh = self.lighthouse
         page = read_status(lh.internal_port) if lh and lh.internal_port else None
         timeout_s = self.cfg.lighthouse.heartbeat_timeout_ms / 1000.0
-        lost = lost_members(page, timeout_s) if page else []
-        if lost and lost != self.announced:
-            self.coord.announce_lost(lost)
-            self.log.warning("replicas_lost", replicas=lost)
+        lost = lost_members(page, timeout_s) if page else None
+        if lost is not None and lost != self.announced:
+            self.coord.announce_lost(lost.quorum_id, list(lost.replicas), address)
+            self.log.warning(
+                "replicas_lost", replicas=list(lost.replicas), quorum_id=lost.quorum_id
+            )
         self.announced = lost
 
     def _start(self, view: NodeView) -> None:

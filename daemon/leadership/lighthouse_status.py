@@ -6,9 +6,13 @@ wait for it until ``ft.timeout_s`` (30 s), while the lighthouse knows within
 so only on its HTML status page (``GET /status``: the previous quorum's members, each
 ``<b>replica id</b>``, and ``replica id: seen N s ago`` per heartbeat), so the leader
 reads that page from the lighthouse's loopback port once a round and announces the
-members it lost (``Coordinator.announce_lost``); every daemon then tells its ranks
-(``PHALANX_NOTICE``), which abandon the step that waits on them. The page is read,
-never trusted for anything else: a page that does not parse names nobody.
+members it lost, with the id of the quorum they were lost from
+(``Coordinator.announce_lost``); every daemon then tells its ranks (``PHALANX_NOTICE``),
+and a rank abandons the step that waits on them only while its own quorum is that one:
+a replacement that took a lost member's replica id joins a later quorum (its first
+quorum is always numbered anew), so a collective with it is never abandoned for the
+member it replaced. The page is read, never trusted for anything else: a page that
+does not parse names nobody.
 """
 
 from __future__ import annotations
@@ -16,10 +20,12 @@ from __future__ import annotations
 import math
 import re
 import urllib.request
+from dataclasses import dataclass
 
 READ_TIMEOUT_S = 0.2  # on loopback; a lighthouse that slow is not read this round
 
 _MEMBER = re.compile(r"<b>\s*([^<\s]+)\s*</b>")
+_QUORUM_ID = re.compile(r"Previous quorum id:\s*(\d+)")
 _SEEN = re.compile(r"^\s*(\S+): seen ([0-9.eE+-]+)s ago\s*$", re.MULTILINE)
 
 
@@ -34,12 +40,24 @@ def read_status(port: int) -> str | None:
         return None
 
 
-def lost_members(page: str, heartbeat_timeout_s: float) -> list[str]:
+@dataclass(frozen=True)
+class Lost:
+    """Members of the lighthouse's quorum `quorum_id` that stopped heartbeating."""
+
+    quorum_id: int
+    replicas: tuple[str, ...]
+
+
+def lost_members(page: str, heartbeat_timeout_s: float) -> Lost | None:
     """Members of the previous quorum last seen more than `heartbeat_timeout_s` ago (or not
-    at all), sorted; [] for a page without a previous quorum or one that does not parse."""
+    at all), sorted, with that quorum's id; None for a page without a previous quorum, one
+    that does not parse, or a quorum whose members all heartbeat."""
     start, end = page.find("Previous Quorum"), page.find("Heartbeats")
     if start < 0 or end < start:
-        return []
+        return None
+    quorum = _QUORUM_ID.search(page[start:end])
+    if quorum is None:
+        return None
     members = _MEMBER.findall(page[start:end])
     seen: dict[str, float] = {}
     for replica, age in _SEEN.findall(page[end:]):
@@ -47,4 +65,5 @@ def lost_members(page: str, heartbeat_timeout_s: float) -> list[str]:
             seen[replica] = float(age)
         except ValueError:
             continue
-    return sorted({m for m in members if seen.get(m, math.inf) > heartbeat_timeout_s})
+    lost = sorted({m for m in members if seen.get(m, math.inf) > heartbeat_timeout_s})
+    return Lost(int(quorum.group(1)), tuple(lost)) if lost else None

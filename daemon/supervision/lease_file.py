@@ -1,4 +1,4 @@
-"""The node's lease and its last confirmation, and the lighthouse notice: files its ranks read.
+"""The node's lease and its last confirmation, and the notices to the ranks: files its ranks read.
 
 ``<run_dir>/lease.json`` (``PHALANX_LEASE_FILE``) holds the etcd lease the node
 trains under and when etcd last confirmed it; the writer group's rank 0 marks a
@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 
 class LeaseFile:
@@ -30,9 +32,11 @@ class LeaseFile:
         self._written = confirmation
 
 
-def write_notice(path: Path, seq: int, lighthouse: str, reason: str) -> None:
-    """``<run_dir>/notice.json`` (``PHALANX_NOTICE``): the lighthouse moved, read by
-    ``trainer.ft.notice`` (which says what the ranks do); replaced atomically."""
+def write_notice(path: Path, notices: Sequence[Mapping[str, Any]]) -> None:
+    """``<run_dir>/notice.json`` (``PHALANX_NOTICE``): the daemon's last few notices to its
+    ranks, oldest first, each ``{"seq", "lighthouse", "reason"}`` plus ``quorum_id`` and
+    ``replicas`` for members lost; read by ``trainer.ft.notice`` (which says what the
+    ranks do); replaced atomically."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps({"seq": seq, "lighthouse": lighthouse, "reason": reason}))
+    tmp.write_text(json.dumps({"notices": list(map(dict, notices))}))
     os.replace(tmp, path)

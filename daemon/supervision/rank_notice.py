@@ -1,18 +1,29 @@
 """Telling this node's ranks at once (``PHALANX_NOTICE``, read by ``trainer.ft.notice``).
 
-A rank abandons the step it waits on rather than wait out ``ft.timeout_s`` when the
-published lighthouse moved (a new leader). Each move is one more notice, written
-atomically to ``<run_dir>/notice.json`` and logged as ``ranks_told``. The leader's
-``lost`` announcements (``daemon.leadership.lighthouse_status``) are not told to the
-ranks: a replacement that took the lost replica's id raced them (DESIGN.md).
+A rank abandons the step it waits on rather than wait out ``ft.timeout_s`` when
+
+* the published lighthouse moved (a new leader): every rank abandons;
+* the leader announced members of a quorum its lighthouse lost (``lost``: a host gone
+  without a reset, ``daemon.leadership.lighthouse_status``): a rank abandons only while
+  its own quorum is that one, and has one of them. A replacement that took a lost
+  member's replica id is in a later quorum (its first is numbered anew), so a
+  collective with it is never abandoned for the member it replaced.
+
+Each is one more notice; the file holds the last :data:`KEPT`, so a rank that reads it
+late still sees a move behind a later announcement. Written atomically to
+``<run_dir>/notice.json`` and logged as ``ranks_told``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from daemon.supervision.lease_file import write_notice
 from trainer import logs
+
+KEPT = 8  # notices the file holds: a rank polls every 50 ms, the daemon tells a few a round
+_UNSEEN = object()  # no view of the job yet
 
 
 class RankNotice:
@@ -20,8 +31,33 @@ class RankNotice:
         self.path = path
         path.unlink(missing_ok=True)  # a notice is news to this daemon's ranks only
         self._seq = 0
+        self._kept: list[dict[str, Any]] = []
+        self._lost_seen: Any = _UNSEEN  # the leader's last ``lost`` announcement seen
 
-    def tell(self, lighthouse: str, reason: str) -> None:
+    def tell(self, lighthouse: str, reason: str, **lost: Any) -> None:
+        """One more notice; `lost`: ``quorum_id`` and ``replicas`` for members lost."""
         self._seq += 1
-        write_notice(self.path, self._seq, lighthouse, reason)
-        logs.get().info("ranks_told", lighthouse=lighthouse, seq=self._seq, reason=reason)
+        notice = {"seq": self._seq, "lighthouse": lighthouse, "reason": reason, **lost}
+        self._kept = [*self._kept, notice][-KEPT:]
+        write_notice(self.path, self._kept)
+        logs.get().info("ranks_told", **notice)
+
+    def follow_lost(self, lost: Any, lighthouse: str | None) -> None:
+        """The leader's ``lost`` key as the view shows it: a new announcement by the
+        lighthouse published now is told; what was announced before this daemon's first
+        view is not news, and one by a lighthouse since replaced concerns no quorum."""
+        seen, self._lost_seen = self._lost_seen, lost
+        if lost == seen or seen is _UNSEEN or not isinstance(lost, dict) or not lighthouse:
+            return
+        replicas, quorum_id = lost.get("replicas"), lost.get("quorum_id")
+        if lost.get("lighthouse") != lighthouse or not isinstance(quorum_id, int):
+            return
+        if not isinstance(replicas, list) or not replicas:
+            return
+        named = [str(r) for r in replicas]
+        self.tell(
+            lighthouse,
+            f"the lighthouse lost {', '.join(named)} from quorum {quorum_id}",
+            quorum_id=quorum_id,
+            replicas=named,
+        )

@@ -274,6 +274,7 @@ class EtcdUpkeep:
             job.leader_epoch, running, self.view.step, self.cfg.etcd.leader_ttl_s
         )
         self._follow_lighthouse(job.lighthouse)
+        self.notice.follow_lost(job.lost, job.lighthouse)
         self._publish_checkpoint()
         self._attempt("record", self._update_record)
 

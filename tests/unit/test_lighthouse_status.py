@@ -11,7 +11,7 @@ from datetime import timedelta
 from torchft._torchft import LighthouseClient
 
 from daemon.leadership.lighthouse import lighthouse_command
-from daemon.leadership.lighthouse_status import lost_members, read_status
+from daemon.leadership.lighthouse_status import Lost, lost_members, read_status
 from tests.support.ports import free_port, wait_listening
 
 
@@ -32,7 +32,7 @@ def test_a_member_of_the_last_quorum_that_stopped_heartbeating_is_lost() -> None
     try:
         wait_listening(port, proc)
         page = read_status(port)
-        assert page is not None and lost_members(page, 0.3) == []  # no quorum yet
+        assert page is not None and lost_members(page, 0.3) is None  # no quorum yet
         client = LighthouseClient(f"http://127.0.0.1:{port}", timedelta(seconds=5))
         stays, goes = "phalanx_group_00000:a", "phalanx_group_00001:b"
         with ThreadPoolExecutor(2) as pool:  # a quorum of two forms once both ask
@@ -57,8 +57,10 @@ def test_a_member_of_the_last_quorum_that_stopped_heartbeating_is_lost() -> None
             time.sleep(0.05)
         page = read_status(port)
         assert page is not None
-        assert lost_members(page, 0.3) == [goes]
-        assert lost_members(page, 5.0) == []
+        lost = lost_members(page, 0.3)
+        assert lost is not None and lost.replicas == (goes,)
+        assert lost.quorum_id == asks[0].result().quorum_id  # the quorum it was lost from
+        assert lost_members(page, 5.0) is None
     finally:
         proc.kill()
         proc.wait()
@@ -66,11 +68,15 @@ def test_a_member_of_the_last_quorum_that_stopped_heartbeating_is_lost() -> None
 
 
 def test_a_page_that_does_not_parse_names_nobody() -> None:
-    assert lost_members("", 0.5) == []
-    assert lost_members("<h2>Heartbeats</h2> x: seen 9s ago <h3>Previous Quorum</h3>", 0.5) == []
-    page = "<h3>Previous Quorum</h3><b>g:1</b><h2>Heartbeats</h2>\n  g:1: seen 0.1s ago\n"
-    assert lost_members(page, 0.5) == []
-    assert lost_members(page.replace("0.1s", "2.5s"), 0.5) == ["g:1"]
+    assert lost_members("", 0.5) is None
+    assert lost_members("<h2>Heartbeats</h2> x: seen 9s ago <h3>Previous Quorum</h3>", 0.5) is None
+    page = (
+        "<h3>Previous Quorum</h3>Previous quorum id: 4 <br><b>g:1</b>"
+        "<h2>Heartbeats</h2>\n  g:1: seen 0.1s ago\n"
+    )
+    assert lost_members(page, 0.5) is None
+    assert lost_members(page.replace("0.1s", "2.5s"), 0.5) == Lost(4, ("g:1",))
+    assert lost_members(page.replace("0.1s", "2.5s").replace("id: 4", "id: ?"), 0.5) is None
 
 
 def test_a_followers_probe_finds_a_live_gate_and_no_refusal_in_its_log() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -11,22 +12,63 @@ from torch.distributed import AllreduceOptions, TCPStore  # type: ignore[attr-de
 from torchft.process_group import ProcessGroupGloo
 
 from daemon.supervision.lease_file import write_notice
+from daemon.supervision.rank_notice import RankNotice
 from trainer.ft import torchft_adapter as ft
-from trainer.ft.notice import Notice, StepWaits
+from trainer.ft.notice import Notice, StepWaits, Told
+
+
+def _moved(seq: int, lighthouse: str, reason: str) -> dict[str, object]:
+    return {"seq": seq, "lighthouse": lighthouse, "reason": reason}
 
 
 def test_a_notice_is_news_once_and_what_came_before_the_rank_is_not(tmp_path: Path) -> None:
     path = tmp_path / "notice.json"
-    write_notice(path, 1, "10.0.0.1:1", "before this rank")
+    write_notice(path, [_moved(1, "10.0.0.1:1", "before this rank")])
     notice = Notice(path)
     assert notice.changed() is None
-    write_notice(path, 2, "10.0.0.2:2", "a new leader published it")
+    write_notice(path, [_moved(1, "10.0.0.1:1", "before"), _moved(2, "10.0.0.2:2", "moved")])
     told = notice.changed()
-    assert told is not None and (told.seq, told.lighthouse) == (2, "10.0.0.2:2")
+    assert told is not None and (told.seq, told.lighthouse, told.moved) == (2, "10.0.0.2:2", True)
     assert notice.changed() is None
     path.write_text("{not json")  # half a file never reads as news
     assert notice.changed() is None
     assert Notice(None).changed() is None
+
+
+def test_members_lost_concern_only_the_quorum_they_were_lost_from(tmp_path: Path) -> None:
+    """The daemon's RankNotice writes what the rank's Notice reads. An announcement of
+    members lost from quorum 7 concerns a rank still in quorum 7 with one of them, not
+    a rank already in quorum 8 (where a replacement took the lost member's replica id);
+    a move written behind it is still seen by a rank that reads both at once."""
+    path = tmp_path / "notice.json"
+    daemon_side = RankNotice(path)
+    daemon_side.follow_lost(None, "10.0.0.1:1")  # the first view: nothing is news
+    in_quorum, later = Notice(path), Notice(path)
+    quorum = {"in": (7, ["g0:a", "g1:b"]), "later": (8, ["g0:a", "g1:b"])}
+
+    def concerns(which: str) -> Callable[[Told], bool]:
+        def check(told: Told) -> bool:
+            qid, members = quorum[which]
+            return told.moved or (told.quorum_id == qid and bool(set(told.replicas) & set(members)))
+
+        return check
+
+    lost = {"replicas": ["g1:b"], "quorum_id": 7, "lighthouse": "10.0.0.1:1", "at": 1}
+    daemon_side.follow_lost(lost, "10.0.0.1:1")
+    daemon_side.follow_lost(lost, "10.0.0.1:1")  # the same announcement is told once
+    told = in_quorum.changed(concerns("in"))
+    assert told is not None and (told.quorum_id, told.replicas) == (7, ("g1:b",))
+    assert not told.moved
+    assert later.changed(concerns("later")) is None  # passed over, and seen
+    assert later.changed(concerns("in")) is None  # ... so not told again
+    # An announcement by a lighthouse no longer published concerns nobody.
+    daemon_side.follow_lost({**lost, "quorum_id": 9, "lighthouse": "10.0.0.7:1"}, "10.0.0.1:1")
+    assert in_quorum.changed() is None
+    # A move, then members lost: a rank that reads both at once sees the move.
+    daemon_side.tell("10.0.0.2:2", "a new leader published it")
+    daemon_side.follow_lost({**lost, "quorum_id": 3, "lighthouse": "10.0.0.2:2"}, "10.0.0.2:2")
+    told = later.changed(concerns("later"))
+    assert told is not None and told.moved and told.lighthouse == "10.0.0.2:2"
 
 
 def test_a_collective_whose_peer_never_answers_is_abandoned_on_notice(tmp_path: Path) -> None:
@@ -49,7 +91,8 @@ def test_a_collective_whose_peer_never_answers_is_abandoned_on_notice(tmp_path: 
     notice = Notice(path)
     # Two buckets of one step on the group whose peer never answers.
     works = [pgs[0].allreduce([torch.ones(4)], AllreduceOptions()) for _ in range(2)]
-    threading.Timer(0.3, write_notice, (path, 1, "10.0.0.9:1", "a new leader published it")).start()
+    moved = [_moved(1, "10.0.0.9:1", "a new leader published it")]
+    threading.Timer(0.3, write_notice, (path, moved)).start()
     waits = StepWaits(notice)
     told = waits.wait(works[0], ft.pending_work(works[0]))
     assert told is not None and told.reason == "a new leader published it"

@@ -1,15 +1,20 @@
-"""What the daemon tells its ranks at once: the lighthouse moved (``PHALANX_NOTICE``).
+"""What the daemon tells its ranks at once (``PHALANX_NOTICE``): the lighthouse moved,
+or the lighthouse lost members of a quorum.
 
 When the published lighthouse changes (the leader's node died or was cut off, and
 another node took over), ranks may be blocked in a collective with a group that
 will never answer (a cut-off host sends no reset) or in a quorum of the old
-lighthouse; torchft would let them wait out ``ft.timeout_s``. The daemon writes
-``{"seq", "lighthouse", "reason"}`` to the file named by ``PHALANX_NOTICE`` (a
-rename, so a reader never sees half of it; ``daemon.supervision.lease_file``), ``seq`` one more each time. A rank
-reads it while it waits for a collective (:meth:`Notice.changed`, a ``stat`` every
-:data:`POLL_S`, a read only when the file changed) and abandons the step when the
-sequence moved past the one it last acted on: the step fails everywhere
-(``report_error``), and the next quorum is asked of the new lighthouse.
+lighthouse; torchft would let them wait out ``ft.timeout_s``. The same holds for a
+collective with a group whose host lost power, which the leader's lighthouse notices
+when its heartbeats stop. The daemon keeps its last few notices in the file named by
+``PHALANX_NOTICE`` (``{"notices": [{"seq", "lighthouse", "reason"}, ...]}``, plus
+``quorum_id`` and ``replicas`` for members lost; a rename, so a reader never sees half
+of it; ``daemon.supervision.rank_notice``), ``seq`` one more each time. A rank reads it
+while it waits for a collective (:meth:`Notice.changed`, a ``stat`` every
+:data:`POLL_S`, a read only when the file changed) and abandons the step when a notice
+it has not seen concerns it (a move always does; members lost only while the rank's
+own quorum is the one they were lost from): the step fails everywhere
+(``report_error``), and the next quorum is asked for.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +35,19 @@ class Told:
     seq: int
     lighthouse: str
     reason: str
+    quorum_id: int | None = None  # members lost from this quorum; None: the lighthouse moved
+    replicas: tuple[str, ...] = ()  # the members lost
+
+    @property
+    def moved(self) -> bool:
+        return self.quorum_id is None
+
+
+Concerns = Callable[[Told], bool]  # whether a notice is about this rank's step
+
+
+def _always(told: Told) -> bool:
+    return True
 
 
 class Notice:
@@ -38,42 +57,56 @@ class Notice:
         self.path = path
         self._stamp: tuple[int, int] | None = None
         self._seen = 0
-        self._last: Told | None = None
+        self._last: tuple[Told, ...] = ()
         told = self._read()
-        if told is not None:  # what was said before this rank started is not news
-            self._seen = told.seq
+        if told:  # what was said before this rank started is not news
+            self._seen = max(t.seq for t in told)
 
-    def changed(self) -> Told | None:
-        """The notice, once, when its sequence moved past the last one returned."""
-        told = self._read()
-        if told is None or told.seq <= self._seen:
+    def changed(self, concerns: Concerns = _always) -> Told | None:
+        """The first notice not returned or passed over before that `concerns` this rank;
+        every notice read is then seen, whether it concerned the rank or not."""
+        unseen = [t for t in self._read() if t.seq > self._seen]
+        if not unseen:
             return None
-        self._seen = told.seq
-        return told
+        self._seen = max(t.seq for t in unseen)
+        return next((t for t in unseen if concerns(t)), None)
 
-    def _read(self) -> Told | None:
+    def _read(self) -> tuple[Told, ...]:
         if self.path is None:
-            return None
+            return ()
         try:
             st = os.stat(self.path)
         except OSError:
-            return None
+            return ()
         stamp = (st.st_mtime_ns, st.st_ino)
         if stamp == self._stamp:
             return self._last
         self._stamp = stamp
         try:
             raw = json.loads(self.path.read_text())
-            self._last = Told(int(raw["seq"]), str(raw["lighthouse"]), str(raw.get("reason", "")))
+            self._last = tuple(_told(n) for n in raw["notices"])
         except (OSError, ValueError, KeyError, TypeError):
             return self._last
         return self._last
 
 
-def wait_unless_told(work: Any, pending: Any, notice: Notice) -> Told | None:
-    """Wait for `work` (``work.wait()``) unless a notice comes while `pending` (the
-    process group's own work behind it) still runs: then that notice, and `work` is left
-    unwaited. No host sync is added: on CUDA the future completes when the collective
+def _told(raw: dict[str, Any]) -> Told:
+    quorum_id = raw.get("quorum_id")
+    return Told(
+        int(raw["seq"]),
+        str(raw["lighthouse"]),
+        str(raw.get("reason", "")),
+        None if quorum_id is None else int(quorum_id),
+        tuple(str(r) for r in raw.get("replicas", ())),
+    )
+
+
+def wait_unless_told(
+    work: Any, pending: Any, notice: Notice, concerns: Concerns = _always
+) -> Told | None:
+    """Wait for `work` (``work.wait()``) unless a notice that `concerns` the rank comes
+    while `pending` (the process group's own work behind it) still runs: then that
+    notice, and `work` is left unwaited. No host sync is added: on CUDA the future completes when the collective
     is enqueued."""
     done = threading.Event()
     try:
@@ -81,7 +114,7 @@ def wait_unless_told(work: Any, pending: Any, notice: Notice) -> Told | None:
     except (RuntimeError, AttributeError):  # no future (a dummy work after an error)
         done.set()
     while not done.wait(POLL_S):
-        told = notice.changed()
+        told = notice.changed(concerns)
         if told is not None:
             return told
     work.wait()
@@ -93,8 +126,9 @@ class StepWaits:
     the step is abandoned at once (a bucket issued before it, on the same process group,
     would otherwise wait out its own timeout)."""
 
-    def __init__(self, notice: Notice) -> None:
+    def __init__(self, notice: Notice, concerns: Concerns = _always) -> None:
         self.notice = notice
+        self.concerns = concerns
         self.told: Told | None = None  # the notice that abandoned this step
 
     def new_step(self) -> None:
@@ -103,6 +137,6 @@ class StepWaits:
     def wait(self, work: Any, pending: Any) -> Told | None:
         """None once `work` is done; the notice when the step is abandoned (now or before)."""
         if self.told is None:
-            self.told = wait_unless_told(work, pending, self.notice)
+            self.told = wait_unless_told(work, pending, self.notice, self.concerns)
             return self.told
         return self.told

@@ -51,7 +51,8 @@ from trainer.ft.transport import advertise_host, bind_host, checkpoint_transport
 
 
 class LighthouseMoved(RuntimeError):
-    """The step was abandoned: the daemon said the lighthouse moved while it waited."""
+    """The step was abandoned: the daemon said the lighthouse moved, or lost a member of
+    this step's quorum, while it waited."""
 
 
 def membership_token(replica_ids: Iterable[str], *, step: int) -> str:
@@ -143,7 +144,7 @@ class TorchFTGroup:
         self._next: Quorum | None = None  # see last_quorum
         self.notice = Notice(env.notice)  # the daemon's word that the lighthouse moved
         self._timeout_s = cfg.timeout_s
-        self.waits = StepWaits(self.notice)  # this step's collectives (see _wait)
+        self.waits = StepWaits(self.notice, self._concerns)  # this step's collectives (_wait)
 
     def _load_healing(self, state_dict: dict[str, Any]) -> None:
         """torchft's load of a peer's state: apply it, then say how long the heal took."""
@@ -165,17 +166,33 @@ class TorchFTGroup:
         self._step_started = time.monotonic()
         self.transport.close()  # a copy served to a healer in the last step
         self.waits.new_step()
-        told = self.notice.changed()
+        told = self.notice.changed(self._concerns)
         if told is not None:  # between steps: nothing to abandon, the next quorum moves
-            self.log.info(
-                "lighthouse_moved", lighthouse=told.lighthouse, reason=told.reason, abandoned=False
-            )
+            self._told(told, abandoned=False)
         self.manager.start_quorum()
 
+    def _concerns(self, told: Told) -> bool:
+        """A move concerns every rank; members lost only a rank whose last quorum is the one
+        they were lost from (a replacement under a lost member's id is in a later one)."""
+        if told.moved:
+            return True
+        last = self.recorder.last
+        return (
+            last is not None
+            and int(last.quorum_id) == told.quorum_id
+            and not set(told.replicas).isdisjoint(map(str, last.replica_ids))
+        )
+
+    def _told(self, told: Told, **fields: Any) -> None:
+        event = "lighthouse_moved" if told.moved else "quorum_members_lost"
+        log = self.log.warning if fields.get("abandoned") else self.log.info
+        log(event, lighthouse=told.lighthouse, reason=told.reason, **fields)
+
     def _wait(self, work: Any) -> bool:
-        """`work.wait()`, unless the daemon says the lighthouse moved while the collective
-        is still running: then the step is abandoned at once (its peers may be a cut-off
-        group that would hold it for ``ft.timeout_s``), see :mod:`trainer.ft.notice`.
+        """`work.wait()`, unless the daemon says the lighthouse moved (or lost a member of
+        this quorum) while the collective is still running: then the step is abandoned at
+        once (its peers may be a cut-off group that would hold it for ``ft.timeout_s``),
+        see :mod:`trainer.ft.notice`.
         False when abandoned; after that, every other collective of the step is too (a
         bucket issued before on the same process group would wait out its timeout)."""
         already = self.waits.told is not None
@@ -187,14 +204,8 @@ class TorchFTGroup:
         return False
 
     def _abandon(self, told: Told) -> None:
-        self.log.warning(
-            "lighthouse_moved",
-            lighthouse=told.lighthouse,
-            reason=told.reason,
-            abandoned=True,
-            step=self.current_step(),
-        )
-        self.manager.report_error(LighthouseMoved(f"the lighthouse moved: {told.reason}"))
+        self._told(told, abandoned=True, step=self.current_step())
+        self.manager.report_error(LighthouseMoved(f"the step was abandoned: {told.reason}"))
         if self.device.type == "cuda":
             self.pg.abort()  # NCCL's abort ends the stuck collective
         else:  # gloo's would wait for it: the next quorum builds a new one beside it
