@@ -85,11 +85,13 @@ class EtcdConfig(Section):
         5.0, gt=0, description="Deadline of each etcd request; must be below lease_ttl_s."
     )
     leader_ttl_s: int = Field(
-        2,
+        1,
         ge=1,
         le=300,
         description="The leader key's own lease TTL, at most lease_ttl_s: a dead leader is "
-        "replaced after it (etcd grants at least 2 s with its default timing).",
+        "replaced after it. etcd grants at least 1.5 election timeouts: 1 s needs "
+        "--election-timeout of 750 ms or less (Phalanx's etcds run so); etcd's default "
+        "1000 ms makes it 2 s.",
     )
 
 

@@ -31,6 +31,7 @@ from daemon.coordination.fencing import (
     NOTICE_FILE,
     Fence,
     after_fence,
+    epoch_doubt_s,
     fence_margin_s,
     refresh_every_s,
 )
@@ -78,6 +79,7 @@ __all__ = [
     "address_clash",
     "after_fence",
     "differing_sections",
+    "epoch_doubt_s",
     "fence_margin_s",
     "find_etcd_binary",
     "holder_of",

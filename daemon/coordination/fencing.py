@@ -66,6 +66,14 @@ def refresh_every_s(ttl_s: float) -> float:
     return min(1.0, (ttl_s - fence_margin_s(ttl_s)) / 4.0)
 
 
+def epoch_doubt_s(leader_ttl_s: float, lease_ttl_s: float) -> float:
+    """How long etcd may go without confirming our lease before a new leader epoch, seen
+    in the first whole view after that, restarts our ranks (DESIGN.md, "Partitions",
+    rule 4): the leader's TTL beyond the keepalive's own cadence (a confirmation comes
+    every ``refresh_every_s``, so a gap that long is no news). 2 s by default."""
+    return leader_ttl_s + refresh_every_s(lease_ttl_s)
+
+
 def job_moved_on(
     step: int, state: Mapping[str, Any] | None, checkpoint: Mapping[str, Any] | None
 ) -> str | None:

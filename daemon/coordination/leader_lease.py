@@ -1,8 +1,11 @@
-"""The leader's own short lease (``etcd.leader_ttl_s``, 2 s by default), apart from the node's.
+"""The leader's own short lease (``etcd.leader_ttl_s``, 1 s by default), apart from the node's.
 
-The ``leader`` and ``lighthouse`` keys live on it, so a dead leader's keys vanish within
-about two seconds (etcd checks for expired leases every half second), not after the
-node lease's TTL: that TTL (10 s) was most of what losing the leader's node cost the
+The ``leader``, ``lighthouse`` and ``lost`` keys live on it, so a lost leader's keys vanish
+0.75-1.5 s after its last keepalive (etcd checks for expired leases every half second),
+not after the node lease's TTL. etcd grants no lease shorter than 1.5 of its election
+timeouts: the etcds Phalanx starts (embedded, Kubernetes) grant 1 s; one at etcd's
+default timing grants 2 s, which is then kept alive at its own cadence. Before, the node
+lease's TTL: that TTL (10 s) was most of what losing the leader's node cost the
 job (issue 36). Only the leader holds one; it is kept alive from a thread of its own
 (:class:`~daemon.coordination.keepalive._Session`) on a keepalive stream and connection
 of its own, so the node's keepalive, a slow request of the main loop or the node lease
@@ -36,7 +39,7 @@ log = logs.get()
 
 
 def leader_refresh_s(ttl_s: float) -> float:
-    """How often the leader lease is kept alive: four times a TTL (0.5 s for 2 s). The key
+    """How often the leader lease is kept alive: four times a TTL (0.25 s for 1 s). The key
     goes TTL after the last keepalive etcd took, so a longer interval lapses a lost
     leader's key no later on average, and four tries before it lapses ride out a late
     answer; on the one node that leads, two messages a second besides its node lease."""
@@ -44,7 +47,7 @@ def leader_refresh_s(ttl_s: float) -> float:
 
 
 Txn = Callable[[list[Any], list[Any], list[Any]], tuple[bool, list[Any]]]
-DEFAULT_LEADER_TTL_S = 2  # etcd's shortest with its default timing (1.5 election timeouts)
+DEFAULT_LEADER_TTL_S = 1  # etcd grants it with an election timeout of 750 ms or less
 
 
 class LeaderLease:
@@ -58,6 +61,7 @@ class LeaderLease:
         self._keepalive = LeaseKeepAlive(_Connection(settings, timeout))
         self._session: _Session | None = None
         self._leading = ""  # the leader value we wrote last (it may carry an epoch)
+        self._told_longer = False  # etcd granted more than asked, and we said so
 
     @property
     def held(self) -> bool:
@@ -84,6 +88,15 @@ class LeaderLease:
             return again.lease_id
         grant = self._conn.call(lambda c: c.lease(self.ttl_s))
         ttl = int(grant.ttl)  # etcd may grant more than asked (its minimum)
+        if ttl > self.ttl_s and not self._told_longer:
+            self._told_longer = True
+            log.warning(
+                "leader_lease_longer",
+                asked_s=self.ttl_s,
+                granted_s=ttl,
+                hint="etcd grants no lease shorter than 1.5 of its election timeouts; run it "
+                "with --election-timeout=750 (or less) for a leader replaced in about a second",
+            )
         session = _Session(int(grant.id), ttl, self._keepalive, self.job, leader_refresh_s(ttl))
         session.start()
         self._session = session

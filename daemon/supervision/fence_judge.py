@@ -64,12 +64,10 @@ class FenceJudge:
         self.lease_lost, self.doubt = False, None
         self.trained_epoch, self.gap_s = None, 0.0
 
-    def follow_epoch(
-        self, epoch: int | None, running: bool, step: int, leader_ttl_s: float
-    ) -> None:
+    def follow_epoch(self, epoch: int | None, running: bool, step: int, doubt_s: float) -> None:
         """While our ranks train (not fenced, no lost lease to judge), note the leader
         epoch they train under and our step when it began. A new epoch seen after etcd
-        was out of touch for longer than the leader's TTL is a doubt: a new leader may
+        was out of touch for longer than `doubt_s` (``fencing.epoch_doubt_s``) is a doubt: a new leader may
         have been elected while our ranks trained on under the old one."""
         if self.lease_lost:
             return
@@ -78,7 +76,7 @@ class FenceJudge:
             # leader: one elected from now on is seen live, its lighthouse followed at once.
             self.gap_s = 0.0
             return
-        if running and self.trained_epoch is not None and self.gap_s > leader_ttl_s:
+        if running and self.trained_epoch is not None and self.gap_s > doubt_s:
             self.distrust(
                 f"a new leader (epoch {self.trained_epoch} -> {epoch}) was elected while etcd "
                 f"did not confirm our lease for {self.gap_s:.1f} s",

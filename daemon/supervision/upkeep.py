@@ -50,6 +50,7 @@ from daemon.coordination import (
     NodeIdHeld,
     SpecMismatch,
     address_clash,
+    epoch_doubt_s,
     fence_margin_s,
     refresh_every_s,
 )
@@ -106,6 +107,7 @@ class EtcdUpkeep:
         self._bad_lighthouse: object = None
         self.held_id = HeldIdWait(cfg.etcd.lease_ttl_s + cfg.etcd.timeout_s + 1.0)
         self.judge = FenceJudge(cfg.node_id)  # partition safety (fence_judge.py)
+        self._epoch_doubt_s = epoch_doubt_s(cfg.etcd.leader_ttl_s, cfg.etcd.lease_ttl_s)
         self.progress_ask = ProgressAsk(coord, self._attempt)
         self.snapshot_at = 0.0  # when view.job was last read
         self.lease_file = LeaseFile(run_dir / LEASE_FILE)
@@ -270,9 +272,7 @@ class EtcdUpkeep:
         job = self.view.job
         if not self.view.etcd_up or job is None:
             return
-        self.judge.follow_epoch(
-            job.leader_epoch, running, self.view.step, self.cfg.etcd.leader_ttl_s
-        )
+        self.judge.follow_epoch(job.leader_epoch, running, self.view.step, self._epoch_doubt_s)
         self._follow_lighthouse(job.lighthouse)
         self.notice.follow_lost(job.lost, job.lighthouse)
         self._publish_checkpoint()
@@ -284,7 +284,7 @@ class EtcdUpkeep:
         last, self._confirmed_at = self._confirmed_at, sent
         if sent is not None and last is not None and sent > last:
             self.judge.out_of_touch(sent - last)
-            if sent - last > self.cfg.etcd.leader_ttl_s:  # judge the epoch on a whole read
+            if sent - last > self._epoch_doubt_s:  # judge the epoch on a whole read
                 self.follower.invalidate()
 
     def _read_job(self) -> bool:

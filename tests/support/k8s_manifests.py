@@ -4,6 +4,7 @@ the job file they carry, as sentences (:func:`consistency_problems`)."""
 from __future__ import annotations
 
 import itertools
+import math
 import tomllib
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import yaml
 
 from daemon.config import DaemonConfig
+from daemon.coordination.leader_lease import DEFAULT_LEADER_TTL_S
 from trainer.config import validate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -307,12 +309,27 @@ def etcd_problems(m: Manifests, cfg: DaemonConfig) -> list[str]:
             if not any(under(path, mp) for mp in mounts):
                 problems.append(f"--{prefix}{key}={path} is not in a mounted Secret")
     problems.extend(etcd_size_problems(sts, flags))
+    problems.extend(etcd_timing_problems(flags))
     metrics = url_port(flags.get("listen-metrics-urls", ":0"))
     for probe in ("livenessProbe", "readinessProbe"):
         port = container_port(c, c[probe]["httpGet"]["port"])
         if port != metrics:
             problems.append(f"etcd {probe} port {port} != metrics port {metrics}")
     return problems
+
+
+def etcd_timing_problems(flags: dict[str, str]) -> list[str]:
+    """etcd grants Phalanx's default leader lease: its shortest lease is 1.5 election
+    timeouts, in whole heartbeats, rounded up to a second (etcd's ``minTTL``)."""
+    heartbeat = int(flags.get("heartbeat-interval", "100"))
+    election = int(flags.get("election-timeout", "1000"))
+    shortest = math.ceil((3 * (election // heartbeat) // 2) * heartbeat / 1000)
+    if shortest > DEFAULT_LEADER_TTL_S:
+        return [
+            f"etcd's shortest lease is {shortest} s with --election-timeout={election}: "
+            f"the {DEFAULT_LEADER_TTL_S} s leader lease needs 750 ms or less"
+        ]
+    return []
 
 
 def etcd_size_problems(sts: Doc, flags: dict[str, str]) -> list[str]:

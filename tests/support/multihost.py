@@ -33,6 +33,9 @@ def etcd_on(host: Host, data: Path) -> Proc:
             "--listen-peer-urls=http://127.0.0.1:2380",
             "--initial-advertise-peer-urls=http://127.0.0.1:2380",
             "--initial-cluster=default=http://127.0.0.1:2380",
+            # The timing of ops/k8s/etcd.yaml: it grants the 1 s leader lease.
+            "--heartbeat-interval=100",
+            "--election-timeout=750",
         ]
     )
     return start(argv, data, "etcd")

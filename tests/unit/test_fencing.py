@@ -138,13 +138,13 @@ def test_a_new_leader_seen_after_a_gap_longer_than_the_leader_lease_restarts_the
     started since, it is only followed."""
     job = JobView({}, {}, "other", None, None, None, None, 9)
     judge = FenceJudge("me")
-    judge.follow_epoch(5, running=True, step=100, leader_ttl_s=2.0)
+    judge.follow_epoch(5, running=True, step=100, doubt_s=2.0)
     judge.out_of_touch(1.5)  # shorter than the leader lease: no takeover possible meanwhile
-    judge.follow_epoch(9, running=True, step=110, leader_ttl_s=2.0)
+    judge.follow_epoch(9, running=True, step=110, doubt_s=2.0)
     assert not judge.must_pause() and judge.trained_epoch == 9
 
     judge.out_of_touch(6.0)
-    judge.follow_epoch(12, running=True, step=121, leader_ttl_s=2.0)
+    judge.follow_epoch(12, running=True, step=121, doubt_s=2.0)
     assert judge.must_pause() and judge.doubt is not None
     verdict, why = judge.verdict(job, 121, snapshot_at=time.monotonic(), shown=None)
     assert verdict == Fence.DISCARD and "12" in why and "6.0 s" in why
@@ -152,7 +152,7 @@ def test_a_new_leader_seen_after_a_gap_longer_than_the_leader_lease_restarts_the
 
     judge.out_of_touch(8.0)
     judge.ranks_started()  # fresh ranks: they never trained under the old epoch
-    judge.follow_epoch(15, running=True, step=0, leader_ttl_s=2.0)
+    judge.follow_epoch(15, running=True, step=0, doubt_s=2.0)
     assert not judge.must_pause() and judge.trained_epoch == 15
 
 
@@ -162,8 +162,8 @@ def test_a_leader_elected_after_the_view_caught_up_is_no_doubt() -> None:
     live like any other, and nobody's ranks restart."""
     for seen_after_gap in (5, None):
         judge = FenceJudge("me")
-        judge.follow_epoch(5, running=True, step=1, leader_ttl_s=2.0)
+        judge.follow_epoch(5, running=True, step=1, doubt_s=2.0)
         judge.out_of_touch(5.0)
-        judge.follow_epoch(seen_after_gap, running=True, step=2, leader_ttl_s=2.0)
-        judge.follow_epoch(6, running=True, step=3, leader_ttl_s=2.0)
+        judge.follow_epoch(seen_after_gap, running=True, step=2, doubt_s=2.0)
+        judge.follow_epoch(6, running=True, step=3, doubt_s=2.0)
         assert not judge.must_pause() and judge.trained_epoch == 6
