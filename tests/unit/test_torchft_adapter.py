@@ -81,6 +81,7 @@ def test_every_reach_in_is_checked() -> None:
         ("torchft.checkpointing.http_transport", "_IPv6HTTPServer"),
         ("_ManagedWork", "_work"),
         ("ProcessGroupWrapper", "_pg"),
+        ("ProcessGroupGloo", "_create_pg"),
     }
 
 
@@ -234,6 +235,44 @@ def test_configure_gives_up_at_once_on_a_store_whose_process_is_gone() -> None:
     # The probe's refusal, not the store client's 30 s deadline ("did not answer within").
     with pytest.raises(TimeoutError, match=rf"127\.0\.0\.1:{port} does not answer \("):
         pg.configure(f"127.0.0.1:{port}/torchft/1/0", "phalanx_group_00000:x", 0, 1)
+
+
+@pytest.mark.timeout(60)
+def test_a_gloo_build_waiting_on_a_silent_member_is_given_up_when_told() -> None:
+    """The quorum thread's configure of a quorum whose other member never connects (cut
+    off just after the quorum formed): gloo's connect would wait out the timeout (20 s
+    here); the interrupter's reason ends it at once, and nothing is installed."""
+    from torchft.process_group import ProcessGroupWrapper
+
+    assert "self._pg = self._create_pg(store, rank, world_size)" in source(
+        ProcessGroupWrapper.configure
+    )
+    assert list(inspect.signature(ProcessGroupGloo._create_pg).parameters)[1:] == [
+        "store",
+        "rank",
+        "world_size",
+    ]
+    store = TCPStore("127.0.0.1", 0, 2, True, timedelta(seconds=30), wait_for_workers=False)
+    pg = ft.scoped_process_group(ProcessGroupGloo, interruptible=True)(
+        timeout=timedelta(seconds=20)
+    )
+    told_at = time.monotonic() + 0.3
+    builds: list[float] = []
+
+    def interrupter() -> Callable[[], str | None]:
+        builds.append(time.monotonic())
+        return lambda: "member g1 lost" if time.monotonic() > told_at else None
+
+    pg.interrupter = interrupter
+    with pytest.raises(ft.ConfigureAbandoned, match="member g1 lost"):
+        pg.configure(f"127.0.0.1:{store.port}/torchft/1/0", "phalanx_group_00000:x", 0, 2)
+    assert len(builds) == 1 and time.monotonic() - told_at < 5.0  # not the 20 s timeout
+    assert pg._pg is None  # the build left behind installs nothing
+    # Not interruptible (NCCL: its build does not wait on peers): built on the caller's thread.
+    plain = ft.scoped_process_group(ProcessGroupGloo)(timeout=timedelta(seconds=5))
+    plain.interrupter = interrupter
+    plain.configure(f"127.0.0.1:{store.port}/torchft/2/0", "phalanx_group_00000:x", 0, 1)
+    assert len(builds) == 1 and plain._pg is not None
 
 
 def test_http_transport_load_from_address() -> None:

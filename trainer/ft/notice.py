@@ -55,27 +55,34 @@ class Notice:
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
+        self._lock = threading.Lock()  # the quorum thread reads it too (entries)
         self._stamp: tuple[int, int] | None = None
         self._seen = 0
         self._last: tuple[Told, ...] = ()
-        told = self._read()
-        if told:  # what was said before this rank started is not news
-            self._seen = max(t.seq for t in told)
+        self._seen = self.newest_seq()  # what was said before this rank started is not news
 
     def changed(self, concerns: Concerns = _always) -> Told | None:
         """The first notice not returned or passed over before that `concerns` this rank;
         every notice read is then seen, whether it concerned the rank or not."""
-        unseen = [t for t in self._read() if t.seq > self._seen]
+        unseen = [t for t in self.entries() if t.seq > self._seen]
         if not unseen:
             return None
         self._seen = max(t.seq for t in unseen)
         return next((t for t in unseen if concerns(t)), None)
 
-    def _read(self) -> tuple[Told, ...]:
+    def newest_seq(self) -> int:
+        return max((t.seq for t in self.entries()), default=0)
+
+    def entries(self) -> tuple[Told, ...]:
+        """The notices the file holds now, oldest first, seen or not."""
         if self.path is None:
             return ()
+        with self._lock:
+            return self._read(self.path)
+
+    def _read(self, path: Path) -> tuple[Told, ...]:
         try:
-            st = os.stat(self.path)
+            st = os.stat(path)
         except OSError:
             return ()
         stamp = (st.st_mtime_ns, st.st_ino)
@@ -83,7 +90,7 @@ class Notice:
             return self._last
         self._stamp = stamp
         try:
-            raw = json.loads(self.path.read_text())
+            raw = json.loads(path.read_text())
             self._last = tuple(_told(n) for n in raw["notices"])
         except (OSError, ValueError, KeyError, TypeError):
             return self._last

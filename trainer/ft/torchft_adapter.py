@@ -165,7 +165,7 @@ def count_as_new(manager: Any) -> None:
 # --- Process group ---------------------------------------------------------------------
 
 
-def scoped_process_group(base: type) -> type:
+def scoped_process_group(base: type, interruptible: bool = False) -> type:
     """torchft's process group, rendezvousing under a store prefix unique to the quorum's members.
 
     torchft names the prefix after the quorum id alone. A lighthouse that restarts
@@ -174,6 +174,14 @@ def scoped_process_group(base: type) -> type:
     connect then waits on that peer until it times out. Adding the members'
     replica ids (each with its process's uuid) keeps every rendezvous fresh.
     Set ``membership`` on the instance to a function naming the current members.
+
+    With `interruptible` (gloo: its backend connects to every member before configure
+    returns), the backend is built on a thread of its own while the quorum thread asks
+    ``interrupter`` (set on the instance: called once per build, it returns the check to
+    poll) every :data:`BUILD_POLL_S` whether to give up, raising
+    :class:`ConfigureAbandoned` with its reason: a member cut off after the quorum formed
+    would otherwise hold the connect for ``ft.timeout_s`` or more, and every other group
+    with it. What the left-behind build makes is dropped, never installed.
 
     It also gives connecting to that store a deadline (the process group's timeout):
     the store belongs to one quorum member, and a TCPStore client's constructor waits
@@ -185,6 +193,15 @@ def scoped_process_group(base: type) -> type:
 
     class Scoped(base):  # type: ignore[misc]
         membership: Callable[[], str] = staticmethod(lambda: "0")
+        interrupter: Callable[[], Callable[[], str | None]] = staticmethod(lambda: lambda: None)
+
+        # ProcessGroupWrapper._create_pg: what configure builds the backend with, after
+        # the store client and before it installs the result as its process group.
+        def _create_pg(self, store: Any, rank: int, world_size: int) -> Any:
+            build = super()._create_pg
+            if not interruptible:
+                return build(store, rank, world_size)
+            return _unless_interrupted(lambda: build(store, rank, world_size), self.interrupter())
 
         # ProcessGroup.configure: public, but overriding it relies on the manager
         # passing "<store>/torchft/<quorum id>/<group rank>" as store_addr, first.
@@ -222,6 +239,36 @@ def bury_process_group(pg: Any, keep_s: float) -> None:
     inner, pg._pg = pg._pg, None
     if inner is not None:
         _BURIED.append((now, inner))
+
+
+BUILD_POLL_S = 0.05  # how often a build of the backend asks whether to give up
+
+
+class ConfigureAbandoned(RuntimeError):
+    """A process group's build was given up: a notice concerned its quorum."""
+
+
+def _unless_interrupted(build: Callable[[], Any], interrupted: Callable[[], str | None]) -> Any:
+    """`build()` on a thread of its own; ConfigureAbandoned once `interrupted()` names a
+    reason first (the thread is left to end by its own timeout, its result dropped)."""
+    done: Future[Any] = Future()
+
+    def run() -> None:
+        try:
+            done.set_result(build())
+        except BaseException as e:  # handed to the caller
+            done.set_exception(e)
+
+    threading.Thread(target=run, daemon=True, name="torchft-pg-build").start()
+    while True:
+        try:
+            return done.result(BUILD_POLL_S)
+        except FutureTimeout:
+            reason = interrupted()
+            if reason:
+                raise ConfigureAbandoned(
+                    f"the process group's build was given up: {reason}"
+                ) from None
 
 
 STORE_PROBE_S = 2.0  # a live store's kernel accepts at once, even while its process is paused

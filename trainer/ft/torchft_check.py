@@ -41,6 +41,13 @@ REACH_INS: tuple[ReachIn, ...] = (
         "instance attribute",
         "bury_process_group",
     ),
+    ReachIn(
+        "torchft.process_group:ProcessGroupGloo",
+        "_create_pg",
+        "method",
+        "scoped_process_group (interruptible)",
+        ("store", "rank", "world_size"),
+    ),
     ReachIn("torchft.manager:Manager", "_client", "instance attribute", "record_quorums"),
     ReachIn("torchft._torchft:ManagerClient", "_quorum", "method", "QuorumRecorder"),
     ReachIn(

@@ -90,8 +90,9 @@ class TorchFTGroup:
         self.log = logs.get()
         self._step_started = time.monotonic()
         timeout = timedelta(seconds=cfg.timeout_s)
+        cuda = device.type == "cuda"  # NCCL connects lazily: only gloo's build can be stuck
         pg = ft.scoped_process_group(
-            ProcessGroupNCCL if device.type == "cuda" else ProcessGroupGloo
+            ProcessGroupNCCL if cuda else ProcessGroupGloo, interruptible=not cuda
         )(timeout=timeout)
         self.transport = checkpoint_transport(timeout)
         # Rank 0's manager server listens on the bind address only (torchft: every interface).
@@ -145,6 +146,7 @@ class TorchFTGroup:
         self.notice = Notice(env.notice)  # the daemon's word that the lighthouse moved
         self._timeout_s = cfg.timeout_s
         self.waits = StepWaits(self.notice, self._concerns)  # this step's collectives (_wait)
+        pg.interrupter = self._build_watch  # a notice also ends a stuck configure
 
     def _load_healing(self, state_dict: dict[str, Any]) -> None:
         """torchft's load of a peer's state: apply it, then say how long the heal took."""
@@ -182,6 +184,21 @@ class TorchFTGroup:
             and int(last.quorum_id) == told.quorum_id
             and not set(told.replicas).isdisjoint(map(str, last.replica_ids))
         )
+
+    def _build_watch(self) -> Callable[[], str | None]:
+        """For the quorum thread, as gloo connects to the members of the quorum it just
+        got: a check naming why to give up, when a member of that quorum was announced
+        lost (before or during the build) or the lighthouse moved since it began."""
+        since = self.notice.newest_seq()
+
+        def interrupted() -> str | None:
+            for told in self.notice.entries():
+                if (told.seq > since or not told.moved) and self._concerns(told):
+                    self.log.warning("configure_abandoned", reason=told.reason)
+                    return told.reason
+            return None
+
+        return interrupted
 
     def _told(self, told: Told, **fields: Any) -> None:
         event = "lighthouse_moved" if told.moved else "quorum_members_lost"
