@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from daemon.supervision.lease_file import write_notice
 from daemon.supervision.rank_notice import RankNotice
 from trainer.ft import torchft_adapter as ft
 from trainer.ft.notice import Notice, StepWaits, Told
+from trainer.ft.step_notices import StepNotices
 
 
 def _moved(seq: int, lighthouse: str, reason: str) -> dict[str, object]:
@@ -36,39 +36,43 @@ def test_a_notice_is_news_once_and_what_came_before_the_rank_is_not(tmp_path: Pa
 
 
 def test_members_lost_concern_only_the_quorum_they_were_lost_from(tmp_path: Path) -> None:
-    """The daemon's RankNotice writes what the rank's Notice reads. An announcement of
-    members lost from quorum 7 concerns a rank still in quorum 7 with one of them, not
+    """The daemon's RankNotice writes what the ranks' StepNotices read. An announcement
+    of members lost from quorum 7 concerns a rank still in quorum 7 with one of them, not
     a rank already in quorum 8 (where a replacement took the lost member's replica id);
     a move written behind it is still seen by a rank that reads both at once."""
     path = tmp_path / "notice.json"
     daemon_side = RankNotice(path)
     daemon_side.follow_lost(None, "10.0.0.1:1")  # the first view: nothing is news
-    in_quorum, later = Notice(path), Notice(path)
-    quorum = {"in": (7, ["g0:a", "g1:b"]), "later": (8, ["g0:a", "g1:b"])}
-
-    def concerns(which: str) -> Callable[[Told], bool]:
-        def check(told: Told) -> bool:
-            qid, members = quorum[which]
-            return told.moved or (told.quorum_id == qid and bool(set(told.replicas) & set(members)))
-
-        return check
+    quorums: dict[str, tuple[int, list[str]] | None] = {
+        "in": (7, ["g0:a", "g1:b"]),
+        "later": (8, ["g0:a", "g1:b"]),
+    }
+    in_quorum = StepNotices(path, lambda: quorums["in"])
+    later = StepNotices(path, lambda: quorums["later"])
+    building = later.build_watch()  # quorum 8's build, begun before the announcement
 
     lost = {"replicas": ["g1:b"], "quorum_id": 7, "lighthouse": "10.0.0.1:1", "at": 1}
     daemon_side.follow_lost(lost, "10.0.0.1:1")
     daemon_side.follow_lost(lost, "10.0.0.1:1")  # the same announcement is told once
-    told = in_quorum.changed(concerns("in"))
+    told = in_quorum.notice.changed(in_quorum.concerns)
     assert told is not None and (told.quorum_id, told.replicas) == (7, ("g1:b",))
     assert not told.moved
-    assert later.changed(concerns("later")) is None  # passed over, and seen
-    assert later.changed(concerns("in")) is None  # ... so not told again
+    assert in_quorum.build_watch()() == told.reason  # a build for quorum 7 gives up
+    assert building() is None  # quorum 8's does not
+    assert later.notice.changed(later.concerns) is None  # passed over, and seen
+    assert later.notice.changed() is None  # ... so not told again
     # An announcement by a lighthouse no longer published concerns nobody.
     daemon_side.follow_lost({**lost, "quorum_id": 9, "lighthouse": "10.0.0.7:1"}, "10.0.0.1:1")
-    assert in_quorum.changed() is None
-    # A move, then members lost: a rank that reads both at once sees the move.
+    assert in_quorum.notice.changed() is None
+    # A move, then members lost: a rank that reads both at once sees the move, and a
+    # build begun before the move gives up.
     daemon_side.tell("10.0.0.2:2", "a new leader published it")
     daemon_side.follow_lost({**lost, "quorum_id": 3, "lighthouse": "10.0.0.2:2"}, "10.0.0.2:2")
-    told = later.changed(concerns("later"))
+    assert building() == "a new leader published it"
+    told = later.notice.changed(later.concerns)
     assert told is not None and told.moved and told.lighthouse == "10.0.0.2:2"
+    quorums["later"] = None  # before any quorum, only moves concern a rank
+    assert not later.concerns(Told(9, "10.0.0.2:2", "lost", 3, ("g1:b",)))
 
 
 def test_a_collective_whose_peer_never_answers_is_abandoned_on_notice(tmp_path: Path) -> None:

@@ -44,9 +44,10 @@ from trainer.config.env import RankEnv
 from trainer.data.shares import Quorum
 from trainer.ft import torchft_adapter as ft
 from trainer.ft.grad_buckets import buckets
-from trainer.ft.notice import Notice, StepWaits, Told
+from trainer.ft.notice import Told
 from trainer.ft.replication import DRAIN_QUORUM_WAIT_S, NonFiniteStep, leave_unless_formed
 from trainer.ft.state import TrainState
+from trainer.ft.step_notices import StepNotices
 from trainer.ft.transport import advertise_host, bind_host, checkpoint_transport
 
 
@@ -143,10 +144,10 @@ class TorchFTGroup:
         self._heal_seconds: list[float] = []  # see take_heals
         self._last_quorum: Quorum | None = None
         self._next: Quorum | None = None  # see last_quorum
-        self.notice = Notice(env.notice)  # the daemon's word that the lighthouse moved
         self._timeout_s = cfg.timeout_s
-        self.waits = StepWaits(self.notice, self._concerns)  # this step's collectives (_wait)
-        pg.interrupter = self._build_watch  # a notice also ends a stuck configure
+        # The daemon's word that the lighthouse moved or lost members of our quorum.
+        self.notices = StepNotices(env.notice, self._members)
+        pg.interrupter = self.notices.build_watch  # a notice also ends a stuck configure
 
     def _load_healing(self, state_dict: dict[str, Any]) -> None:
         """torchft's load of a peer's state: apply it, then say how long the heal took."""
@@ -167,43 +168,12 @@ class TorchFTGroup:
     def start_step(self) -> None:
         self._step_started = time.monotonic()
         self.transport.close()  # a copy served to a healer in the last step
-        self.waits.new_step()
-        told = self.notice.changed(self._concerns)
-        if told is not None:  # between steps: nothing to abandon, the next quorum moves
-            self._told(told, abandoned=False)
+        self.notices.between_steps()
         self.manager.start_quorum()
 
-    def _concerns(self, told: Told) -> bool:
-        """A move concerns every rank; members lost only a rank whose last quorum is the one
-        they were lost from (a replacement under a lost member's id is in a later one)."""
-        if told.moved:
-            return True
+    def _members(self) -> tuple[int, list[str]] | None:
         last = self.recorder.last
-        return (
-            last is not None
-            and int(last.quorum_id) == told.quorum_id
-            and not set(told.replicas).isdisjoint(map(str, last.replica_ids))
-        )
-
-    def _build_watch(self) -> Callable[[], str | None]:
-        """For the quorum thread, as gloo connects to the members of the quorum it just
-        got: a check naming why to give up, when a member of that quorum was announced
-        lost (before or during the build) or the lighthouse moved since it began."""
-        since = self.notice.newest_seq()
-
-        def interrupted() -> str | None:
-            for told in self.notice.entries():
-                if (told.seq > since or not told.moved) and self._concerns(told):
-                    self.log.warning("configure_abandoned", reason=told.reason)
-                    return told.reason
-            return None
-
-        return interrupted
-
-    def _told(self, told: Told, **fields: Any) -> None:
-        event = "lighthouse_moved" if told.moved else "quorum_members_lost"
-        log = self.log.warning if fields.get("abandoned") else self.log.info
-        log(event, lighthouse=told.lighthouse, reason=told.reason, **fields)
+        return None if last is None else (int(last.quorum_id), [str(r) for r in last.replica_ids])
 
     def _wait(self, work: Any) -> bool:
         """`work.wait()`, unless the daemon says the lighthouse moved (or lost a member of
@@ -212,16 +182,13 @@ class TorchFTGroup:
         see :mod:`trainer.ft.notice`.
         False when abandoned; after that, every other collective of the step is too (a
         bucket issued before on the same process group would wait out its timeout)."""
-        already = self.waits.told is not None
-        told = self.waits.wait(work, ft.pending_work(work))
-        if told is None:
-            return True
-        if not already:
+        done, told = self.notices.wait(work, ft.pending_work(work))
+        if told is not None:
             self._abandon(told)
-        return False
+        return done
 
     def _abandon(self, told: Told) -> None:
-        self._told(told, abandoned=True, step=self.current_step())
+        self.notices.told(told, abandoned=True, step=self.current_step())
         self.manager.report_error(LighthouseMoved(f"the step was abandoned: {told.reason}"))
         if self.device.type == "cuda":
             self.pg.abort()  # NCCL's abort ends the stuck collective
