@@ -17,6 +17,24 @@ from daemon.coordination.fencing import LEASE_FILE, NOTICE_FILE
 RANK_ARGV = [sys.executable, "-m", "trainer"]
 
 
+@dataclass(frozen=True)
+class Seat:
+    """This node's place in its replica group: node `node_rank` of the group's `nodes`,
+    each with the same number of ranks (torchrun's GROUP_RANK and NNODES). Node rank 0's
+    ranks host the group's store at `master_addr`; None: this node's own address (a
+    group of one node, today's only kind; issue 37 seats groups across nodes)."""
+
+    node_rank: int = 0
+    nodes: int = 1
+    master_addr: str | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.node_rank < self.nodes:
+            raise ValueError(f"node rank {self.node_rank} is not within {self.nodes} nodes")
+        if self.node_rank > 0 and not self.master_addr:
+            raise ValueError("a group's node other than its first needs the store's address")
+
+
 @dataclass
 class GroupSpec:
     """What the ranks of one start need; built by the supervisor."""
@@ -39,6 +57,7 @@ class GroupSpec:
     # The uuid of the group's torchft replica id (PHALANX_REPLICA_UUID), kept across the
     # group's restarts by NodeGroup; "" lets torchft pick one per process.
     replica_uuid: str = ""
+    seat: Seat = Seat()  # this node's place in a group of several nodes
 
     @classmethod
     def for_node(
@@ -77,17 +96,19 @@ def heartbeat_path(spec: GroupSpec, rank: int) -> Path:
 
 def rank_env(spec: GroupSpec, rank: int, master_port: int, attempt: int) -> dict[str, str]:
     """The environment of local rank `rank` in one start of the group (a standby is spawned
-    with the same variables, placeholders for the start's own, and gets these on takeover)."""
-    s = spec
+    with the same variables, placeholders for the start's own, and gets these on takeover).
+    The group's ranks are numbered as torchrun numbers them: node by node."""
+    s, seat = spec, spec.seat
     env = {
         **os.environ,
         **s.extra_env,
-        "RANK": str(rank),
+        "RANK": str(seat.node_rank * s.nproc + rank),
         "LOCAL_RANK": str(rank),
-        "WORLD_SIZE": str(s.nproc),
+        "WORLD_SIZE": str(seat.nodes * s.nproc),
         "LOCAL_WORLD_SIZE": str(s.nproc),
-        "GROUP_RANK": "0",
-        "MASTER_ADDR": s.advertise_host,  # rank 0 hosts the store; torchft publishes it to peers
+        "GROUP_RANK": str(seat.node_rank),
+        # The group's rank 0 hosts the store; torchft publishes it to the other groups.
+        "MASTER_ADDR": seat.master_addr or s.advertise_host,
         "MASTER_PORT": str(master_port),
         "REPLICA_GROUP_ID": str(s.slot),
         "NUM_REPLICA_GROUPS": str(s.num_slots),
