@@ -42,7 +42,7 @@ def leader_refresh_s(ttl_s: float) -> float:
     """How often the leader lease is kept alive: four times a TTL (0.25 s for 1 s). The key
     goes TTL after the last keepalive etcd took, so a longer interval lapses a lost
     leader's key no later on average, and four tries before it lapses ride out a late
-    answer; on the one node that leads, two messages a second besides its node lease."""
+    answer; on the one node that leads, four messages a second besides its node lease."""
     return ttl_s / 4.0
 
 

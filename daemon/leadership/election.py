@@ -187,8 +187,9 @@ class Leadership:
         them. Once per quorum and set of members lost."""
         lh = self.lighthouse
         page = read_status(lh.internal_port) if lh and lh.internal_port else None
-        timeout_s = self.cfg.lighthouse.heartbeat_timeout_ms / 1000.0
-        lost = lost_members(page, timeout_s) if page else None
+        if page is None:  # not read this round: nothing learned, nothing announced again
+            return
+        lost = lost_members(page, self.cfg.lighthouse.heartbeat_timeout_ms / 1000.0)
         if lost is not None and lost != self.announced:
             self.coord.announce_lost(lost.quorum_id, list(lost.replicas), address)
             self.log.warning(

@@ -67,8 +67,9 @@ class FenceJudge:
     def follow_epoch(self, epoch: int | None, running: bool, step: int, doubt_s: float) -> None:
         """While our ranks train (not fenced, no lost lease to judge), note the leader
         epoch they train under and our step when it began. A new epoch seen after etcd
-        was out of touch for longer than `doubt_s` (``fencing.epoch_doubt_s``) is a doubt: a new leader may
-        have been elected while our ranks trained on under the old one."""
+        was out of touch for longer than `doubt_s` (``fencing.epoch_doubt_s``) is a
+        doubt: a new leader may have been elected while our ranks trained on under the
+        old one."""
         if self.lease_lost:
             return
         if epoch is None or epoch == self.trained_epoch:

@@ -92,7 +92,7 @@ class Notice:
         try:
             raw = json.loads(path.read_text())
             self._last = tuple(_told(n) for n in raw["notices"])
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return self._last
         return self._last
 
@@ -113,8 +113,8 @@ def wait_unless_told(
 ) -> Told | None:
     """Wait for `work` (``work.wait()``) unless a notice that `concerns` the rank comes
     while `pending` (the process group's own work behind it) still runs: then that
-    notice, and `work` is left unwaited. No host sync is added: on CUDA the future completes when the collective
-    is enqueued."""
+    notice, and `work` is left unwaited. No host sync is added: on CUDA the future
+    completes when the collective is enqueued."""
     done = threading.Event()
     try:
         pending.get_future().add_done_callback(lambda _: done.set())
