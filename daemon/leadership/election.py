@@ -3,10 +3,10 @@
 A daemon campaigns (one etcd transaction) in a round whose view of the job shows
 no leader, or disagrees with what it believes about itself (it holds the key but
 thinks it does not, after a fence or a restart, or the reverse), or when it leads on
-a leader lease its clock gave up on. The key lives on the leader's own 2 s lease
-(``daemon.coordination.leader_lease``). The view is kept current by the watch
-(``daemon.coordination.job_watch``), so a campaign follows the event that deleted the
-leader key at once, after the takeover probe (:meth:`Leadership.takeover_due`: a
+a leader lease its clock gave up on. The key lives on the leader's own short lease
+(``etcd.leader_ttl_s``, ``daemon.coordination.leader_lease``). The view is kept
+current by the watch (``daemon.coordination.job_watch``), so a campaign follows the
+event that deleted the leader key at once, after the takeover probe (:meth:`Leadership.takeover_due`: a
 follower holds back while the old leader's gate still answers), and a steady leader
 and its followers send nothing: no campaign on a timer. The leader keeps a
 lighthouse running and its address published (it restarts one that died, and

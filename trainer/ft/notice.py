@@ -57,7 +57,6 @@ class Notice:
         self.path = path
         self._lock = threading.Lock()  # the quorum thread reads it too (entries)
         self._stamp: tuple[int, int] | None = None
-        self._seen = 0
         self._last: tuple[Told, ...] = ()
         self._seen = self.newest_seq()  # what was said before this rank started is not news
 

@@ -248,18 +248,26 @@ class ConfigureAbandoned(RuntimeError):
     """A process group's build was given up: a notice concerned its quorum."""
 
 
-def _unless_interrupted(build: Callable[[], Any], interrupted: Callable[[], str | None]) -> Any:
-    """`build()` on a thread of its own; ConfigureAbandoned once `interrupted()` names a
-    reason first (the thread is left to end by its own timeout, its result dropped)."""
+def _on_thread(fn: Callable[[], Any], name: str) -> Future[Any]:
+    """`fn()` on a daemon thread of its own, its result or error in the future returned.
+    For a C++ call that cannot be interrupted: the caller may stop waiting for it, and
+    the thread ends when the call does."""
     done: Future[Any] = Future()
 
     def run() -> None:
         try:
-            done.set_result(build())
+            done.set_result(fn())
         except BaseException as e:  # handed to the caller
             done.set_exception(e)
 
-    threading.Thread(target=run, daemon=True, name="torchft-pg-build").start()
+    threading.Thread(target=run, daemon=True, name=name).start()
+    return done
+
+
+def _unless_interrupted(build: Callable[[], Any], interrupted: Callable[[], str | None]) -> Any:
+    """`build()` on a thread of its own; ConfigureAbandoned once `interrupted()` names a
+    reason first (the thread is left to end by its own timeout, its result dropped)."""
+    done = _on_thread(build, "torchft-pg-build")
     while True:
         try:
             return done.result(BUILD_POLL_S)
@@ -299,15 +307,9 @@ def _with_deadline(create_store_client: Callable[..., Any]) -> Callable[..., Any
     def create(store_addr: str, timeout: timedelta) -> Any:
         address = store_addr.partition("/")[0]
         _store_answers(address, min(STORE_PROBE_S, timeout.total_seconds()))
-        done: Future[Any] = Future()
-
-        def connect() -> None:
-            try:
-                done.set_result(create_store_client(store_addr, timeout=timeout))
-            except BaseException as e:  # handed to the caller
-                done.set_exception(e)
-
-        threading.Thread(target=connect, daemon=True, name="torchft-store-connect").start()
+        done = _on_thread(
+            lambda: create_store_client(store_addr, timeout=timeout), "torchft-store-connect"
+        )
         deadline = time.monotonic() + timeout.total_seconds()
         while True:  # a store whose process dies meanwhile refuses the next probe
             try:
