@@ -65,7 +65,7 @@ class Built:
     replication: Replication
     loop: Loop
     metrics: TrainMetrics
-    step_log: StepLogger | None  # rank 0's train_step events
+    step_log: StepLogger | None  # each node's first rank's train_step events
     evaluator: Evaluator | None  # train.eval_every
     checkpointer: Checkpointer | None  # checkpoint.dir
 
@@ -163,7 +163,9 @@ def build(cfg: TrainerConfig, env: RankEnv, work: workload.Workload | None = Non
         replication=replication,
         loop=loop,
         metrics=metrics,
-        step_log=StepLogger(cfg.train.log_every) if env.rank == 0 else None,
+        # Each node's first rank: the daemon of every node of a group that spans nodes
+        # follows the steps (a group of one node: its rank 0).
+        step_log=StepLogger(cfg.train.log_every) if env.local_rank == 0 else None,
         evaluator=_evaluator(cfg, work, where, loop) if cfg.train.eval_every else None,
         checkpointer=checkpointer,
     )
@@ -228,7 +230,7 @@ def _finish(b: Built) -> int:
         return EXIT_DRAINED
     digest = params_sha256(b.params, b.layout.group("pp"))
     buffers = params_sha256(b.state.buffers.committed, b.layout.group("pp"))
-    if b.env.rank == 0:
+    if b.env.local_rank == 0:  # every node's daemon reports the digest
         log.info(
             "train_done",
             step=step,

@@ -71,10 +71,12 @@ def load_daemon_config(
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}" if cfg.node.id else str(e)) from None
     _check_node(cfg, path)
-    try:  # the trainer's own cross-field checks, with this node's group size
-        check_trainer(cfg, cfg.node.nproc)
+    nodes = cfg.job.nodes_per_group
+    try:  # the trainer's own cross-field checks, with the group's size
+        check_trainer(cfg, cfg.node.nproc * nodes)
     except ConfigError as e:
-        message = str(e).replace("the replica group has", "node.nproc gives the replica group")
+        source = "node.nproc" if nodes == 1 else f"node.nproc x job.nodes_per_group ({nodes})"
+        message = str(e).replace("the replica group has", f"{source} gives the replica group")
         raise ConfigError(f"{path}: {message}") from None
     check_etcd_job(cfg, path)
     if cfg.job.min_replicas > cfg.job.max_replicas:

@@ -53,6 +53,14 @@ class JobConfig(Section):
     max_replicas: int = Field(
         8, ge=1, description="Replica-group slots (also the data-sharding group count)."
     )
+    nodes_per_group: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="Nodes in each replica group: its world size is nodes_per_group x "
+        "node.nproc, ranks numbered node by node as torchrun does. Every node needs the same "
+        "node.nproc; a node that finds no free seat waits as a spare.",
+    )
 
 
 class EtcdConfig(Section):
@@ -290,4 +298,7 @@ class DaemonConfig(TrainerConfig):
     def spec(self) -> dict[str, str]:
         """Per-section hashes of what every node must share."""
         dumped = self.model_dump(mode="json", by_alias=True)
-        return {name: spec_hash(dumped, [name]) for name in SHARED_SECTIONS}
+        spec = {name: spec_hash(dumped, [name]) for name in SHARED_SECTIONS}
+        if self.job.nodes_per_group > 1:  # a group's nodes split its layout evenly
+            spec["node.nproc"] = str(self.node.nproc)
+        return spec

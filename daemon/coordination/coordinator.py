@@ -45,6 +45,7 @@ from daemon.coordination.etcd_client import (
     _Connection,
     translate_error,
 )
+from daemon.coordination.group_keys import bump_generation, generation_key, store_key
 from daemon.coordination.identity import Identity, new_instance
 from daemon.coordination.job_secret import get_or_make_secret
 from daemon.coordination.job_spec import put_spec
@@ -60,7 +61,7 @@ from daemon.coordination.progress import (
     progress_key,
     progress_prefix,
 )
-from daemon.coordination.slots import claim_free, held_slots, mine
+from daemon.coordination.slots import claim_free, held_slots, mine, slot_prefix, slot_suffix
 from trainer import logs
 
 log = logs.get()
@@ -212,32 +213,45 @@ class Coordinator:
         put_record(self._txn, key, value, lease, last, self.identity)
         self._record = (lease, value)
 
-    def claim_slot(self, max_replicas: int, preferred: int | None = None) -> int | None:
-        """Claim a replica-group slot: one this node id holds already, else ``preferred``,
-        else a free one spread among the joiners (``daemon.coordination.slots``); None if
-        all are taken."""
-        lease, prefix = self._lease(), self._key("groups/")
-        held = held_slots(prefix, self._range("groups/"))
-        gid = mine(held, self.node_id, max_replicas)
+    def claim_slot(
+        self, max_replicas: int, preferred: int | None = None, nodes_per_group: int = 1
+    ) -> int | None:
+        """Claim a replica-group slot (a seat, gid x nodes_per_group + node rank, where
+        groups span nodes): one this node id holds already, else ``preferred``, else a free
+        one spread among the joiners (``daemon.coordination.slots``); None if all are taken."""
+        npg, slots = nodes_per_group, max_replicas * nodes_per_group
+        lease, prefix = self._lease(), self._key(slot_prefix(npg))
+        held = held_slots(prefix, self._range(slot_prefix(npg)), npg)
+        gid = mine(held, self.node_id, slots)
         if gid is not None:
             kv = held[gid]
-            if self._rebind(self._key(f"groups/{gid}"), kv.value, kv.mod_revision, kv.lease):
+            key = prefix + slot_suffix(gid, npg)
+            if self._rebind(key, kv.value, kv.mod_revision, kv.lease):
                 return gid
-        if all(g in held for g in range(max_replicas)):
+        if all(g in held for g in range(slots)):
             return None
         registered = self._call(
             lambda c: c.get_prefix_response(self._key("nodes/"), count_only=True)
         ).count
         return claim_free(
             self._txn, prefix, held, self._me, lease,
-            node_id=self.node_id, max_replicas=max_replicas, preferred=preferred,
-            joiners=int(registered) - len(held),
+            node_id=self.node_id, max_replicas=slots, preferred=preferred,
+            joiners=int(registered) - len(held), nodes_per_group=npg,
         )  # fmt: skip
 
-    def release_slot(self, gid: int) -> None:
-        """Delete ``groups/<gid>`` if this node holds it."""
-        key = self._key(f"groups/{gid}")
+    def release_slot(self, gid: int, nodes_per_group: int = 1) -> None:
+        """Delete ``groups/<gid>`` (or seat `gid`'s key) if this node holds it."""
+        key = self._key(slot_prefix(nodes_per_group) + slot_suffix(gid, nodes_per_group))
         self._txn([txn.Value(key) == self._me], [txn.Delete(key)], [])
+
+    def bump_generation(self, gid: int, seen: int) -> int:
+        """Move group `gid`'s generation on from `seen` (``group_keys``); the one now."""
+        return bump_generation(self._txn, self._key(generation_key(gid)), seen)
+
+    def publish_store(self, gid: int, record: dict[str, Any]) -> None:
+        """Put ``stores/<gid>``, the group's store for one generation, on our lease."""
+        lease, key = self._lease(), self._key(store_key(gid))
+        self._call(lambda c: c.put(key, dump(record), lease=lease))
 
     # --------------------------------------------------------------- leadership
 

@@ -64,5 +64,12 @@ def put_spec(job: str, sections: dict[str, str], do_txn: Txn, key_of: Callable[[
             devices = None
             if "device" in theirs and "device" in sections:
                 devices = (str(theirs["device"]), str(sections["device"]))
+            if differ == ["node.nproc"]:
+                raise SpecMismatch(
+                    f"job '{job}' spans each replica group over several nodes with node.nproc "
+                    f"= {theirs['node.nproc']} and this node has node.nproc = "
+                    f"{sections['node.nproc']}: every node of such a job needs the same "
+                    "node.nproc; set it here or use another job.name."
+                )
             raise SpecMismatch(mismatch_message(job, differ, devices))
     raise CoordinationError(f"the spec of job '{job}' keeps changing; try again.")

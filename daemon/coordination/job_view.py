@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from daemon.coordination.identity import holder_of
@@ -36,6 +36,21 @@ class JobView:
     revision: int = 0  # etcd's revision when this was read
     progress_asked: Any = None  # asks/progress: a node wants everyone's progress now
     lost: Any = None  # quorum members the leader's lighthouse stopped hearing from
+    # Groups that span nodes (job.nodes_per_group > 1): gid -> node rank -> node id of
+    # each held seat; gid -> the group's generation; gid -> its first node's store record.
+    seats: dict[int, dict[int, str]] = field(default_factory=dict)
+    generations: dict[int, int] = field(default_factory=dict)
+    stores: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    def whole_groups(self, nodes_per_group: int) -> list[int]:
+        """The groups with every seat held (a group of one node: its slot)."""
+        if nodes_per_group == 1:
+            return sorted(self.groups)
+        return sorted(g for g, held in self.seats.items() if len(held) >= nodes_per_group)
+
+    def holders(self) -> set[str]:
+        """Every node id that holds a slot or a seat."""
+        return set(self.groups.values()) | {n for s in self.seats.values() for n in s.values()}
 
 
 def leader_value(holder: str, epoch: int) -> str:
@@ -90,6 +105,9 @@ def assemble(entries: Iterable[tuple[str, Any, int]], revision: int = 0) -> JobV
     """A :class:`JobView` from (name, value, create revision) entries of one job."""
     nodes: dict[str, dict[str, Any]] = {}
     groups: dict[int, str] = {}
+    seats: dict[int, dict[int, str]] = {}
+    generations: dict[int, int] = {}
+    stores: dict[int, dict[str, Any]] = {}
     single: dict[str, Any] = {}
     epoch: int | None = None
     for name, value, created in entries:
@@ -97,11 +115,22 @@ def assemble(entries: Iterable[tuple[str, Any, int]], revision: int = 0) -> JobV
             nodes[name[len("nodes/") :]] = value
         elif name.startswith("groups/") and name[len("groups/") :].isdigit():
             groups[int(name[len("groups/") :])] = holder_of(value)[0] or str(value)
+        elif name.startswith("seats/") and _digits(name, 2):
+            gid, rank = (int(part) for part in name.split("/")[1:])
+            seats.setdefault(gid, {})[rank] = holder_of(value)[0] or str(value)
+        elif name.startswith("generation/") and _digits(name, 1):
+            carried = value.get("generation") if isinstance(value, dict) else None
+            if isinstance(carried, int):
+                generations[int(name.split("/")[1])] = carried
+        elif name.startswith("stores/") and _digits(name, 1) and isinstance(value, dict):
+            stores[int(name.split("/")[1])] = value
         else:
             single[name] = value
             if name == "leader":
                 carried = value.get("epoch") if isinstance(value, dict) else None
                 epoch = carried if isinstance(carried, int) else created
+    for gid, held in seats.items():  # a spanning group is named by its lowest seat's node
+        groups.setdefault(gid, held[min(held)])
     return JobView(
         nodes=nodes,
         groups=dict(sorted(groups.items())),
@@ -114,7 +143,16 @@ def assemble(entries: Iterable[tuple[str, Any, int]], revision: int = 0) -> JobV
         revision=revision,
         progress_asked=single.get(ASK_KEY),
         lost=single.get("lost"),
+        seats={g: dict(sorted(held.items())) for g, held in sorted(seats.items())},
+        generations=generations,
+        stores=stores,
     )
+
+
+def _digits(name: str, parts: int) -> bool:
+    """Whether `name` is a prefix and `parts` numbers, '/'-separated."""
+    rest = name.split("/")[1:]
+    return len(rest) == parts and all(p.isdigit() for p in rest)
 
 
 def parse_job(prefix: str, kvs: Iterable[Any], revision: int = 0) -> JobView:

@@ -8,6 +8,11 @@ that hold no slot (the joiners competing now, counted by one count-only read), s
 joiners spread over as many slots as there are joiners and the slots stay the
 lowest ones. A lone joiner (k = 1) takes the lowest free slot, as before. A lost
 race returns the slots held now in the same transaction, and the node picks again.
+
+Where a replica group spans several nodes (``job.nodes_per_group`` > 1) the same claim
+takes a *seat*, ``seats/<gid>/<node rank>``: seats are numbered group by group
+(seat = gid x nodes_per_group + node rank), so joiners fill the lowest groups whole
+before the next, and a node that finds no free seat waits as a spare.
 """
 
 from __future__ import annotations
@@ -33,14 +38,36 @@ def pick(free: list[int], joiners: int, node_id: str, attempt: int) -> int:
     return free[int.from_bytes(digest[:8], "big") % k]
 
 
-def held_slots(prefix: str, kvs: list[Any]) -> dict[int, Any]:
+def slot_prefix(nodes_per_group: int) -> str:
+    """The key prefix (below the job's) of the slots: one per group, or one per seat."""
+    return "groups/" if nodes_per_group == 1 else "seats/"
+
+
+def slot_suffix(slot: int, nodes_per_group: int) -> str:
+    """The key of slot (or seat) `slot` below :func:`slot_prefix`."""
+    if nodes_per_group == 1:
+        return str(slot)
+    return f"{slot // nodes_per_group}/{slot % nodes_per_group}"
+
+
+def slot_of(suffix: str, nodes_per_group: int) -> int | None:
+    """The slot (or seat) a key below :func:`slot_prefix` names; None for any other key."""
+    if nodes_per_group == 1:
+        return int(suffix) if suffix.isdigit() else None
+    gid, _, rank = suffix.partition("/")
+    if not (gid.isdigit() and rank.isdigit() and int(rank) < nodes_per_group):
+        return None
+    return int(gid) * nodes_per_group + int(rank)
+
+
+def held_slots(prefix: str, kvs: list[Any], nodes_per_group: int = 1) -> dict[int, Any]:
     """Slot number -> its key-value (or (value, metadata) from a transaction's range)."""
     held: dict[int, Any] = {}
     for kv in kvs:
         key = kv[1].key if isinstance(kv, tuple) else kv.key
-        name = (key_text(key) or "")[len(prefix) :]
-        if name.isdigit():
-            held[int(name)] = kv
+        slot = slot_of((key_text(key) or "")[len(prefix) :], nodes_per_group)
+        if slot is not None:
+            held[slot] = kv
     return held
 
 
@@ -68,9 +95,11 @@ def claim_free(
     max_replicas: int,
     preferred: int | None,
     joiners: int,
+    nodes_per_group: int = 1,
 ) -> int | None:
-    """Create one free ``<prefix><gid>`` for this node (value `me`, on `lease`); None when
-    every slot is taken."""
+    """Create one free ``<prefix><gid>`` (or seat) for this node (value `me`, on `lease`);
+    None when every one is taken. `max_replicas` counts slots: seats where groups span
+    nodes."""
     end = prefix_range_end(prefix.encode())
     for attempt in range(max_replicas + 1):
         free = [g for g in range(max_replicas) if g not in held]
@@ -80,11 +109,11 @@ def claim_free(
             gid = preferred
         else:
             gid = pick(free, joiners, node_id, attempt)
-        key = f"{prefix}{gid}"
+        key = prefix + slot_suffix(gid, nodes_per_group)
         ok, responses = do_txn(
             [txn.Create(key) == 0], [txn.Put(key, me, lease)], [txn.Get(prefix, end)]
         )
         if ok:
             return gid
-        held = held_slots(prefix, list(responses[0]))
+        held = held_slots(prefix, list(responses[0]), nodes_per_group)
     return None

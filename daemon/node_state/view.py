@@ -33,8 +33,12 @@ class NodeView:
     ticks: int = 0  # supervisor loop iterations: /status shows the loop is alive
     waiting_for: str | None = None  # what WAITING (or a holding FENCED) waits for
     completed_seen_at: float | None = None  # when the job was first seen completed
+    generation: int | None = None  # the spanning group's generation the ranks run under
     # The upkeep's.
     slot: int | None = None
+    node_rank: int = 0  # this node's seat in a group that spans nodes (GROUP_RANK)
+    nodes_per_group: int = 1
+    spare: bool = False  # the last claim found every slot (seat) held: a spare node
     lighthouse: str | None = None
     etcd_up: bool = False
     etcd_errors: int = 0
@@ -62,6 +66,11 @@ class NodeView:
     def last_error(self) -> str | None:
         """The daemon's failure, else the ranks' last error."""
         return self.failure or self.rank_error
+
+    @property
+    def seat(self) -> int | None:
+        """The seat's number (the slot's where a group is one node), None without one."""
+        return None if self.slot is None else self.slot * self.nodes_per_group + self.node_rank
 
     @property
     def slot_label(self) -> str:
@@ -120,6 +129,7 @@ class NodeView:
         }
 
     def missing_groups(self, need: int) -> str | None:
-        """Whether fewer than `need` replica groups hold a slot (what is missing), or None."""
-        have = len(self.job.groups) if self.job is not None else 0
+        """Whether fewer than `need` replica groups hold a slot (every seat, where groups
+        span nodes) and what is missing, or None."""
+        have = len(self.job.whole_groups(self.nodes_per_group)) if self.job is not None else 0
         return None if have >= need else f"replica groups: {have} of job.min_replicas={need}"

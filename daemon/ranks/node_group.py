@@ -16,7 +16,7 @@ from typing import Any
 
 from daemon.config import DaemonConfig
 from daemon.node_state.view import NodeView
-from daemon.ranks.spec import GroupSpec
+from daemon.ranks.spec import GroupPart, GroupSpec
 from daemon.ranks.standby import REFILL_DELAY_S, StandbyPool
 from daemon.ranks.stop_cause import StopCause
 from daemon.ranks.workers import ExitKind, GroupExit, WorkerGroup
@@ -71,15 +71,31 @@ class NodeGroup:
     def running(self) -> bool:
         return self.current is not None
 
-    def start(self, slot: int, lighthouse: str) -> None:
-        self.attempt += 1
-        if not keeps_replica_id(self.last_codes):  # also the first start (no codes yet)
+    def next_replica_uuid(self) -> str:
+        """The uuid the next start joins under (see keeps_replica_id): the group's first
+        node publishes it, with its store, to the group's other nodes."""
+        if not keeps_replica_id(self.last_codes) or not self.replica_uuid:
             self.replica_uuid = str(uuid.uuid4())
-        spec = GroupSpec.for_node(self.cfg, slot, lighthouse, self.rank_config, self.replica_uuid)
+        return self.replica_uuid
+
+    def start(self, slot: int, lighthouse: str, part: GroupPart | None = None) -> None:
+        """Start the ranks in `slot`: a group of this node alone, or this node's `part` of
+        a group that spans nodes (its seat, the group's store port and replica uuid)."""
+        self.attempt += 1
+        replica_uuid = part.replica_uuid if part is not None else self.next_replica_uuid()
+        seat = part.seat if part is not None else None
+        spec = GroupSpec.for_node(
+            self.cfg, slot, lighthouse, self.rank_config, replica_uuid, seat=seat
+        )
         self.current = WorkerGroup(spec, self.attempt, self._on_rank_event, self.wake)
-        self.current.start(self.standbys.take() if self.standbys is not None else None)
+        self.current.start(
+            self.standbys.take() if self.standbys is not None else None,
+            master_port=part.master_port if part is not None else None,
+        )
         self.view.pids = self.current.pids
         fields: dict[str, Any] = {"slot": slot, "attempt": self.attempt, "pids": self.current.pids}
+        if part is not None:
+            fields.update(node_rank=part.seat.node_rank, generation=part.generation)
         fields["standbys_used"] = self.current.standbys_used
         if self.restart_reason is None:
             self.log.info("group_started", master_port=self.current.master_port, **fields)

@@ -21,8 +21,8 @@ RANK_ARGV = [sys.executable, "-m", "trainer"]
 class Seat:
     """This node's place in its replica group: node `node_rank` of the group's `nodes`,
     each with the same number of ranks (torchrun's GROUP_RANK and NNODES). Node rank 0's
-    ranks host the group's store at `master_addr`; None: this node's own address (a
-    group of one node, today's only kind; issue 37 seats groups across nodes)."""
+    ranks host the group's store at `master_addr`; None: this node's own address (the
+    first node's, or a standby's placeholder)."""
 
     node_rank: int = 0
     nodes: int = 1
@@ -33,6 +33,17 @@ class Seat:
             raise ValueError(f"node rank {self.node_rank} is not within {self.nodes} nodes")
         if self.node_rank > 0 and not self.master_addr:
             raise ValueError("a group's node other than its first needs the store's address")
+
+
+@dataclass(frozen=True)
+class GroupPart:
+    """One node's part in one generation of a group that spans nodes: its seat, the store
+    port its first node chose and the group's torchft replica uuid (the first node's)."""
+
+    seat: Seat
+    generation: int
+    master_port: int
+    replica_uuid: str
 
 
 @dataclass
@@ -67,8 +78,10 @@ class GroupSpec:
         lighthouse: str,
         config_path: Path,
         replica_uuid: str = "",
+        seat: Seat | None = None,
     ) -> GroupSpec:
-        """The spec of this node's group in `slot`, from the daemon's config."""
+        """The spec of this node's group in `slot`, from the daemon's config; `seat`: this
+        node's place in it (default: the first of job.nodes_per_group, as a standby has)."""
         node = cfg.node
         return cls(
             nproc=node.nproc,
@@ -87,6 +100,7 @@ class GroupSpec:
             metrics_dir=cfg.metrics_dir if cfg.metrics.enabled else None,
             python_path=[str(Path(p).resolve()) for p in cfg.workload.python_path],
             replica_uuid=replica_uuid,
+            seat=seat or Seat(0, cfg.job.nodes_per_group),
         )
 
 

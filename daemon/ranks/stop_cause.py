@@ -33,7 +33,15 @@ class JobEnded:
     reason: str
 
 
-StopCause = GroupExit | SlotLost | FencedOut | JobEnded
+@dataclass(frozen=True)
+class GroupRestart:
+    """A group that spans nodes ended the generation these ranks ran under: another node's
+    ranks failed, or a member was lost (``daemon.supervision.spanning``)."""
+
+    reason: str
+
+
+StopCause = GroupExit | SlotLost | FencedOut | JobEnded | GroupRestart
 
 SLOT_LOST = SlotLost()
 FENCED_OUT = FencedOut()

@@ -105,11 +105,14 @@ class WorkerGroup:
     def standbys_used(self) -> int:
         return sum(r.from_standby for r in self.ranks)
 
-    def start(self, standbys: list[Standby | None] | None = None) -> None:
+    def start(
+        self, standbys: list[Standby | None] | None = None, master_port: int | None = None
+    ) -> None:
         """Start every rank: local rank r is handed to standbys[r] where there is one that
-        takes the assignment, else spawned cold."""
+        takes the assignment, else spawned cold. `master_port`: the group's store port
+        where another node (or this one, before publishing it) chose it."""
         s = self.spec
-        self.master_port = free_port(self.spec.bind_host)
+        self.master_port = master_port or free_port(self.spec.bind_host)
         (s.run_dir / "heartbeat").mkdir(parents=True, exist_ok=True)
         self.started_at = time.monotonic()
         for rank in range(s.nproc):

@@ -13,7 +13,15 @@ from dataclasses import dataclass
 
 from daemon.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from daemon.node_state.states import State
-from daemon.ranks.stop_cause import FENCED_OUT, SLOT_LOST, FencedOut, JobEnded, SlotLost, StopCause
+from daemon.ranks.stop_cause import (
+    FENCED_OUT,
+    SLOT_LOST,
+    FencedOut,
+    GroupRestart,
+    JobEnded,
+    SlotLost,
+    StopCause,
+)
 from daemon.ranks.workers import ExitKind
 from daemon.supervision.restarts import RestartBudget
 
@@ -23,7 +31,7 @@ __all__ = ["FENCED_OUT", "SLOT_LOST", "StopDecision", "after_stop"]
 @dataclass(frozen=True)
 class StopDecision:
     state: State
-    reason: str = ""  # RESTARTING/WAITING: hang, rank_exit or peers; DONE: why the node ends
+    reason: str = ""  # RESTARTING/WAITING: hang, rank_exit, peers, fenced or group; DONE: why
     detail: str = ""  # what the ranks said, for the log
     error: str = ""  # FAILED: the message for the log, /status and the job state
     code: int = EXIT_OK  # FAILED: the daemon's exit code
@@ -48,6 +56,10 @@ def after_stop(
         return StopDecision(State.WAITING if slot_held else State.CLAIMING)
     if isinstance(cause, FencedOut):  # a restart the node did not cause: outside the budget
         return StopDecision(State.WAITING if slot_held else State.CLAIMING, reason="fenced")
+    if isinstance(cause, GroupRestart):  # another node's failure: outside our budget
+        return StopDecision(
+            State.WAITING if slot_held else State.CLAIMING, reason="group", detail=cause.reason
+        )
     if isinstance(cause, JobEnded):  # the job completed elsewhere
         return StopDecision(State.DONE, reason=cause.reason)
     if cause.kind == ExitKind.DRAINED:  # a rank was told to stop by someone else

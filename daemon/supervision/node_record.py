@@ -46,7 +46,10 @@ class NodeRecord:
 
     def build(self) -> dict[str, Any]:
         v = self.view
+        spanning = {"node_rank": v.node_rank, "generation": v.generation}
         return {
+            **(spanning if v.nodes_per_group > 1 else {}),
+            "waiting_for": v.waiting_for,
             "host": self.cfg.advertise_host,
             "machine": self.machine,
             "http_port": self.http_port,

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from daemon import __version__
+from daemon.children import free_port
 from daemon.config import DaemonConfig, write_rank_config
 from daemon.coordination.coordinator import Coordinator
 from daemon.coordination.fencing import Fence
@@ -41,10 +42,12 @@ from daemon.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from daemon.node_state.states import TERMINAL, IllegalTransition, State, allowed
 from daemon.node_state.view import NodeView
 from daemon.ranks.node_group import NodeGroup
-from daemon.ranks.stop_cause import FENCED_OUT, SLOT_LOST, JobEnded, StopCause
+from daemon.ranks.spec import GroupPart, Seat
+from daemon.ranks.stop_cause import FENCED_OUT, SLOT_LOST, GroupRestart, JobEnded, StopCause
 from daemon.ranks.workers import ExitKind
 from daemon.supervision.after_stop import after_stop
 from daemon.supervision.restarts import RestartBudget
+from daemon.supervision.spanning import SpanningGroup
 from daemon.supervision.systemd import Notifier
 from daemon.supervision.upkeep import EtcdUpkeep, Join, UpkeepReport
 from daemon.supervision.waiting import Waiting
@@ -63,7 +66,7 @@ class Supervisor:
         self.cfg = cfg
         self.notifier = notifier or Notifier()
         self.log = logs.get()
-        self.view = NodeView()
+        self.view = NodeView(nodes_per_group=cfg.job.nodes_per_group)
         self.run_dir = cfg.run_dir
         self.run_dir.mkdir(parents=True, exist_ok=True)
         rank_config = write_rank_config(cfg, self.run_dir / "config.json")
@@ -75,6 +78,8 @@ class Supervisor:
         self.upkept = UpkeepReport()  # the last round's (the metrics read it too)
         self.waiting = Waiting(cfg, self.view)
         self.budget = RestartBudget.for_node(cfg.node)
+        nodes = cfg.job.nodes_per_group  # a group across nodes: its generations (spanning.py)
+        self.spanning = SpanningGroup(nodes) if nodes > 1 else None
         self.exit_code = EXIT_OK
         self.drain_requested = threading.Event()
         self.entered_at = time.monotonic()  # when the current state began
@@ -190,10 +195,18 @@ class Supervisor:
             return State.CLAIMING
         lighthouse = self.upkept.lighthouse
         missing = self.waiting.missing(lighthouse is not None)
+        if missing is None and self.spanning is not None and self.view.job is not None:
+            missing = self.spanning.missing(self.view.job, self.view.slot, self.view.node_rank)
         if missing is None:
             assert lighthouse is not None  # missing() asks for it first
+            part = self._part() if self.spanning is not None else None
+            if self.spanning is not None and part is None:
+                return State.WAITING  # etcd away or another node moved first: next round
             self.upkeep.ranks_started()
-            self.group.start(self.view.slot, lighthouse)
+            self.group.start(self.view.slot, lighthouse, part)
+            if part is not None and self.spanning is not None and self.view.job is not None:
+                self.spanning.started(self.view.job, self.view.slot, part.generation)
+                self.view.generation = part.generation
             job_state = self.view.job.state if self.view.job else None
             if not job_state or job_state.get("state") not in ("running", "completed"):
                 self.upkeep.set_state("running")
@@ -202,10 +215,32 @@ class Supervisor:
         self.view.waiting_for = missing
         return State.WAITING if error is None else self._fail(error, EXIT_FAILED)
 
+    def _part(self) -> GroupPart | None:
+        """This node's part in the next generation of its spanning group: the first node
+        moves the generation on and publishes its store, the others join the one the store
+        names. None when etcd is away or another node moved first (look again next round)."""
+        assert self.spanning is not None and self.view.job is not None
+        job, gid, rank = self.view.job, self.view.slot, self.view.node_rank
+        assert gid is not None
+        if rank > 0:
+            return self.spanning.joined(job, gid, rank)
+        seen = job.generations.get(gid, 0)
+        if self.upkeep.bump_generation(gid, seen) != seen + 1:
+            return None
+        port, uuid = free_port(self.cfg.bind_host), self.group.next_replica_uuid()
+        store = {"generation": seen + 1, "addr": self.cfg.advertise_host, "port": port}
+        if not self.upkeep.publish_store(gid, {**store, "replica_uuid": uuid}):
+            return None
+        return GroupPart(Seat(0, self.spanning.nodes), seen + 1, port, uuid)
+
     def _running(self) -> State:
         if self.upkeep.ranks_must_pause():  # nothing may commit here now
             self.group.pause()
             return State.FENCED
+        if self.spanning is not None and self.view.job is not None and self.view.slot is not None:
+            moved = self.spanning.must_stop(self.view.job, self.view.slot)
+            if moved is not None:
+                return self._stop(GroupRestart(moved))
         outcome = self.group.poll()
         if outcome is None:
             # Another node completed the job: this group gets drain_grace_s to finish too.
@@ -281,14 +316,24 @@ class Supervisor:
 
     def _stop(self, cause: StopCause) -> State:
         """Begin stopping the group; STOPPING decides what next once it is gone."""
+        self._end_generation()
         self.group.stop(cause)
         return State.STOPPING
+
+    def _end_generation(self) -> None:
+        """A spanning group's ranks stop here: move its generation on (unless another node
+        did), so that its other nodes stop theirs at once."""
+        ended = self.spanning.stopped() if self.spanning is not None else None
+        if ended is not None and self.view.slot is not None:
+            self.upkeep.bump_generation(self.view.slot, ended)
+            self.view.generation = None
 
     # ------------------------------------------------------------------ endings
 
     def _drain(self) -> State:
         self.log.info("draining", grace_s=self.cfg.node.drain_grace_s)
         self.notifier.stopping(f"draining group={self.view.slot_label}")
+        self._end_generation()
         self.group.drain()
         return State.DRAINING
 

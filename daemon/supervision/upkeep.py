@@ -100,7 +100,7 @@ class EtcdUpkeep:
         self.follower = JobFollower(coord, cfg.node_id, wake)
         self.refusal = ""
         self._slot_lost = False  # since the last report
-        self._all_taken: dict[int, str] | None = None  # the groups when no slot was free
+        self._all_taken: object = None  # the slots and seats when none was free
         self._published: dict[str, Any] | None = None  # the checkpoint record last published
         self.record = NodeRecord(cfg, coord, view)
         self._attempt = Attempts(view, coord.settings.endpoints)  # errors become state
@@ -162,27 +162,41 @@ class EtcdUpkeep:
     def claim(self) -> int | None:
         """Claim a slot (None: all taken, or etcd away), the one held last asked for first,
         even from a previous life (``run_dir/slot``): the group keeps its data shard.
+        Where groups span nodes the slot is a seat (gid x nodes_per_group + node rank).
         A node that found every slot taken (a spare) claims again only once the job's
-        ``groups/`` changed, as its watch shows, not every round."""
+        slots changed, as its watch shows, not every round."""
         if not self._attempt.due():
             return None
-        groups = self.view.job.groups if self.view.job is not None else None
-        if groups is not None and groups == self._all_taken:
+        job, npg = self.view.job, self.cfg.job.nodes_per_group
+        taken = (job.groups, job.seats) if job is not None else None
+        if taken is not None and taken == self._all_taken:
             return None
         remembered = self.slot_file.read_text().strip() if self.slot_file.exists() else ""
-        preferred = self.view.slot if self.view.slot is not None else None
+        preferred = self.view.seat
         if preferred is None and remembered.isdigit():
             preferred = int(remembered)
-        ok, slot = self._attempt(
-            "claim", lambda: self.coord.claim_slot(self.cfg.job.max_replicas, preferred=preferred)
+        ok, seat = self._attempt(
+            "claim",
+            lambda: self.coord.claim_slot(self.cfg.job.max_replicas, preferred, npg),
         )
-        self._all_taken = groups if ok and slot is None else None
-        if slot is not None:
-            self.view.slot = slot
-            self.slot_file.write_text(f"{slot}\n")
-            logs.bind(replica_group=slot)
-            self.log.info("slot_claimed", slot=slot)
-        return slot
+        self._all_taken = taken if ok and seat is None else None
+        self.view.spare = ok and seat is None
+        if seat is not None:
+            self.view.slot, self.view.node_rank = divmod(seat, npg)
+            self.slot_file.write_text(f"{seat}\n")
+            logs.bind(replica_group=self.view.slot)
+            fields = {"node_rank": self.view.node_rank} if npg > 1 else {}
+            self.log.info("slot_claimed", slot=self.view.slot, **fields)
+        return seat
+
+    def bump_generation(self, gid: int, seen: int) -> int | None:
+        """Move a spanning group's generation on from `seen`; the one now (None: etcd away)."""
+        ok, now = self._attempt("generation", lambda: self.coord.bump_generation(gid, seen))
+        return now if ok else None
+
+    def publish_store(self, gid: int, record: dict[str, Any]) -> bool:
+        ok, _ = self._attempt("store", lambda: self.coord.publish_store(gid, record))
+        return ok
 
     # -------------------------------------------------------------------- rounds
 
@@ -328,18 +342,20 @@ class EtcdUpkeep:
         ok, _ = self._attempt("register", self._register)
         if not ok:
             return False
-        held = self.view.slot
+        held, npg = self.view.seat, self.cfg.job.nodes_per_group
         if held is not None:
-            ok, slot = self._attempt(
-                "reclaim", lambda: self.coord.claim_slot(self.cfg.job.max_replicas, preferred=held)
+            ok, seat = self._attempt(
+                "reclaim", lambda: self.coord.claim_slot(self.cfg.job.max_replicas, held, npg)
             )
             if not ok:
                 return False
-            if slot == held:
-                self.log.info("slot_reclaimed", slot=slot)
+            if seat == held:
+                self.log.info("slot_reclaimed", slot=self.view.slot)
             else:
-                self.log.warning("slot_lost", previous=held, now=slot)
-                self.view.slot = slot
+                self.log.warning("slot_lost", previous=self.view.slot, seat=held, now=seat)
+                self.view.slot, self.view.node_rank = (
+                    divmod(seat, npg) if seat is not None else (None, 0)
+                )
                 self._slot_lost = True
         return True
 
@@ -394,7 +410,7 @@ class EtcdUpkeep:
     def fail_job(self, message: str) -> None:
         """Mark the job failed, but only when no other node's group carries it on."""
         job = self.view.job
-        if job is not None and set(job.groups.values()) <= {self.cfg.node_id}:
+        if job is not None and job.holders() <= {self.cfg.node_id}:
             self.set_state("failed", error=message)
 
     def release(self) -> None:
@@ -403,8 +419,8 @@ class EtcdUpkeep:
 
         def give_back() -> None:
             self.leadership.resign(self.view)
-            if self.view.slot is not None:
-                self.coord.release_slot(self.view.slot)
+            if self.view.seat is not None:
+                self.coord.release_slot(self.view.seat, self.cfg.job.nodes_per_group)
 
         ok, _ = self._attempt("release", give_back)
         if not ok:

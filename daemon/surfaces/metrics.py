@@ -50,6 +50,21 @@ class _NodeCollector(Collector):
             -1.0 if v.slot is None else float(v.slot),
         )
         yield gauge(
+            "phalanx_node_rank",
+            "This node's seat in its replica group (GROUP_RANK; 0 where a group is one node).",
+            float(v.node_rank),
+        )
+        yield gauge(
+            "phalanx_group_generation",
+            "The generation of a group that spans nodes that the ranks run under (0: none).",
+            float(v.generation or 0),
+        )
+        yield gauge(
+            "phalanx_spare",
+            "1 while this node waits as a spare: every seat of every group is held.",
+            float(v.spare and v.slot is None),
+        )
+        yield gauge(
             "phalanx_ranks_running",
             "Rank processes of this node that are alive.",
             float(len(v.pids)),

@@ -47,6 +47,9 @@ def status_document(sup: Supervisor) -> dict[str, Any]:
         "job": sup.cfg.job.name,
         "state": v.state.value,
         "replica_group": v.slot,
+        "node_rank": v.node_rank,  # this node's seat in its group (job.nodes_per_group)
+        "generation": v.generation,  # the spanning group's generation the ranks run under
+        "spare": v.spare and v.slot is None,  # every seat was held when it last looked
         "leader": v.leader,
         "lighthouse": v.lighthouse,
         "etcd_up": v.etcd_up,

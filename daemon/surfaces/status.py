@@ -20,6 +20,9 @@ def status_json(job: str, view: JobView) -> dict[str, Any]:
             "http_port": record.get("http_port"),
             "participants": record.get("participants"),
             "leader": node_id == view.leader,
+            "node_rank": record.get("node_rank"),
+            "generation": record.get("generation"),
+            "waiting_for": record.get("waiting_for"),
         }
         for node_id, record in sorted(view.nodes.items())
     ]
@@ -32,6 +35,9 @@ def status_json(job: str, view: JobView) -> dict[str, Any]:
         "leader": view.leader,
         "lighthouse": view.lighthouse,
         "groups": {str(gid): node for gid, node in sorted(view.groups.items())},
+        # Groups that span nodes: each one's node ids by node rank, and its generation.
+        "seats": {str(g): {str(r): n for r, n in held.items()} for g, held in view.seats.items()},
+        "generations": {str(gid): n for gid, n in sorted(view.generations.items())},
         "checkpoint": view.checkpoint,
         "nodes": nodes,
         "warnings": replication_warnings(nodes, len(view.groups), view.state or {}),
@@ -70,12 +76,16 @@ def status_table(doc: dict[str, Any]) -> str:
         head += f"\nlatest checkpoint: step {checkpoint.get('step')} at {checkpoint.get('path')}"
     for warning in doc.get("warnings", []):
         head += f"\nwarning: {warning}"
+    for gid, held in doc.get("seats", {}).items():
+        generation = doc.get("generations", {}).get(gid, "-")
+        nodes = ", ".join(f"{r}={n}" for r, n in sorted(held.items(), key=lambda i: int(i[0])))
+        head += f"\ngroup {gid} (generation {generation}): {nodes}"
     rows = [("NODE", "GROUP", "STATE", "STEP", "PID", "HOST", "")]
     for n in doc["nodes"]:
         rows.append(
             (
                 str(n["id"]),
-                "-" if n["group"] is None else str(n["group"]),
+                _group(n),
                 str(n["state"] or "-"),
                 "-" if n["step"] is None else str(n["step"]),
                 str(n["pid"] or "-"),
@@ -90,7 +100,18 @@ def status_table(doc: dict[str, Any]) -> str:
     ]
     if len(rows) == 1:
         lines.append("(no live nodes)")
+    lines += [
+        f"{n['id']} waits for {n['waiting_for']}" for n in doc["nodes"] if n.get("waiting_for")
+    ]
     return head + "\n" + "\n".join(lines)
+
+
+def _group(node: dict[str, Any]) -> str:
+    """The node's group, and its node rank where groups span nodes: "1.0"."""
+    if node["group"] is None:
+        return "-"
+    rank = node.get("node_rank")
+    return f"{node['group']}.{rank}" if isinstance(rank, int) else str(node["group"])
 
 
 def dumps(doc: dict[str, Any]) -> str:

@@ -19,8 +19,11 @@ FIELDS = {f.name for f in dataclasses.fields(NodeView)} - {"lock"}
 OWNERS = {
     "daemon/supervision/supervisor.py": {
         "state", "registered", "restarts", "failure", "last_tick", "ticks", "waiting_for",
+        "generation",
     },
-    "daemon/supervision/upkeep.py": {"slot", "lighthouse", "job", "most_groups"},
+    "daemon/supervision/upkeep.py": {
+        "slot", "node_rank", "spare", "lighthouse", "job", "most_groups",
+    },
     "daemon/supervision/attempts.py": {"etcd_up", "etcd_errors"},
     "daemon/leadership/election.py": {"leader"},
     "daemon/ranks/node_group.py": {"pids", "standby_pids"},

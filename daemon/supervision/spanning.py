@@ -1,0 +1,92 @@
+"""A node's part in a replica group that spans nodes: when its ranks may start, under
+which generation, and when they must stop (``daemon.coordination.group_keys`` holds the
+keys).
+
+The group's first node (node rank 0) starts every generation: once every seat is held
+it moves the generation on and publishes its store for it. The others start under the
+current generation once the store names it, and never under one they ran before. A
+node running under generation g stops its ranks when the generation moves on or a seat
+changes hands (a member lost or replaced); it moves g on itself when its own ranks
+failed or it saw a member go, so that the group's other nodes stop at once.
+
+Only decisions live here, on values read from etcd; the supervisor acts on them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from daemon.coordination.job_view import JobView
+from daemon.ranks.spec import GroupPart, Seat
+
+
+@dataclass(frozen=True)
+class Running:
+    """The generation this node's ranks run under, and who held each seat then."""
+
+    generation: int
+    members: tuple[str, ...]
+
+
+def members(job: JobView, gid: int) -> tuple[str, ...]:
+    """The node ids in group `gid`'s seats, by node rank ("" where a seat is free)."""
+    held = job.seats.get(gid, {})
+    return tuple(held.get(r, "") for r in range(max(held, default=-1) + 1))
+
+
+class SpanningGroup:
+    def __init__(self, nodes_per_group: int) -> None:
+        self.nodes = nodes_per_group
+        self.running: Running | None = None
+        self.last_generation = 0  # the newest generation this node's ranks ran under
+
+    def missing(self, job: JobView, gid: int, node_rank: int) -> str | None:
+        """What this node's part waits for (None: start it): every seat held and, on a
+        node other than the first, the first node's store for a generation not run here."""
+        held = job.seats.get(gid, {})
+        if len(held) < self.nodes:
+            return (
+                f"the nodes of replica group {gid}: {len(held)} of "
+                f"job.nodes_per_group={self.nodes} seats held"
+            )
+        if node_rank == 0:
+            return None
+        generation = job.generations.get(gid, 0)
+        store = job.stores.get(gid) or {}
+        if store.get("generation") != generation or generation <= self.last_generation:
+            return f"replica group {gid}'s first node ({held.get(0, '-')}) to start its ranks"
+        return None
+
+    def joined(self, job: JobView, gid: int, node_rank: int) -> GroupPart | None:
+        """This (non-first) node's part in the generation the store names; None when the
+        store's record is not one a start can use."""
+        store = job.stores.get(gid) or {}
+        addr, port, generation = store.get("addr"), store.get("port"), store.get("generation")
+        if not (isinstance(addr, str) and isinstance(port, int) and isinstance(generation, int)):
+            return None
+        uuid = store.get("replica_uuid")
+        seat = Seat(node_rank, self.nodes, addr)
+        return GroupPart(seat, generation, port, uuid if isinstance(uuid, str) else "")
+
+    def started(self, job: JobView, gid: int, generation: int) -> None:
+        self.running = Running(generation, members(job, gid))
+        self.last_generation = max(self.last_generation, generation)
+
+    def stopped(self) -> int | None:
+        """The ranks are stopping: the generation they ran under (to move on from)."""
+        running, self.running = self.running, None
+        return running.generation if running is not None else None
+
+    def must_stop(self, job: JobView, gid: int) -> str | None:
+        """Why this node's ranks must stop now (None: they may go on)."""
+        running = self.running
+        if running is None:
+            return None
+        now = job.generations.get(gid, 0)
+        if now > running.generation:  # (a view older than our own start reads lower)
+            return f"replica group {gid} moved on to generation {now}"
+        seated = members(job, gid)
+        if seated != running.members:
+            gone = [n for n in running.members if n not in seated]
+            return f"replica group {gid} lost {', '.join(gone) or 'a member'}"
+        return None

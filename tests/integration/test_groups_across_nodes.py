@@ -1,0 +1,160 @@
+"""Replica groups that span nodes (issue 37): each node a daemon in its own network
+namespace, one rank each, two nodes per group (``job.nodes_per_group = 2``) with
+``parallel.dp_shard = 2`` spanning them.
+
+A rank crash restarts its group's ranks on both of its nodes under a new generation, and
+nothing of the other group; a node lost (daemon and ranks SIGKILLed) stops its group's
+other node, the other group trains on, and the group starts again under a new generation
+once a replacement daemon holds the free seat, heals from the other group, and every
+node ends with the same parameters.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+
+from tests.support.harness import Daemon, event_time, largest_step_gap, start_daemon, wait_for
+from tests.support.job_queries import digest
+from tests.support.multihost import NEEDS_NAMESPACES, etcd_on
+from tests.support.netns import Network
+
+pytestmark = [pytest.mark.integration, NEEDS_NAMESPACES]
+
+SPAN = [
+    "job.nodes_per_group=2",
+    "parallel.dp_shard=2",
+    "train.log_every=1",
+    "ft.quorum_timeout_s=30",
+]
+
+
+def seats(daemons: Sequence[Daemon]) -> dict[tuple[int, int], Daemon]:
+    """(group, node rank) -> the daemon holding that seat, from each one's /status."""
+    held = {}
+    for d in daemons:
+        doc = d.status()
+        if doc is not None and doc["replica_group"] is not None:
+            held[(int(doc["replica_group"]), int(doc["node_rank"]))] = d
+    return held
+
+
+def stops(d: Daemon) -> list[dict[str, object]]:
+    """The daemon's group stops: its ranks failed, or it stopped them (a new generation)."""
+    return sorted(d.events("group_failed") + d.events("group_stopping"), key=event_time)
+
+
+def committed_with(d: Daemon, participants: int, after: float = 0.0) -> bool:
+    return any(
+        e.get("participants") == participants and event_time(e) > after
+        for e in d.events("train_step")
+    )
+
+
+def test_a_rank_crash_or_a_lost_node_restarts_only_its_group_across_both_its_nodes(
+    tmp_path: Path, network: Network, recovery: Callable[[str, float], None]
+) -> None:
+    etcd_host = network.add_host("etcd")
+    hosts = [network.add_host(n) for n in ("a", "b", "c", "d", "e")]
+    etcd = etcd_on(etcd_host, tmp_path)
+    endpoint = f"{etcd_host.address}:2379"
+    job = [*SPAN, "train.steps=400"]
+    daemons = [
+        start_daemon(tmp_path, f"node-{h.name}", [endpoint], overrides=job, host=h)
+        for h in hosts[:4]
+    ]
+    replacement: Daemon | None = None
+    try:
+        wait_for(lambda: len(seats(daemons)) == 4, 120, "four nodes to take the four seats")
+        held = seats(daemons)
+        first, second = held[(0, 0)], held[(1, 0)]
+        wait_for(
+            lambda: committed_with(first, 2) and committed_with(second, 2),
+            240,
+            "both two-node groups to commit a step together",
+        )
+        # Every node of a group follows its steps; node rank 1's ranks are the group's 1.
+        started = [e for e in held[(1, 1)].events("group_started")]
+        assert started and started[0]["node_rank"] == 1, started
+        survivor_pids = {k: d.rank_pids() for k, d in held.items() if k[0] == 0}
+
+        # A rank crash on group 1's second node: both of group 1's nodes restart their
+        # ranks under a new generation; group 0's ranks are untouched.
+        generation = int(held[(1, 0)].require_status()["generation"])
+        crashed = time.time()
+        os.kill(held[(1, 1)].rank_pids()[0], signal.SIGKILL)
+        wait_for(
+            lambda: all(
+                (d.require_status()["generation"] or 0) > generation
+                for k, d in held.items()
+                if k[0] == 1
+            ),
+            120,
+            "group 1's nodes to start a new generation",
+        )
+        wait_for(lambda: committed_with(second, 2, crashed), 120, "group 1 to commit again")
+        for k, d in held.items():
+            if k[0] == 0:
+                assert d.rank_pids() == survivor_pids[k], "group 0 was restarted"
+                assert not d.events("group_restarted"), d.proc.tail()
+
+        # Group 1's first node lost, daemon and ranks: its second node stops its ranks,
+        # group 0 trains on; a replacement daemon takes the seat and group 1 heals.
+        lost, partner = held[(1, 0)], held[(1, 1)]
+        generation = int(partner.require_status()["generation"])
+        killed = time.time()
+        lost.stop()
+        stopped = wait_for(
+            lambda: [e for e in stops(partner) if event_time(e) > killed],
+            60,
+            "group 1's other node to stop its ranks",
+        )
+        recovery(
+            "node of a two-node group lost: its partner stops its ranks",
+            event_time(stopped[0]) - killed,
+        )
+        replacement = start_daemon(tmp_path, "node-e", [endpoint], overrides=job, host=hosts[4])
+        daemons.append(replacement)
+        wait_for(
+            lambda: (
+                (partner.require_status()["generation"] or 0) > generation
+                and replacement.require_status()["generation"] is not None
+            ),
+            120,
+            "group 1 to start again with the replacement",
+        )
+        back = wait_for(
+            lambda: [
+                e
+                for d in (partner, replacement)
+                for e in d.events("train_step")
+                if event_time(e) > killed and e.get("participants") == 2
+            ],
+            180,
+            "group 1 to commit with group 0 again",
+        )
+        recovery(
+            "node of a two-node group lost: kill to its group committing again (replacement started at once)",
+            min(event_time(e) for e in back) - killed,
+        )
+        assert replacement.require_status()["replica_group"] == 1
+        gap = largest_step_gap(first.events("train_step"), after=killed)
+        recovery("node of a two-node group lost: the other group's longest pause", gap)
+        assert any(d.events("heal_done") for d in (partner, replacement)), "group 1 never healed"
+        for k, d in held.items():
+            if k[0] == 0:
+                assert d.rank_pids() == survivor_pids[k], "group 0 was restarted"
+        live = [d for d in daemons if d is not lost]
+        for d in live:
+            assert d.wait(600) == 0, d.proc.tail()
+        digests = {d.node_id: digest(d) for d in live}
+        assert len(set(digests.values())) == 1, digests
+    finally:
+        for d in daemons:
+            d.stop()
+        etcd.stop()
