@@ -18,7 +18,7 @@ from daemon.config import DaemonConfig
 from daemon.node_state.view import NodeView
 from daemon.ranks.spec import GroupPart, GroupSpec
 from daemon.ranks.standby import REFILL_DELAY_S, StandbyPool
-from daemon.ranks.stop_cause import StopCause
+from daemon.ranks.stop_cause import GroupRestart, StopCause
 from daemon.ranks.workers import ExitKind, GroupExit, WorkerGroup
 from trainer import logs
 from trainer.spares.scheduling import may_leave_idle
@@ -141,8 +141,11 @@ class NodeGroup:
         hung = isinstance(cause, GroupExit) and cause.kind == ExitKind.HUNG
         if not isinstance(cause, GroupExit):  # the ranks' own exit was logged as it came
             self.log.info("group_stopping", reason=cause.reason)
-        if hung or self.current.paused:
-            self.current.kill()  # a hung rank may ignore SIGTERM
+        # A hung rank may ignore SIGTERM; a spanning group's ended generation has lost a
+        # member, so its ranks could neither finish a step nor save one (a drain's save
+        # is a collective): they may wait on that member in gloo for ft.timeout_s.
+        if hung or self.current.paused or isinstance(cause, GroupRestart):
+            self.current.kill()
             return
         self.current.request_stop()
 

@@ -2,8 +2,9 @@
 which generation, and when they must stop (``daemon.coordination.group_keys`` holds the
 keys).
 
-The group's first node (node rank 0) starts every generation: once every seat is held
-it moves the generation on and publishes its store for it. The others start under the
+The group's first node (node rank 0) starts every generation: once every seat is held,
+and no other member's record says its ranks still run (a dead member's says so until its
+lease lapses), it moves the generation on and publishes its store for it. The others start under the
 current generation once the store names it, and never under one they ran before. A
 node running under generation g stops its ranks when the generation moves on or a seat
 changes hands (a member lost or replaced); it moves g on itself when its own ranks
@@ -49,7 +50,13 @@ class SpanningGroup:
                 f"the nodes of replica group {gid}: {len(held)} of "
                 f"job.nodes_per_group={self.nodes} seats held"
             )
-        if node_rank == 0:
+        if node_rank == 0:  # a member still running an ended generation (or dead, its
+            # lease not lapsed yet) would leave the next one waiting on it
+            for rank, node in sorted(held.items()):
+                record = job.nodes.get(node) or {}
+                if rank > 0 and record.get("generation") is not None:
+                    ran = record["generation"]
+                    return f"{node} (node rank {rank}) to stop its ranks of generation {ran}"
             return None
         generation = job.generations.get(gid, 0)
         store = job.stores.get(gid) or {}

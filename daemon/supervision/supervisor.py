@@ -325,8 +325,9 @@ class Supervisor:
         did), so that its other nodes stop theirs at once."""
         ended = self.spanning.stopped() if self.spanning is not None else None
         if ended is not None and self.view.slot is not None:
+            self.view.generation = None  # in our record at once: the first node waits on it
             self.upkeep.bump_generation(self.view.slot, ended)
-            self.view.generation = None
+            self.upkeep.write_record()
 
     # ------------------------------------------------------------------ endings
 

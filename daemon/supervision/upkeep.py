@@ -194,6 +194,10 @@ class EtcdUpkeep:
         ok, now = self._attempt("generation", lambda: self.coord.bump_generation(gid, seen))
         return now if ok else None
 
+    def write_record(self) -> None:
+        """Write this node's record now, not after RECORD_GAP_S (best effort)."""
+        self._attempt("record", lambda: self.record.update(force=True))
+
     def publish_store(self, gid: int, record: dict[str, Any]) -> bool:
         ok, _ = self._attempt("store", lambda: self.coord.publish_store(gid, record))
         return ok
