@@ -279,3 +279,69 @@ def cli_status(host: Host, endpoint: str) -> str:
     argv += ["--set", f'etcd.endpoints=["{endpoint}"]', "--set", "job.nodes_per_group=2"]
     argv += ["--set", "parallel.dp_shard=2"]
     return host.run(argv).stdout
+
+
+def test_a_partition_between_a_groups_nodes_stops_that_group_on_both_sides(
+    tmp_path: Path, network: Network, recovery: Callable[[str, float], None]
+) -> None:
+    """Group 1's two nodes cannot reach each other for 20 s (both still reach etcd and
+    group 0): group 1 commits nothing on either side while cut, group 0 trains on, and
+    once the cut heals group 1 comes back; every node ends with the same digest."""
+    etcd_host = network.add_host("etcd")
+    hosts = [network.add_host(n) for n in ("a", "b", "c", "d")]
+    etcd = etcd_on(etcd_host, tmp_path)
+    endpoint = f"{etcd_host.address}:2379"
+    job = [*SPAN, "train.steps=500", "ft.timeout_s=8"]
+    daemons = [
+        start_daemon(tmp_path, f"node-{h.name}", [endpoint], overrides=job, host=h) for h in hosts
+    ]
+    by_node = {d.node_id: h for d, h in zip(daemons, hosts, strict=True)}
+    try:
+        wait_for(lambda: len(seats(daemons)) == 4, 120, "four nodes to take the four seats")
+        held = seats(daemons)
+        wait_for(
+            lambda: committed_with(held[(0, 0)], 2) and committed_with(held[(1, 0)], 2),
+            240,
+            "both groups to commit a step together",
+        )
+        one = (held[(1, 0)], held[(1, 1)])
+        network.cut(by_node[one[0].node_id], by_node[one[1].node_id])
+        cut_at = time.time()
+        time.sleep(20)
+        network.heal(by_node[one[0].node_id], by_node[one[1].node_id])
+        healed_at = time.time()
+        back = wait_for(
+            lambda: [
+                e
+                for e in one[0].events("train_step")
+                if event_time(e) > healed_at and e.get("participants") == 2
+            ],
+            240,
+            "group 1 to commit with group 0 again after the cut",
+        )
+        recovery(
+            "a two-node group split 20 s: cut healed to the group committing again",
+            min(event_time(e) for e in back) - healed_at,
+        )
+        for d in daemons:
+            assert d.wait(600) == 0, d.proc.tail()
+    finally:
+        for d in daemons:
+            d.stop()
+        etcd.stop()
+    # Nothing group 1 logged as committed falls in the cut (a step's all-reduce that
+    # finished before the cut may be logged just after it: 1 s of slack), on either side.
+    for d in one:
+        late = [
+            e["step"]
+            for e in d.events("train_step")
+            if cut_at + 1.0 < event_time(e) < healed_at
+            and e.get("items", [0, 0])[0] != e.get("items", [0, 0])[1]
+        ]
+        assert not late, f"{d.node_id} committed steps {late} while its group was split"
+    during = [e for e in held[(0, 0)].events("train_step") if cut_at < event_time(e) < healed_at]
+    assert during, "group 0 stopped training while group 1 was split"
+    gap = largest_step_gap(held[(0, 0)].events("train_step"), after=cut_at)
+    recovery("a two-node group split 20 s: the other group's longest pause", gap)
+    digests = {d.node_id: digest(d) for d in daemons}
+    assert len(set(digests.values())) == 1, digests
