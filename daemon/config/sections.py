@@ -301,4 +301,5 @@ class DaemonConfig(TrainerConfig):
         spec = {name: spec_hash(dumped, [name]) for name in SHARED_SECTIONS}
         if self.job.nodes_per_group > 1:  # a group's nodes split its layout evenly
             spec["node.nproc"] = str(self.node.nproc)
+            spec["job.nodes_per_group"] = str(self.job.nodes_per_group)  # for phalanx status
         return spec

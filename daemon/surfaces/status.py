@@ -35,13 +35,35 @@ def status_json(job: str, view: JobView) -> dict[str, Any]:
         "leader": view.leader,
         "lighthouse": view.lighthouse,
         "groups": {str(gid): node for gid, node in sorted(view.groups.items())},
-        # Groups that span nodes: each one's node ids by node rank, and its generation.
+        # Groups that span nodes: each one's node ids by node rank, generation and state.
         "seats": {str(g): {str(r): n for r, n in held.items()} for g, held in view.seats.items()},
         "generations": {str(gid): n for gid, n in sorted(view.generations.items())},
+        "group_states": group_states(view),
         "checkpoint": view.checkpoint,
         "nodes": nodes,
         "warnings": replication_warnings(nodes, len(view.groups), view.state or {}),
     }
+
+
+def group_states(view: JobView) -> dict[str, str]:
+    """Each spanning group's state from its seats and its nodes' records: "waiting for
+    nodes" (a seat is free), "running" (every node's ranks run its current generation),
+    "restarting" (a node is stopping or restarting its ranks), else "forming"."""
+    sections = (view.spec or {}).get("sections") or {}
+    size = str(sections.get("job.nodes_per_group", ""))
+    states = {}
+    for gid, held in view.seats.items():
+        records = [view.nodes.get(n) or {} for n in held.values()]
+        current = view.generations.get(gid)
+        if len(held) < (int(size) if size.isdigit() else 2):
+            states[str(gid)] = "waiting for nodes"
+        elif all(r.get("state") == "running" and r.get("generation") == current for r in records):
+            states[str(gid)] = "running"
+        elif any(r.get("state") in ("stopping", "restarting") for r in records):
+            states[str(gid)] = "restarting"
+        else:
+            states[str(gid)] = "forming"
+    return states
 
 
 def replication_warnings(
@@ -78,8 +100,9 @@ def status_table(doc: dict[str, Any]) -> str:
         head += f"\nwarning: {warning}"
     for gid, held in doc.get("seats", {}).items():
         generation = doc.get("generations", {}).get(gid, "-")
+        state = doc.get("group_states", {}).get(gid, "-")
         nodes = ", ".join(f"{r}={n}" for r, n in sorted(held.items(), key=lambda i: int(i[0])))
-        head += f"\ngroup {gid} (generation {generation}): {nodes}"
+        head += f"\ngroup {gid} ({state}, generation {generation}): {nodes}"
     rows = [("NODE", "GROUP", "STATE", "STEP", "PID", "HOST", "")]
     for n in doc["nodes"]:
         rows.append(

@@ -210,7 +210,7 @@ def test_a_group_short_of_a_node_waits_and_a_spare_takes_a_lost_nodes_seat(
             "phalanx status to say why group 1 waits",
         )
         assert f"{waiting.node_id} waits for {why}" in shown, shown
-        assert "group 1 (generation -): 0=" in shown, shown
+        assert f"group 1 (waiting for nodes, generation -): 0={waiting.node_id}" in shown, shown
         step = held[(0, 0)].step()
         wait_for(lambda: held[(0, 0)].step() > step + 5, 60, "group 0 to go on training")
 
