@@ -124,7 +124,7 @@ class SimNode:
             view.registered, self.registered_at = True, time.monotonic()
             return State.CLAIMING
         if state == State.CLAIMING:
-            return State.CLAIMING if upkeep.claim() is None else State.WAITING
+            return State.CLAIMING if upkeep.seats.claim() is None else State.WAITING
         if state == State.WAITING:
             if view.slot is None:
                 return State.CLAIMING

@@ -186,7 +186,7 @@ class Supervisor:
         if self.view.job_completed:
             return self._done("job completed")
         # None: every slot is taken (stand by) or etcd is away
-        return State.CLAIMING if self.upkeep.claim() is None else State.WAITING
+        return State.CLAIMING if self.upkeep.seats.claim() is None else State.WAITING
 
     def _waiting(self) -> State:
         if self.view.job_completed:
@@ -225,11 +225,11 @@ class Supervisor:
         if rank > 0:
             return self.spanning.joined(job, gid, rank)
         seen = job.generations.get(gid, 0)
-        if self.upkeep.bump_generation(gid, seen) != seen + 1:
+        if self.upkeep.seats.bump_generation(gid, seen) != seen + 1:
             return None
         port, uuid = free_port(self.cfg.bind_host), self.group.next_replica_uuid()
         store = {"generation": seen + 1, "addr": self.cfg.advertise_host, "port": port}
-        if not self.upkeep.publish_store(gid, {**store, "replica_uuid": uuid}):
+        if not self.upkeep.seats.publish_store(gid, {**store, "replica_uuid": uuid}):
             return None
         return GroupPart(Seat(0, self.spanning.nodes), seen + 1, port, uuid)
 
@@ -326,7 +326,7 @@ class Supervisor:
         ended = self.spanning.stopped() if self.spanning is not None else None
         if ended is not None and self.view.slot is not None:
             self.view.generation = None  # in our record at once: the first node waits on it
-            self.upkeep.bump_generation(self.view.slot, ended)
+            self.upkeep.seats.bump_generation(self.view.slot, ended)
             self.upkeep.write_record()
 
     # ------------------------------------------------------------------ endings

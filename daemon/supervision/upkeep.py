@@ -64,6 +64,7 @@ from daemon.supervision.lease_file import LeaseFile
 from daemon.supervision.node_record import NodeRecord
 from daemon.supervision.progress_ask import ASK_WAIT_S, ProgressAsk
 from daemon.supervision.rank_notice import RankNotice
+from daemon.supervision.seats import Seats
 from trainer import logs
 
 
@@ -100,7 +101,6 @@ class EtcdUpkeep:
         self.follower = JobFollower(coord, cfg.node_id, wake)
         self.refusal = ""
         self._slot_lost = False  # since the last report
-        self._all_taken: object = None  # the slots and seats when none was free
         self._published: dict[str, Any] | None = None  # the checkpoint record last published
         self.record = NodeRecord(cfg, coord, view)
         self._attempt = Attempts(view, coord.settings.endpoints)  # errors become state
@@ -111,9 +111,9 @@ class EtcdUpkeep:
         self.progress_ask = ProgressAsk(coord, self._attempt)
         self.snapshot_at = 0.0  # when view.job was last read
         self.lease_file = LeaseFile(run_dir / LEASE_FILE)
-        self.slot_file = run_dir / "slot"
         self._confirmed_at: float | None = None  # the lease's last confirmation seen
         self.notice = RankNotice(run_dir / NOTICE_FILE)  # the ranks told at once
+        self.seats = Seats(cfg, coord, view, self._attempt, run_dir)  # slot, seat, generation
 
     # ------------------------------------------------------------------ joining
 
@@ -159,48 +159,9 @@ class EtcdUpkeep:
         self._attempt.retry_at = now + 1.0
         return Join.NOT_YET
 
-    def claim(self) -> int | None:
-        """Claim a slot (None: all taken, or etcd away), the one held last asked for first,
-        even from a previous life (``run_dir/slot``): the group keeps its data shard.
-        Where groups span nodes the slot is a seat (gid x nodes_per_group + node rank).
-        A node that found every slot taken (a spare) claims again only once the job's
-        slots changed, as its watch shows, not every round."""
-        if not self._attempt.due():
-            return None
-        job, npg = self.view.job, self.cfg.job.nodes_per_group
-        taken = (job.groups, job.seats) if job is not None else None
-        if taken is not None and taken == self._all_taken:
-            return None
-        remembered = self.slot_file.read_text().strip() if self.slot_file.exists() else ""
-        preferred = self.view.seat
-        if preferred is None and remembered.isdigit():
-            preferred = int(remembered)
-        ok, seat = self._attempt(
-            "claim",
-            lambda: self.coord.claim_slot(self.cfg.job.max_replicas, preferred, npg),
-        )
-        self._all_taken = taken if ok and seat is None else None
-        self.view.spare = ok and seat is None
-        if seat is not None:
-            self.view.slot, self.view.node_rank = divmod(seat, npg)
-            self.slot_file.write_text(f"{seat}\n")
-            logs.bind(replica_group=self.view.slot)
-            fields = {"node_rank": self.view.node_rank} if npg > 1 else {}
-            self.log.info("slot_claimed", slot=self.view.slot, **fields)
-        return seat
-
-    def bump_generation(self, gid: int, seen: int) -> int | None:
-        """Move a spanning group's generation on from `seen`; the one now (None: etcd away)."""
-        ok, now = self._attempt("generation", lambda: self.coord.bump_generation(gid, seen))
-        return now if ok else None
-
     def write_record(self) -> None:
         """Write this node's record now, not after RECORD_GAP_S (best effort)."""
         self._attempt("record", lambda: self.record.update(force=True))
-
-    def publish_store(self, gid: int, record: dict[str, Any]) -> bool:
-        ok, _ = self._attempt("store", lambda: self.coord.publish_store(gid, record))
-        return ok
 
     # -------------------------------------------------------------------- rounds
 
@@ -346,21 +307,10 @@ class EtcdUpkeep:
         ok, _ = self._attempt("register", self._register)
         if not ok:
             return False
-        held, npg = self.view.seat, self.cfg.job.nodes_per_group
-        if held is not None:
-            ok, seat = self._attempt(
-                "reclaim", lambda: self.coord.claim_slot(self.cfg.job.max_replicas, held, npg)
-            )
-            if not ok:
-                return False
-            if seat == held:
-                self.log.info("slot_reclaimed", slot=self.view.slot)
-            else:
-                self.log.warning("slot_lost", previous=self.view.slot, seat=held, now=seat)
-                self.view.slot, self.view.node_rank = (
-                    divmod(seat, npg) if seat is not None else (None, 0)
-                )
-                self._slot_lost = True
+        kept = self.seats.reclaim()
+        if kept is None:
+            return False
+        self._slot_lost = not kept
         return True
 
     def _follow_lighthouse(self, address: str | None) -> None:
@@ -423,8 +373,7 @@ class EtcdUpkeep:
 
         def give_back() -> None:
             self.leadership.resign(self.view)
-            if self.view.seat is not None:
-                self.coord.release_slot(self.view.seat, self.cfg.job.nodes_per_group)
+            self.seats.release()
 
         ok, _ = self._attempt("release", give_back)
         if not ok:

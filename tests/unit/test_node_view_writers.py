@@ -21,9 +21,8 @@ OWNERS = {
         "state", "registered", "restarts", "failure", "last_tick", "ticks", "waiting_for",
         "generation",
     },
-    "daemon/supervision/upkeep.py": {
-        "slot", "node_rank", "spare", "lighthouse", "job", "most_groups",
-    },
+    "daemon/supervision/upkeep.py": {"lighthouse", "job", "most_groups"},
+    "daemon/supervision/seats.py": {"slot", "node_rank", "spare"},
     "daemon/supervision/attempts.py": {"etcd_up", "etcd_errors"},
     "daemon/leadership/election.py": {"leader"},
     "daemon/ranks/node_group.py": {"pids", "standby_pids"},

@@ -1,0 +1,100 @@
+"""This node's slot, or its seat where groups span nodes, in etcd: the claim, the claim
+again after a new session, and a spanning group's generation and store
+(``daemon.coordination.group_keys``). Part of the etcd upkeep (upkeep.py), through its
+:class:`~daemon.supervision.attempts.Attempts`: no coordination error leaves here.
+
+A slot is the seat number gid x ``job.nodes_per_group`` + node rank (the group's id
+where a group is one node); ``run_dir/slot`` remembers it across the daemon's lives so
+the group keeps its data shard.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from daemon.config import DaemonConfig
+from daemon.coordination import Coordinator
+from daemon.node_state import NodeView
+from daemon.supervision.attempts import Attempts
+from trainer import logs
+
+
+class Seats:
+    def __init__(
+        self,
+        cfg: DaemonConfig,
+        coord: Coordinator,
+        view: NodeView,
+        attempt: Attempts,
+        run_dir: Path,
+    ) -> None:
+        self.cfg = cfg
+        self.coord = coord
+        self.view = view
+        self._attempt = attempt
+        self.log = logs.get()
+        self.nodes = cfg.job.nodes_per_group
+        self.slot_file = run_dir / "slot"
+        self._all_taken: object = None  # the slots and seats when none was free
+
+    def claim(self) -> int | None:
+        """Claim a slot (None: all taken, or etcd away), the one held last asked for first,
+        even from a previous life. A node that found every slot taken (a spare) claims
+        again only once the job's slots changed, as its watch shows, not every round."""
+        if not self._attempt.due():
+            return None
+        job = self.view.job
+        taken = (job.groups, job.seats) if job is not None else None
+        if taken is not None and taken == self._all_taken:
+            return None
+        remembered = self.slot_file.read_text().strip() if self.slot_file.exists() else ""
+        preferred = self.view.seat
+        if preferred is None and remembered.isdigit():
+            preferred = int(remembered)
+        ok, seat = self._attempt("claim", lambda: self._claim(preferred))
+        self._all_taken = taken if ok and seat is None else None
+        self.view.spare = ok and seat is None
+        if seat is not None:
+            self.view.slot, self.view.node_rank = divmod(seat, self.nodes)
+            self.slot_file.write_text(f"{seat}\n")
+            logs.bind(replica_group=self.view.slot)
+            fields = {"node_rank": self.view.node_rank} if self.nodes > 1 else {}
+            self.log.info("slot_claimed", slot=self.view.slot, **fields)
+        return seat
+
+    def reclaim(self) -> bool | None:
+        """After a new session: claim the slot held before again. True: kept (or none was
+        held); False: lost to another node; None: etcd away."""
+        held = self.view.seat
+        if held is None:
+            return True
+        ok, seat = self._attempt("reclaim", lambda: self._claim(held))
+        if not ok:
+            return None
+        if seat == held:
+            self.log.info("slot_reclaimed", slot=self.view.slot)
+            return True
+        self.log.warning("slot_lost", previous=self.view.slot, seat=held, now=seat)
+        self.view.slot, self.view.node_rank = (
+            divmod(seat, self.nodes) if seat is not None else (None, 0)
+        )
+        return False
+
+    def release(self) -> None:
+        """Give the slot back (raises the coordinator's errors: the caller's attempt)."""
+        if self.view.seat is not None:
+            self.coord.release_slot(self.view.seat, self.nodes)
+
+    def bump_generation(self, gid: int, seen: int) -> int | None:
+        """Move a spanning group's generation on from `seen`; the one now (None: etcd away)."""
+        ok, now = self._attempt("generation", lambda: self.coord.bump_generation(gid, seen))
+        return now if ok else None
+
+    def publish_store(self, gid: int, record: dict[str, Any]) -> bool:
+        """Put the group's store for one generation; False when etcd is away."""
+        ok, _ = self._attempt("store", lambda: self.coord.publish_store(gid, record))
+        return ok
+
+    def _claim(self, preferred: int | None) -> int | None:
+        return self.coord.claim_slot(self.cfg.job.max_replicas, preferred, self.nodes)
