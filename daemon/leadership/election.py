@@ -33,7 +33,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from daemon.config import DaemonConfig
-from daemon.coordination.coordinator import Coordinator
+from daemon.coordination.coordinator import Coordinator, JobView
 from daemon.coordination.fencing import fence_margin_s
 from daemon.leadership.gate import alive as gate_alive
 from daemon.leadership.lighthouse import LighthouseError, LighthouseProcess, parse_address
@@ -77,6 +77,8 @@ class Leadership:
         self.will: Will | None = None  # revokes the leader lease if this daemon dies
         self._vacant_since: float | None = None  # when we saw the leader key vacant
         self._holding_back = False  # for the last leader to take it again (takeover_due)
+        self._last_leader: str | None = None  # who held the key when we last saw it held
+        self._back_from_fence = False  # we were fenced, and have seen no leader since
         ttl = cfg.etcd.lease_ttl_s
         self.grace_s = max(TAKEOVER_GRACE_S, ttl - fence_margin_s(ttl))  # see takeover_due
         self.log = logs.get()
@@ -112,11 +114,27 @@ class Leadership:
         if first:
             self._vacant_since, self._holding_back = now, self.lighthouse is None
         if self._holding_back:  # probed every round: a killed leader's port may close late
-            self._holding_back = _reachable(view.lighthouse, self.coord.job_secret())
+            answers = _reachable(view.lighthouse, self.coord.job_secret())
+            returning = self._leader_returning(job)
+            self._holding_back = answers or returning
             if first:
-                self.log.info("leader_vacant", gate_answers=self._holding_back, hold_s=self.grace_s)
+                self.log.info(
+                    "leader_vacant",
+                    gate_answers=answers,
+                    leader_returning=returning,
+                    hold_s=self.grace_s,
+                )
         since = self._vacant_since if self._vacant_since is not None else now
         return not self._holding_back or now - since >= self.grace_s
+
+    def _leader_returning(self, job: JobView) -> bool:
+        """Back from our own fence (an etcd outage fences every node: the leader stopped
+        its lighthouse, so its gate cannot answer), while the last leader's node is still
+        registered: it is coming back from its fence too and takes its key again on its
+        own port, so nothing changes for the ranks (a follower back first used to win the
+        key in the second before it did)."""
+        last = self._last_leader
+        return self._back_from_fence and last not in (None, self.cfg.node_id) and last in job.nodes
 
     def take_deposed(self) -> bool:
         """True once after another node took the leader key while our lighthouse served."""
@@ -136,6 +154,7 @@ class Leadership:
         was_leader = view.leader
         if view.job is not None and view.job.leader is not None:
             self._vacant_since = None  # the next vacancy is probed afresh (takeover_due)
+            self._last_leader, self._back_from_fence = view.job.leader, False
         if self.must_campaign(view):
             if not self.takeover_due(view):
                 return
@@ -257,6 +276,7 @@ class Leadership:
         if self.lighthouse is not None:
             self.log.warning("lighthouse_stopped", reason="fenced: lease unconfirmed")
         self.stop()
+        self._vacant_since, self._back_from_fence = None, True  # see _leader_returning
         if view.leader:
             self.coord.drop_leadership()  # its key lapses with the leader lease
         view.leader = False
