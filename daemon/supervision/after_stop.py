@@ -50,8 +50,10 @@ def after_stop(
     budget: RestartBudget,
     now: float,
     last_error: str | None,
+    spanning: bool = False,
 ) -> StopDecision:
-    """Where a node goes once its group has stopped for `cause` (an exit or a reason)."""
+    """Where a node goes once its group has stopped for `cause` (an exit or a reason).
+    `spanning`: the group spans nodes (job.nodes_per_group > 1)."""
     if isinstance(cause, SlotLost):
         return StopDecision(State.WAITING if slot_held else State.CLAIMING)
     if isinstance(cause, FencedOut):  # a restart the node did not cause: outside the budget
@@ -62,6 +64,11 @@ def after_stop(
         )
     if isinstance(cause, JobEnded):  # the job completed elsewhere
         return StopDecision(State.DONE, reason=cause.reason)
+    if cause.kind == ExitKind.DRAINED and spanning:  # the group agreed to stop after a
+        # step because another of its nodes drains: this part waits for a node to take
+        # that one's seat (it gives it back as it leaves)
+        detail = "another node of the group drained"
+        return StopDecision(State.WAITING if slot_held else State.CLAIMING, "group", detail)
     if cause.kind == ExitKind.DRAINED:  # a rank was told to stop by someone else
         error = "ranks were stopped from outside the daemon"
         return StopDecision(State.FAILED, error=error, code=EXIT_FAILED)

@@ -284,6 +284,7 @@ class Supervisor:
             budget=self.budget,
             now=now,
             last_error=self.view.last_error,
+            spanning=self.spanning is not None,
         )
         if v.state == State.FAILED:
             return self._fail(v.error, v.code)
@@ -334,7 +335,9 @@ class Supervisor:
     def _drain(self) -> State:
         self.log.info("draining", grace_s=self.cfg.node.drain_grace_s)
         self.notifier.stopping(f"draining group={self.view.slot_label}")
-        self._end_generation()
+        # A spanning group's generation is left as it is: the ranks of all its nodes agree
+        # to stop after the same step (and the writer group saves it); the others wait
+        # for a node to take this one's seat, given back as it leaves.
         self.group.drain()
         return State.DRAINING
 

@@ -42,6 +42,12 @@ def test_ranks_stopped_from_outside_fail_the_node_with_exit_1() -> None:
     assert "outside the daemon" in v.error
 
 
+def test_a_drain_agreed_in_a_group_that_spans_nodes_waits_for_the_drained_nodes_seat() -> None:
+    v = _decide(_exit(ExitKind.DRAINED), spanning=True)
+    assert (v.state, v.reason, v.code) == (State.WAITING, "group", 0)
+    assert _decide(_exit(ExitKind.DRAINED), spanning=True, slot_held=False).state == State.CLAIMING
+
+
 def test_bad_input_from_a_rank_fails_with_exit_2_and_the_ranks_message() -> None:
     v = _decide(_exit(ExitKind.BAD_INPUT), last_error="model.dim must be even")
     assert (v.state, v.code, v.error) == (State.FAILED, EXIT_BAD_INPUT, "model.dim must be even")
