@@ -92,6 +92,24 @@ def test_spec_mismatch_names_differing_sections(make: MakeCoordinator) -> None:
     assert a.snapshot().spec == b.snapshot().spec and b.snapshot().spec is not None
 
 
+def test_a_node_with_another_nproc_is_refused_where_groups_span_nodes(
+    make: MakeCoordinator,
+) -> None:
+    """Where groups span nodes the spec carries node.nproc (DaemonConfig.spec): a node
+    with another value is refused, naming both values and the field."""
+    a, b = make("a"), make("b")
+    spanning = {**SPEC, "node.nproc": "2", "job.nodes_per_group": "2"}
+    a.check_spec(spanning)
+    a.register({"host": "h1"})
+    with pytest.raises(SpecMismatch) as info:
+        b.check_spec({**spanning, "node.nproc": "4"})
+    assert str(info.value) == (
+        "job 'demo' spans each replica group over several nodes with node.nproc = 2 and "
+        "this node has node.nproc = 4: every node of such a job needs the same node.nproc; "
+        "set it here or use another job.name."
+    )
+
+
 def test_spec_replaced_when_no_node_is_registered(make: MakeCoordinator) -> None:
     a = make("a")
     a.check_spec(SPEC)

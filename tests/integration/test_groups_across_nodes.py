@@ -36,7 +36,7 @@ from tests.support.netns import Host, Network
 
 pytestmark = [pytest.mark.integration, NEEDS_NAMESPACES]
 
-STEPS = 150
+STEPS = 250
 BATCH = 10  # global; a micro-batch is 4: a group runs 2 (5 items) or 3 (10 items)
 SPAN = [
     "job.nodes_per_group=2",
@@ -177,8 +177,9 @@ def test_a_group_short_of_a_node_waits_and_a_spare_takes_a_lost_nodes_seat(
 ) -> None:
     """Three nodes: group 0 trains alone while group 1 waits for its second node, saying
     so in `phalanx status`. A fourth joins group 1 and a fifth waits as a spare; when one
-    of group 1's nodes is lost the spare takes its seat. Every item of every committed step
-    is trained exactly once through it all (the coverage test's accounting)."""
+    of group 1's nodes is lost the spare takes its seat. Then a node of group 0 drains.
+    Every item of every committed step is trained exactly once through it all (the
+    coverage test's accounting)."""
     etcd_host = network.add_host("etcd")
     hosts = [network.add_host(n) for n in ("a", "b", "c", "d", "e")]
     etcd = etcd_on(etcd_host, tmp_path)
@@ -245,10 +246,28 @@ def test_a_group_short_of_a_node_waits_and_a_spare_takes_a_lost_nodes_seat(
             "node of a two-node group lost: kill to its group committing again, with a spare",
             min(event_time(e) for e in back) - killed,
         )
-        live = [d for d in daemons if d is not lost]
+        # Group 0's second node drains: the ranks of both of group 0's nodes stop after
+        # the same step, and its first node waits for the seat (no spare is left) rather
+        # than failing; group 1 trains the job to its end.
+        drained, partner = held[(0, 1)], held[(0, 0)]
+        os.kill(drained.pid, signal.SIGTERM)
+        assert drained.wait(60) == 0, drained.proc.tail()
+        wait_for(
+            lambda: [
+                e
+                for e in partner.events("state_changed")
+                if e.get("reason") == "group" and "drained" in str(e.get("detail"))
+            ],
+            60,
+            "group 0's first node to wait for the drained node's seat",
+        )
+        live = [d for d in daemons if d not in (lost, drained)]
         for d in live:
             assert d.wait(600) == 0, d.proc.tail()
-        digests = {d.node_id: digest(d) for d in live}
+        assert not partner.events("node_failed")
+        finished = [d for d in live if d.events("train_done")]
+        assert {d.node_id for d in finished} >= {held[(1, 0)].node_id, spare.node_id}
+        digests = {d.node_id: digest(d) for d in finished}
         assert len(set(digests.values())) == 1, digests
     finally:
         for d in daemons:

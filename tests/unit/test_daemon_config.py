@@ -234,3 +234,14 @@ def test_chaos_specs_and_delays() -> None:
     for bad in ["soon", "-1", "nan", "inf"]:
         with pytest.raises(ValueError, match="PHALANX_CHAOS_DELAY"):
             parse_delay(bad)
+
+
+def test_a_group_spanning_nodes_is_laid_out_over_all_its_ranks_and_shares_its_nproc() -> None:
+    """job.nodes_per_group x node.nproc is the group's world size; the spec then carries
+    node.nproc (every node of such a job needs the same) and the group size."""
+    with pytest.raises(ConfigError) as err:
+        load_daemon_config(JOB, ["job.nodes_per_group=2"])  # dp_shard*tp*pp = 1
+    assert "node.nproc x job.nodes_per_group (2) gives the replica group 2 ranks" in str(err.value)
+    cfg = load_daemon_config(JOB, ["job.nodes_per_group=2", "parallel.dp_shard=2"])
+    assert cfg.spec()["node.nproc"] == "1" and cfg.spec()["job.nodes_per_group"] == "2"
+    assert "node.nproc" not in load_daemon_config(JOB).spec()
