@@ -1,7 +1,8 @@
 """What the nodes share through etcd: the client and the embedded server, the job's
-view and spec, the copy of it that the watch keeps current, the node's identity, and
-the lease fence that stops a node's ranks when its lease is gone. The coordinator is
-the one object that speaks etcd's transactions for a daemon.
+view and spec, the copy of it that the watch keeps current, the slots and seats and
+the keys of groups that span nodes, the node's identity, and the lease fence that
+stops a node's ranks when its lease is gone. The coordinator is the one object that
+speaks etcd's transactions for a daemon.
 """
 
 from __future__ import annotations

@@ -86,7 +86,7 @@ def test_a_rank_crash_or_a_lost_node_restarts_only_its_group_across_both_its_nod
     hosts = [network.add_host(n) for n in ("a", "b", "c", "d", "e")]
     etcd = etcd_on(etcd_host, tmp_path)
     endpoint = f"{etcd_host.address}:2379"
-    job = [*SPAN, "train.steps=400"]
+    job = [*SPAN, "train.steps=220"]
     daemons = [
         start_daemon(tmp_path, f"node-{h.name}", [endpoint], overrides=job, host=h)
         for h in hosts[:4]
@@ -230,6 +230,7 @@ def test_a_group_short_of_a_node_waits_and_a_spare_takes_a_lost_nodes_seat(
         gauge = [line for line in metrics.splitlines() if line.startswith("phalanx_spare{")]
         assert code == 200 and len(gauge) == 1 and gauge[0].endswith(" 1.0"), gauge
         assert spare.require_status()["replica_group"] is None
+        wait_for(lambda: spare.require_status()["standby_pids"], 60, "the spare's warm standby")
 
         held = seats(daemons)
         lost = held[(1, 1)]
