@@ -3,12 +3,13 @@ which generation, and when they must stop (``daemon.coordination.group_keys`` ho
 keys).
 
 The group's first node (node rank 0) starts every generation: once every seat is held,
-and no other member's record says its ranks still run (a dead member's says so until its
-lease lapses), it moves the generation on and publishes its store for it. The others start under the
-current generation once the store names it, and never under one they ran before. A
-node running under generation g stops its ranks when the generation moves on or a seat
-changes hands (a member lost or replaced); it moves g on itself when its own ranks
-failed or it saw a member go, so that the group's other nodes stop at once.
+and no other member's record says its ranks still run (a dead member's says so until
+its lease lapses), it moves the generation on and publishes its store for it. The
+others start under the current generation once the store names it, and never under one
+they ran before. A node running under generation g stops its ranks when the generation
+moves on or a seat changes hands (a member lost or replaced); it moves g on itself when
+its own ranks failed or it saw a member go, so that the group's other nodes stop at
+once. A drain leaves the generation alone: the group's ranks agree to stop together.
 
 Only decisions live here, on values read from etcd; the supervisor acts on them.
 """
