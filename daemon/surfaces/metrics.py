@@ -62,7 +62,7 @@ class _NodeCollector(Collector):
         yield gauge(
             "phalanx_spare",
             "1 while this node waits as a spare: every seat of every group is held.",
-            float(v.spare and v.slot is None),
+            float(v.spare),
         )
         yield gauge(
             "phalanx_ranks_running",

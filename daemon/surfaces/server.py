@@ -49,7 +49,7 @@ def status_document(sup: Supervisor) -> dict[str, Any]:
         "replica_group": v.slot,
         "node_rank": v.node_rank,  # this node's seat in its group (job.nodes_per_group)
         "generation": v.generation,  # the spanning group's generation the ranks run under
-        "spare": v.spare and v.slot is None,  # every seat was held when it last looked
+        "spare": v.spare,  # every seat was held when it last looked (seats.py)
         "leader": v.leader,
         "lighthouse": v.lighthouse,
         "etcd_up": v.etcd_up,
