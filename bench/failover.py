@@ -29,6 +29,7 @@ import contextlib
 import itertools
 import json
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -251,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(rows, indent=1) if args.json else report(rows))
     if args.keep:
         print(f"logs: {work}", file=sys.stderr)
+    else:
+        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
