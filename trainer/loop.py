@@ -27,7 +27,6 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -385,9 +384,3 @@ class Loop:
             self.layout, self.last, float(mine), [self.stop_requested()]
         )
         return torch.tensor(total, dtype=torch.float64, device=self.layout.device)
-
-
-def touch(path: Path | None) -> None:
-    """Progress heartbeat for the daemon's hang detection (mtime of a per-rank file)."""
-    if path is not None:
-        path.touch()

@@ -39,7 +39,8 @@ from trainer.ft.replication import Replication, SingleGroup
 from trainer.ft.state import TrainState
 from trainer.ft.step_report import StepReport
 from trainer.ft.torchft_group import TorchFTGroup
-from trainer.loop import Loop, touch
+from trainer.heartbeat import Heartbeat
+from trainer.loop import Loop
 from trainer.metrics import TrainMetrics
 from trainer.optim import build_optimizer, build_scheduler, init_optimizer_state
 from trainer.parallel.digest import params_sha256
@@ -68,6 +69,7 @@ class Built:
     step_log: StepLogger | None  # each node's first rank's train_step events
     evaluator: Evaluator | None  # train.eval_every
     checkpointer: Checkpointer | None  # checkpoint.dir
+    beat: Heartbeat  # progress for the daemon's hang detection
 
 
 def run(cfg: TrainerConfig, env: RankEnv, work: workload.Workload | None = None) -> int:
@@ -90,7 +92,8 @@ def build(cfg: TrainerConfig, env: RankEnv, work: workload.Workload | None = Non
     workload.probe_data(work, where)
     full = workload.build_meta(work, where)
     layout = init_distributed(cfg.parallel, env, cfg.ft.timeout_s)
-    touch(env.heartbeat)
+    beat = Heartbeat(env.heartbeat)
+    beat.enter("start")  # the process group formed: progress
 
     # Pipeline stages, parallelize and materialise each, then the pipeline's schedule.
     n_stages = cfg.parallel.pp * cfg.parallel.stages_per_rank
@@ -129,7 +132,7 @@ def build(cfg: TrainerConfig, env: RankEnv, work: workload.Workload | None = Non
     # Replication across replica groups.
     replication: Replication
     if env.fault_tolerant:
-        replication = TorchFTGroup(cfg.ft, env, layout.device, state, chaos, stop.is_set)
+        replication = TorchFTGroup(cfg.ft, env, layout.device, state, chaos, stop.is_set, beat)
     else:
         replication = SingleGroup(state)
     replication.hook_fsdp(m for model in models for m in model.modules())
@@ -147,7 +150,9 @@ def build(cfg: TrainerConfig, env: RankEnv, work: workload.Workload | None = Non
         first=0 in indices,
         last=n_stages - 1 in indices,
         stop_requested=stop.is_set,
-        cold_start=None if checkpointer is None else _resume(cfg, checkpointer, replication, chaos),
+        cold_start=(
+            None if checkpointer is None else _resume(cfg, checkpointer, replication, chaos, beat)
+        ),
     )  # fmt: skip
     return Built(
         cfg=cfg,
@@ -168,6 +173,7 @@ def build(cfg: TrainerConfig, env: RankEnv, work: workload.Workload | None = Non
         step_log=StepLogger(cfg.train.log_every) if env.local_rank == 0 else None,
         evaluator=_evaluator(cfg, work, where, loop) if cfg.train.eval_every else None,
         checkpointer=checkpointer,
+        beat=beat,
     )
 
 
@@ -203,20 +209,24 @@ def train(b: Built) -> int:
         if b.step_log is not None:
             b.step_log(report)
         if b.evaluator is not None and b.evaluator.due(report):
+            b.beat.enter("eval")
             loss = b.evaluator.evaluate()
             b.metrics.observe_eval(report.step, loss)
             if b.env.rank == 0:
                 items = b.cfg.train.eval_batches * b.cfg.train.batch_size
                 log.info("eval", step=report.step, loss=loss, items=items)
         if b.checkpointer is not None and report.committed:
+            if b.checkpointer.due(report.step):
+                b.beat.enter("save")
             b.checkpointer.after_commit(report.step)
-        touch(b.env.heartbeat)
+        b.beat.enter("step")
     return _finish(b)
 
 
 def _finish(b: Built) -> int:
     """The last save, then `train_done` (or `train_stopped` on a drain), and leave."""
     log = logs.get()
+    b.beat.enter("finish")
     step = b.replication.current_step()
     if b.checkpointer is not None:
         # At the end and on a drain (SIGTERM) alike, the writer group saves the last
@@ -298,13 +308,18 @@ def _checkpointer(
 
 
 def _resume(
-    cfg: TrainerConfig, checkpointer: Checkpointer, replication: Replication, chaos: Chaos
+    cfg: TrainerConfig,
+    checkpointer: Checkpointer,
+    replication: Replication,
+    chaos: Chaos,
+    beat: Heartbeat,
 ) -> Callable[[], None]:
     """The loop's cold start: while no group of this quorum has committed a step (no live
     peer to heal from), every group continues from the same checkpoint on disk."""
 
     def resume() -> None:
         if replication.fresh_start():
+            beat.enter("load")
             checkpoint_resume.resume(checkpointer, replication, chaos, cfg.checkpoint.resume_from)
 
     return resume

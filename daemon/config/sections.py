@@ -1,6 +1,6 @@
 """The daemon's view of a job file: its own sections plus the trainer's.
 
-Sections owned here: ``job``, ``etcd``, ``node``, ``lighthouse``, ``metrics``. The
+Sections owned here: ``job``, ``etcd``, ``node``, ``lighthouse``, ``hang``, ``metrics``. The
 trainer sections are validated by ``trainer.config`` (torch-free), so a bad job
 file is refused by the daemon before anything starts, with the same one-sentence
 errors and exit code 2.
@@ -22,7 +22,7 @@ from trainer.config import (
     spec_hash,
 )
 
-# The sections every node of a job must share; `node`, `etcd` and `metrics` are per node.
+# The sections every node of a job must share; `node`, `etcd`, `hang` and `metrics` are per node.
 SHARED_SECTIONS: tuple[str, ...] = ("job", "lighthouse", *TRAINER_SECTIONS)
 
 # What the shipped service definitions give a stopping daemon before SIGKILL:
@@ -182,7 +182,9 @@ class NodeConfig(Section):
         300.0,
         ge=5,
         le=86400,
-        description="A rank with no progress for this long is hung (5 s to 86400 s).",
+        description="A rank with no progress for this long is hung (5 s to 86400 s): the "
+        "ceiling of the learned step timeout and the default of every other phase's (see "
+        "[hang]).",
     )
     wait_timeout_s: float = Field(
         0.0,
@@ -200,6 +202,55 @@ class NodeConfig(Section):
     )
     env: dict[str, str] = Field(
         default_factory=dict, description="Extra environment for the ranks (e.g. NCCL_*)."
+    )
+
+
+class HangConfig(Section):
+    """Hang timeouts per phase of a rank's life (docs/failure-modes.md, "Hang timeouts").
+
+    Each rank reports the phase it enters in its heartbeat. Steady steps get a timeout
+    learned from the steps seen; the other phases get these settings, each defaulting to
+    ``node.hang_timeout_s``."""
+
+    start_s: float | None = Field(
+        None, ge=5, le=MAX_WAIT_S, description="Start-up: from the spawn to the first step."
+    )
+    load_s: float | None = Field(None, ge=5, le=MAX_WAIT_S, description="Loading a checkpoint.")
+    save_s: float | None = Field(
+        None,
+        ge=5,
+        le=MAX_WAIT_S,
+        description="A checkpoint save's blocking part (and the final save).",
+    )
+    eval_s: float | None = Field(None, ge=5, le=MAX_WAIT_S, description="An evaluation pass.")
+    heal_s: float | None = Field(
+        None, ge=5, le=MAX_WAIT_S, description="Sending or loading a peer's state (a heal)."
+    )
+    step_quantile: float = Field(
+        0.99, gt=0, le=1, description="Learned step timeout: this quantile of the step times..."
+    )
+    step_factor: float = Field(
+        4.0, ge=1, le=1000, description="... times this factor, within the floor and the ceiling."
+    )
+    step_samples: int = Field(
+        30,
+        ge=1,
+        le=100_000,
+        description="Steps seen before the learned timeout applies (the ceiling until then).",
+    )
+    step_min_s: float = Field(
+        5.0,
+        ge=1,
+        le=MAX_WAIT_S,
+        description="Floor of the learned step timeout; the floor is at least ft.timeout_s + "
+        "margin_s, the longest a healthy rank waits for a dead peer's collective.",
+    )
+    margin_s: float = Field(
+        5.0,
+        ge=0,
+        le=MAX_WAIT_S,
+        description="Added to torchft's timeouts where they bound a phase (the step floor, a "
+        "quorum wait).",
     )
 
 
@@ -238,6 +289,7 @@ class DaemonConfig(TrainerConfig):
     etcd: EtcdConfig = EtcdConfig()
     node: NodeConfig = NodeConfig()
     lighthouse: LighthouseConfig = LighthouseConfig()
+    hang: HangConfig = HangConfig()
     metrics: MetricsConfig = MetricsConfig()
     _resolved_bind_host: str | None = PrivateAttr(None)
     _chosen_advertise_host: str | None = PrivateAttr(None)

@@ -49,6 +49,10 @@ class NodeView:
     # The node group's.
     pids: list[int] = field(default_factory=list)
     standby_pids: list[int] = field(default_factory=list)  # waiting standbys (daemon.ranks.standby)
+    phases: list[str] = field(default_factory=list)  # each local rank's phase (daemon.ranks.hang)
+    hang_timeouts: dict[str, float] = field(default_factory=dict)  # seconds per phase, now
+    hang_learned: bool = False  # the step's timeout was learned from step times
+    step_time_quantile_s: float | None = None  # the quantile of step times it came from
     # The rank output threads' (track).
     step: int = 0
     loss: float | None = None

@@ -16,6 +16,7 @@ from typing import Any
 
 from daemon.config import DaemonConfig
 from daemon.node_state.view import NodeView
+from daemon.ranks.hang import HangLimits, StepTimes, Timeouts, timeouts
 from daemon.ranks.spec import GroupPart, GroupSpec
 from daemon.ranks.standby import REFILL_DELAY_S, StandbyPool
 from daemon.ranks.stop_cause import GroupRestart, StopCause
@@ -66,6 +67,11 @@ class NodeGroup:
         # The uuid of the group's torchft replica id, drawn by the first start: a restart
         # takes its predecessor's place at the lighthouse at once (see keeps_replica_id).
         self.replica_uuid = ""
+        # Hang timeouts: the settings, and the step times learned so far (kept across the
+        # group's restarts: a restarted group is no slower than the one it replaces).
+        self.limits = HangLimits.from_config(cfg)
+        self.step_times = StepTimes()
+        self.timeouts = self._learn([])
 
     @property
     def running(self) -> bool:
@@ -128,7 +134,9 @@ class NodeGroup:
         """The group's outcome, None while it runs; a completed group is reaped at once."""
         assert self.current is not None
         self.view.pids = self.current.pids
-        outcome = self.current.poll()
+        outcome = self.current.poll(self.timeouts)
+        self.timeouts = self._learn(self.current.take_samples())
+        self.view.phases = [r.beat.phase for r in self.current.ranks]
         if outcome is not None and outcome.kind == ExitKind.COMPLETED:
             self.kill()  # every rank has exited 0: this only reaps
         return outcome
@@ -170,9 +178,9 @@ class NodeGroup:
         if self.current is not None and not self.current.stopped(grace_s):
             return False
         if self.current is not None:
-            outcome = self.current.poll()
+            outcome = self.current.poll(self.timeouts)
             self.last_codes = outcome.codes if outcome else None
-        self.current, self.view.pids = None, []
+        self.current, self.view.pids, self.view.phases = None, [], []
         return True
 
     def kill(self) -> None:
@@ -182,9 +190,19 @@ class NodeGroup:
             self.view.standby_pids = []
         if self.current is not None:
             self.current.kill()
-            outcome = self.current.poll()
+            outcome = self.current.poll(self.timeouts)
             self.last_codes = outcome.codes if outcome else None
-        self.current, self.view.pids = None, []
+        self.current, self.view.pids, self.view.phases = None, [], []
+
+    def _learn(self, samples: list[float]) -> Timeouts:
+        """The timeouts with the step times `samples` learned, shown in the view."""
+        if samples or not self.view.hang_timeouts:
+            self.step_times = self.step_times.add(samples)
+            t = timeouts(self.limits, self.step_times)
+            self.view.hang_timeouts = dict(t.by_phase)
+            self.view.hang_learned, self.view.step_time_quantile_s = t.learned, t.step_quantile_s
+            return t
+        return self.timeouts
 
     def take_cause(self) -> StopCause:
         cause, self.cause = self.cause, None

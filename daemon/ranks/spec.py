@@ -62,7 +62,6 @@ class GroupSpec:
     advertise_host: str
     bind_host: str  # the address the ranks' listeners bind
     extra_env: dict[str, str]
-    hang_timeout_s: float
     metrics_dir: Path | None  # PROMETHEUS_MULTIPROC_DIR, or None when metrics are off
     python_path: list[str]  # workload.python_path, absolute: first on the ranks' PYTHONPATH
     # The uuid of the group's torchft replica id (PHALANX_REPLICA_UUID), kept across the
@@ -96,7 +95,6 @@ class GroupSpec:
             advertise_host=cfg.advertise_host,
             bind_host=cfg.bind_host,
             extra_env=node.env,
-            hang_timeout_s=node.hang_timeout_s,
             metrics_dir=cfg.metrics_dir if cfg.metrics.enabled else None,
             python_path=[str(Path(p).resolve()) for p in cfg.workload.python_path],
             replica_uuid=replica_uuid,

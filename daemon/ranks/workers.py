@@ -19,13 +19,14 @@ import contextlib
 import signal
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from daemon.children import free_port, kill_tree
 from daemon.exits import RANK_BAD_INPUT, RANK_DRAINED, RANK_NO_QUORUM
+from daemon.ranks.hang import Beat, Timeouts, read_beat
 from daemon.ranks.rank_process import ChildProcess, Output, RankEvent, spawn
 from daemon.ranks.spec import RANK_ARGV, GroupSpec, heartbeat_path, rank_env
 
@@ -61,15 +62,22 @@ class Rank:
     # step (NTP) neither fakes progress nor makes a healthy rank look hung.
     beat_mtime_ns: int = -1
     progressed_at: float = 0.0
+    beat: Beat = field(
+        default_factory=Beat
+    )  # the phase the rank last said it entered (daemon.ranks.hang)
 
-    def idle_for(self, now: float) -> float:
-        """Seconds since this rank's heartbeat last changed (as seen by the daemon)."""
+    def idle_for(self, now: float, samples: list[float] | None = None) -> float:
+        """Seconds since this rank's heartbeat last changed (as seen by the daemon); a
+        change also reads the phase, and a step's time into `samples`."""
         try:
             mtime = self.heartbeat.stat().st_mtime_ns
         except OSError:
             mtime = self.beat_mtime_ns
         if mtime != self.beat_mtime_ns:
             self.beat_mtime_ns, self.progressed_at = mtime, now
+            self.beat = read_beat(self.heartbeat)
+            if samples is not None and self.beat.step_s is not None:
+                samples.append(self.beat.step_s)
         return now - self.progressed_at
 
     @property
@@ -96,6 +104,7 @@ class WorkerGroup:
         self.master_port = 0
         self.stop_requested_at: float | None = None
         self.paused = False  # SIGSTOPped while the node is fenced
+        self.samples: list[float] = []  # step times read since take_samples
 
     @property
     def pids(self) -> list[int]:
@@ -130,8 +139,14 @@ class WorkerGroup:
             r.idle_for(self.started_at)
             self.ranks.append(r)
 
-    def poll(self) -> GroupExit | None:
-        """Classify the group's state: None while it is healthy and running."""
+    def take_samples(self) -> list[float]:
+        """The step times the ranks reported since the last call."""
+        samples, self.samples = self.samples, []
+        return samples
+
+    def poll(self, limits: Timeouts) -> GroupExit | None:
+        """Classify the group's state: None while it is healthy and running. A rank is
+        hung when its heartbeat stays unchanged longer than its phase's timeout."""
         codes = [r.popen.poll() for r in self.ranks]
         now = time.monotonic()
         if any(c is not None and c not in (0, RANK_DRAINED) for c in codes):
@@ -142,13 +157,20 @@ class WorkerGroup:
         if all(c is not None for c in codes):
             kind = ExitKind.DRAINED if RANK_DRAINED in codes else ExitKind.COMPLETED
             return GroupExit(kind, codes, kind.value)
+        idle = [
+            r.idle_for(now, self.samples) if c is None else 0.0
+            for r, c in zip(self.ranks, codes, strict=True)
+        ]
         if self.stop_requested_at is None and not self.paused:
-            for r, c in zip(self.ranks, codes, strict=True):
-                if c is None and r.idle_for(now) > self.spec.hang_timeout_s:
+            for r, quiet in zip(self.ranks, idle, strict=True):
+                limit = limits.of(r.beat.phase)
+                if quiet > limit:
+                    how = "learned" if r.beat.phase == "step" and limits.learned else "set"
                     return GroupExit(
                         ExitKind.HUNG,
                         codes,
-                        f"rank {r.rank} made no progress for {self.spec.hang_timeout_s:.0f}s",
+                        f"rank {r.rank} made no progress for {limit:.1f}s in phase "
+                        f"{r.beat.phase} (its timeout, {how})",
                     )
         return None
 

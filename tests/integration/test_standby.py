@@ -210,7 +210,6 @@ def test_a_standby_handed_its_start_while_it_warms_leaves_idle_priority_at_once(
         advertise_host="127.0.0.1",
         bind_host="127.0.0.1",
         extra_env={},
-        hang_timeout_s=30.0,
         metrics_dir=None,
         python_path=[],
     )

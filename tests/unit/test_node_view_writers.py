@@ -25,7 +25,9 @@ OWNERS = {
     "daemon/supervision/seats.py": {"slot", "node_rank", "spare"},
     "daemon/supervision/attempts.py": {"etcd_up", "etcd_errors"},
     "daemon/leadership/election.py": {"leader"},
-    "daemon/ranks/node_group.py": {"pids", "standby_pids"},
+    "daemon/ranks/node_group.py": {
+        "pids", "standby_pids", "phases", "hang_timeouts", "hang_learned", "step_time_quantile_s"
+    },
     "daemon/node_state/view.py": {  # track (the rank output threads) and completed_for
         "step", "loss", "participants", "largest_quorum", "committed_steps", "heals",
         "last_heal_s", "rank_error", "train_done", "latest_checkpoint", "completed_seen_at",

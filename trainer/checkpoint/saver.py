@@ -138,11 +138,15 @@ class Checkpointer:
 
     # -- saving
 
+    def due(self, step: int) -> bool:
+        """Whether committing `step` starts a save (every checkpoint.interval_steps)."""
+        interval = self.cfg.interval_steps
+        return bool(interval) and step % interval == 0
+
     def after_commit(self, step: int) -> None:
         """Called after every committed step: finish a done save, start a due one."""
         self.poll()
-        interval = self.cfg.interval_steps
-        if interval and step % interval == 0:
+        if self.due(step):
             self.save(step)
 
     def agree(self, mine: bool) -> bool:

@@ -49,6 +49,7 @@ from trainer.ft.replication import DRAIN_QUORUM_WAIT_S, NonFiniteStep, leave_unl
 from trainer.ft.state import TrainState
 from trainer.ft.step_notices import StepNotices
 from trainer.ft.transport import advertise_host, bind_host, checkpoint_transport
+from trainer.heartbeat import Heartbeat
 
 
 class LighthouseMoved(RuntimeError):
@@ -76,6 +77,7 @@ class TorchFTGroup:
         state: TrainState,
         chaos: Chaos,
         stop_requested: Callable[[], bool] = lambda: False,
+        beat: Heartbeat | None = None,
     ) -> None:
         from torchft.manager import Manager
         from torchft.process_group import (
@@ -85,6 +87,7 @@ class TorchFTGroup:
         )
 
         ft.check_torchft()
+        self.beat = beat or Heartbeat(None)
         self.state = state
         self.chaos = chaos
         self.device = device
@@ -101,7 +104,7 @@ class TorchFTGroup:
             self.manager = Manager(
                 pg=pg,
                 load_state_dict=self._load_healing,
-                state_dict=state.healing_state_dict,
+                state_dict=self._send_healing,
                 min_replica_size=env.min_replicas,
                 use_async_quorum=cfg.async_quorum,
                 timeout=timeout,
@@ -149,8 +152,14 @@ class TorchFTGroup:
         self.notices = StepNotices(env.notice, self._members)
         pg.interrupter = self.notices.build_watch  # a notice also ends a stuck configure
 
+    def _send_healing(self) -> dict[str, Any]:
+        """torchft's read of this group's state for a peer that heals from it."""
+        self.beat.enter("heal")
+        return self.state.healing_state_dict()
+
     def _load_healing(self, state_dict: dict[str, Any]) -> None:
         """torchft's load of a peer's state: apply it, then say how long the heal took."""
+        self.beat.enter("heal")
         load_seconds = self.state.load_healing_state_dict(state_dict)
         seconds = time.monotonic() - self._step_started
         self.log.info(
@@ -204,7 +213,19 @@ class TorchFTGroup:
     def quorum(self) -> Quorum:
         """This step's quorum as the data contract needs it (waits for it to form; a SIGTERM
         meanwhile leaves the step if it does not form soon, see _quorum_or_drain). A group
-        that heals in it knows as soon as its process group is ready: it takes no share."""
+        that heals in it knows as soon as its process group is ready: it takes no share.
+        A wait for a quorum not yet formed is the heartbeat's ``quorum`` phase: torchft's
+        quorum timeout bounds it, not the learned step time."""
+        future = ft.quorum_future(self.manager)
+        if future is not None and not future.done():
+            self.beat.enter("quorum")
+            try:
+                return self._quorum()
+            finally:
+                self.beat.enter("step")
+        return self._quorum()
+
+    def _quorum(self) -> Quorum:
         if self._quorum_or_drain():
             last = self.recorder.last  # this step's: the healing flag is set after it
             self._last_quorum = Quorum(max(1, int(last.max_world_size)), None)

@@ -1,0 +1,89 @@
+"""Hang timeouts per phase: the heartbeat's format both halves share, the resolved
+settings, and the learned step timeout (daemon/ranks/hang.py, trainer/heartbeat.py)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from daemon.config import DaemonConfig
+from daemon.ranks.hang import WINDOW, Beat, HangLimits, StepTimes, read_beat, timeouts
+from trainer.config import validate
+from trainer.heartbeat import Heartbeat
+
+
+def _limits(**sections: dict[str, object]) -> HangLimits:
+    return HangLimits.from_config(validate(DaemonConfig, dict(sections), "job.toml"))
+
+
+def test_the_trainers_beats_read_back_with_the_time_spent_in_steps(tmp_path: Path) -> None:
+    path = tmp_path / "rank-0"
+    path.touch()  # as the daemon leaves it at spawn
+    assert read_beat(path) == Beat("start", None)
+    beat = Heartbeat(path)
+    beat.enter("start")
+    beat.enter("step")  # the first step ended: it counted from the start, not a step
+    assert read_beat(path) == Beat("step", None)
+    time.sleep(0.05)
+    beat.enter("step")
+    seen = read_beat(path)
+    assert seen.phase == "step" and seen.step_s is not None and 0.05 <= seen.step_s < 5
+    beat.enter("save")
+    beat.enter("step")  # after a save: that time was the save's, not a step's
+    assert read_beat(path) == Beat("step", None)
+    beat.enter("quorum")
+    assert read_beat(path).phase == "quorum"
+
+
+def test_a_torn_or_foreign_heartbeat_reads_as_the_start(tmp_path: Path) -> None:
+    path = tmp_path / "rank-0"
+    for text in ('{"phase": "st', "[1, 2]", '{"phase": "nap"}', '{"phase": "step", "step_s": "x"}'):
+        path.write_text(text)
+        assert read_beat(path).step_s is None
+    path.write_text('{"phase": "nap"}')
+    assert read_beat(path).phase == "start"
+    assert read_beat(tmp_path / "missing") == Beat()
+
+
+def test_phases_default_to_the_node_timeout_and_nest_above_torchfts() -> None:
+    limits = _limits(
+        node={"hang_timeout_s": 120},
+        ft={"timeout_s": 10, "quorum_timeout_s": 200},
+        hang={"save_s": 900, "margin_s": 3},
+    )
+    assert limits.fixed["start"] == limits.fixed["load"] == limits.fixed["eval"] == 120
+    assert limits.fixed["save"] == 900
+    # A quorum wait ends by torchft's timeout first, however low the node's is.
+    assert limits.fixed["quorum"] == 200 + 10 + 3
+    assert limits.floor_s == 10 + 3  # a dead peer's collective times out first
+    assert limits.ceiling_s == 120
+
+
+def test_the_step_timeout_is_the_ceiling_until_enough_steps_were_seen() -> None:
+    limits = _limits(node={"hang_timeout_s": 300}, ft={"timeout_s": 4}, hang={"step_samples": 10})
+    times = StepTimes().add([0.1] * 9)
+    t = timeouts(limits, times)
+    assert not t.learned and t.of("step") == 300
+    t = timeouts(limits, times.add([0.1]))
+    assert t.learned and t.of("step") == limits.floor_s == 9  # 4 + the default 5 s margin
+
+
+def test_the_learned_step_timeout_is_a_quantile_times_the_factor_within_bounds() -> None:
+    limits = _limits(
+        node={"hang_timeout_s": 100},
+        ft={"timeout_s": 2},
+        hang={"step_samples": 5, "step_quantile": 0.9, "step_factor": 3, "margin_s": 1},
+    )
+    steps = [1.0] * 89 + [5.0] * 10 + [40.0]  # one outlier above the 0.9 quantile
+    t = timeouts(limits, StepTimes().add(steps))
+    assert t.step_quantile_s == 5.0 and t.of("step") == 15.0
+    slow = timeouts(limits, StepTimes().add([60.0] * 10))
+    assert slow.of("step") == 100  # the ceiling: node.hang_timeout_s
+    fast = timeouts(limits, StepTimes().add([0.01] * 10))
+    assert fast.of("step") == 5  # the floor: hang.step_min_s, above ft.timeout_s + margin
+
+
+def test_step_times_keep_a_window_of_the_newest() -> None:
+    times = StepTimes().add([100.0] * WINDOW).add([1.0] * WINDOW)
+    assert times.count == 2 * WINDOW and max(times.seen) == 1.0
+    assert StepTimes().add([]) == StepTimes()

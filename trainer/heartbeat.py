@@ -1,0 +1,39 @@
+"""This rank's progress heartbeat, read by its daemon's hang detection.
+
+Each call to :meth:`Heartbeat.enter` rewrites a small file (``PHALANX_HEARTBEAT``)
+with the phase the rank enters: ``start``, ``load``, ``step``, ``quorum``, ``heal``,
+``save``, ``eval`` or ``finish``. Every write is progress; the phase tells the daemon
+how long the rank may stay silent next (``daemon/ranks/hang.py``). A ``step`` beat
+that ends a stretch spent in steps carries its seconds, from which the daemon learns
+the steady-step timeout. Nothing is read from a device: a beat never syncs a GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from pathlib import Path
+
+
+class Heartbeat:
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._lock = threading.Lock()  # torchft's quorum thread beats for a heal
+        self._phase = "start"
+        self._since = time.monotonic()
+
+    def enter(self, phase: str) -> None:
+        """Say that this rank enters `phase` (progress, whatever the phase)."""
+        if self.path is None:
+            return
+        with self._lock:
+            now = time.monotonic()
+            beat: dict[str, object] = {"phase": phase}
+            if phase == "step" and self._phase == "step":
+                beat["step_s"] = round(now - self._since, 6)
+            self._phase, self._since = phase, now
+            # OSError: the daemon's run directory went away (it is stopping us anyway).
+            with contextlib.suppress(OSError):
+                self.path.write_text(json.dumps(beat))
