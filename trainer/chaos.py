@@ -22,7 +22,8 @@
   ``perturb`` (at ``optimizer`` and ``restored`` only: the rank adds 1e-3 to its
   first parameter shard, so its group's parameters silently differ from the
   other groups'; at ``buffers``: to its first floating-point buffer, such as a
-  BatchNorm running mean).
+  BatchNorm running mean), ``sleep`` (the rank sleeps ``PHALANX_CHAOS_SLEEP``
+  seconds, default 10, there: at ``checkpoint``, a slow save).
 
 ``PHALANX_CHAOS_RANKS`` (comma-separated ranks of the group; default every rank)
 limits the faults to those ranks.
@@ -46,7 +47,7 @@ POINTS = (
     "start", "forward", "gradients", "allreduce", "optimizer", "buffers", "checkpoint", "resume",
     "restored",
 )  # fmt: skip
-ACTIONS = ("kill", "crash", "stop", "nan", "hide", "perturb")
+ACTIONS = ("kill", "crash", "stop", "nan", "hide", "perturb", "sleep")
 ONLY_AT: dict[str, tuple[str, ...]] = {  # actions that mean something at some points only
     "nan": ("gradients",),
     "hide": ("resume",),
@@ -89,14 +90,15 @@ def parse(spec: str) -> list[Fault]:
     return faults
 
 
-def parse_delay(text: str | None) -> float:
-    """Seconds of ``PHALANX_CHAOS_DELAY`` (unset or empty: 0); ValueError when malformed."""
+def parse_delay(text: str | None, name: str = "PHALANX_CHAOS_DELAY") -> float:
+    """Seconds of ``PHALANX_CHAOS_DELAY`` (or `name`; unset or empty: 0); ValueError when
+    malformed."""
     try:
         delay = float(text or 0)
     except ValueError:
         delay = math.nan
     if not (math.isfinite(delay) and delay >= 0):
-        raise ValueError(f"PHALANX_CHAOS_DELAY {text!r} must be a number of seconds, 0 or more.")
+        raise ValueError(f"{name} {text!r} must be a number of seconds, 0 or more.")
     return delay
 
 
@@ -118,6 +120,9 @@ class Chaos:
             self.faults = []
         self.delay = (
             delay if delay is not None else parse_delay(os.environ.get("PHALANX_CHAOS_DELAY"))
+        )
+        self.sleep_s = parse_delay(
+            os.environ.get("PHALANX_CHAOS_SLEEP") or "10", "PHALANX_CHAOS_SLEEP"
         )
         self.step = 0  # the committed step being attempted
         self.attempt = -1  # this process's step attempts, from 0
@@ -142,6 +147,8 @@ class Chaos:
                 os.kill(os.getpid(), signal.SIGKILL)
             elif fault.action == "stop":
                 os.kill(os.getpid(), signal.SIGSTOP)
+            elif fault.action == "sleep":
+                time.sleep(self.sleep_s)
             else:
                 raise InjectedCrash(f"injected crash at {point}@{self.step}")
         return poison

@@ -21,7 +21,7 @@ import fcntl
 import os
 import socket
 import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from daemon.config.etcd_settings import read_password
@@ -267,12 +267,15 @@ def check_device(cfg: DaemonConfig) -> None:
 
 
 def check_chaos(environ: Mapping[str, str], node_env: Mapping[str, str]) -> None:
-    """PHALANX_CHAOS, _DELAY and _RANKS as the ranks will inherit them (node.env wins)."""
-    for name, parse in (
+    """PHALANX_CHAOS, _DELAY, _SLEEP and _RANKS as the ranks will inherit them (node.env
+    wins)."""
+    checks: tuple[tuple[str, Callable[[str], object]], ...] = (
         ("PHALANX_CHAOS", chaos.parse),
         ("PHALANX_CHAOS_DELAY", chaos.parse_delay),
+        ("PHALANX_CHAOS_SLEEP", lambda text: chaos.parse_delay(text, "PHALANX_CHAOS_SLEEP")),
         ("PHALANX_CHAOS_RANKS", chaos.parse_ranks),
-    ):
+    )
+    for name, parse in checks:
         where = "node.env" if name in node_env else "the daemon's environment"
         value = node_env.get(name, environ.get(name))
         if value is None:

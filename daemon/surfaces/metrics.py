@@ -6,6 +6,7 @@ A custom collector rather than module-level gauges: the supervisor's
 
 from __future__ import annotations
 
+import math
 import shutil
 from collections.abc import Iterator
 
@@ -87,6 +88,26 @@ class _NodeCollector(Collector):
             "phalanx_lighthouse_up",
             "1 if a lighthouse address is known (and, on the leader, its process is alive).",
             float(lighthouse_up),
+        )
+
+        hang = GaugeMetricFamily(
+            "phalanx_hang_timeout_seconds",
+            "How long a rank may make no progress in each phase before it counts as hung "
+            "(the step's is learned from step times once enough were seen).",
+            labels=[*names, "phase"],
+        )
+        for phase, seconds in sorted(v.hang_timeouts.items()):
+            hang.add_metric([*values, phase], seconds)
+        yield hang
+        yield gauge(
+            "phalanx_hang_timeout_learned",
+            "1 once the steady-step hang timeout is learned from step times (else the ceiling).",
+            float(v.hang_learned),
+        )
+        yield gauge(
+            "phalanx_step_time_quantile_seconds",
+            "The quantile (hang.step_quantile) of step times the step's timeout came from.",
+            math.nan if v.step_time_quantile_s is None else v.step_time_quantile_s,
         )
 
         restarts = CounterMetricFamily(

@@ -60,6 +60,12 @@ def status_document(sup: Supervisor) -> dict[str, Any]:
         "heals": v.heals,
         "pids": v.pids,
         "standby_pids": v.standby_pids,
+        "hang": {  # daemon/ranks/hang.py: seconds per phase, and each rank's phase now
+            "timeouts": v.hang_timeouts,
+            "learned": v.hang_learned,
+            "step_time_quantile_s": v.step_time_quantile_s,
+            "phases": v.phases,
+        },
         "last_error": v.last_error,
         "waiting_for": v.waiting_for,
         "ticks": v.ticks,
