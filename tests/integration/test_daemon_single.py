@@ -100,7 +100,7 @@ def test_a_stopped_rank_is_found_by_the_learned_step_timeout_and_a_slow_save_is_
 
         stopped = wait_for(
             lambda: (
-                daemon.status()["hang"]["phases"] == ["step"]
+                daemon.require_status()["hang"]["phases"] == ["step"]
                 and _stopped(pids[0])
                 and time.monotonic()
             ),
@@ -117,7 +117,7 @@ def test_a_stopped_rank_is_found_by_the_learned_step_timeout_and_a_slow_save_is_
         assert set(restarted[0]["pids"]).isdisjoint(pids)
         assert all(not alive(pid) for pid in pids)  # the stopped rank was killed
         # Learned values survive the group's restart.
-        assert daemon.status()["hang"]["learned"]
+        assert daemon.require_status()["hang"]["learned"]
         print(
             f"\nlearned step timeout {step_timeout:.2f}s (q99 step time {median:.3f}s); "
             f"SIGSTOP detected after {detected_after:.2f}s; an {save_s:.0f}s save not flagged"
