@@ -49,6 +49,7 @@ from trainer.ft.replication import (
 )
 from trainer.ft.state import TrainState, local
 from trainer.ft.step_report import Attempt, StepReport
+from trainer.ft.straggler import ComputeClock, StragglerWatch
 from trainer.optim import clip_grad_norm
 from trainer.parallel.group_ops import group_any, group_sum, run_schedule
 from trainer.parallel.mesh import Layout
@@ -109,6 +110,9 @@ class Loop:
         self._failed: Attempt | None = None
         self.log = logs.get()
         self.non_finite = NonFiniteStreak(self.cfg.train.max_skipped_steps, self.env.rank == 0)
+        self.clock = ComputeClock(self.layout.device)
+        self.stragglers = StragglerWatch(self.cfg.ft, self.env.rank)
+        self.compute_s: float | None = None  # this rank's compute in the last step
 
     def done(self) -> bool:
         """Whether training is over: every step committed, or the group drained."""
@@ -133,6 +137,8 @@ class Loop:
         if self._failed is None or self._failed.step != step:
             self._failed = None
             self._drop_grads()
+        self.replication.take_waited()
+        self.clock.start()
         self.chaos.at("forward")
         try:
             loss, deltas = self._gradients(step)
@@ -194,6 +200,7 @@ class Loop:
         averaged across groups (see trainer/ft/buffers.py). Raises StepAbandoned when a
         drain leaves a step whose quorum does not form."""
         mine, quorum = self._forward_backward(step)
+        self.compute_s = self.clock.stop(self.replication.take_waited())
         own = self.share
         total = self._group_total(mine)
         deltas = self.state.buffers.deltas(self.layout.group("dp_shard"))
@@ -205,14 +212,21 @@ class Loop:
                     local(p.grad).fill_(float("nan"))
         # The group's part of the step's mean loss, averaged across groups like the
         # gradients: the mean over the step's items.
-        part = (total * (quorum.participants / self.global_batch)).reshape(1)
+        # The group's part of the step's loss, then this rank's compute time (its mean
+        # across groups finds stragglers, trainer/ft/straggler.py); filled on the device.
+        part = torch.cat([
+            (total * (quorum.participants / self.global_batch)).reshape(1),
+            torch.full((1,), self.compute_s or 0.0, dtype=total.dtype, device=total.device),
+        ])  # fmt: skip
         if self.sharded:  # the gradients crossed groups in FSDP's hook, during backward
             # The buffers' changes ride with the loss. A healing group's tensor holds the
             # average too (it sent zeros), though it keeps its own loss (None).
             both = joined(part, deltas)
             across = self.replication.average_across_groups(both)
-            split(both, deltas)
-            return float(part if across is None else across[0]), deltas
+            split(both, deltas, head=len(part))
+            loss, mean = (part if across is None else across[: len(part)]).tolist()
+            self._watch(quorum, mean if across is not None else None)
+            return loss, deltas
         # The part rides at the end of the gradients' last bucket: no all-reduce of its
         # own, and nothing is read from the device before the gradients are sent. The
         # buffers' changes go first, in the same exchange (a healing group's hold the
@@ -223,7 +237,16 @@ class Loop:
         averaged = self.replication.sync_gradients([*deltas, *grads, part])
         if not averaged and quorum.rank is not None and self.may_reuse:
             self._failed = Attempt(step, quorum, own, mine)  # the exchange failed
-        return float(part if averaged else kept), deltas
+        loss, mean = (part if averaged else kept).tolist()  # one read of the device
+        self._watch(quorum, mean if averaged else None)
+        return loss, deltas
+
+    def _watch(self, quorum: Quorum, mean_s: float | None) -> None:
+        """Compare this rank's compute with the other groups' (a failed exchange, a healing
+        group or no time yet on CUDA: nothing to compare)."""
+        if mean_s is not None and self.compute_s is not None and quorum.rank is not None:
+            step = self.replication.current_step() + 1  # numbered as train_step numbers it
+            self.stragglers.check(step, self.compute_s, mean_s, quorum.participants)
 
     def _compare_replicas(self) -> bool:
         """Every ft.digest_every steps, before the commit: do the groups' parameters and

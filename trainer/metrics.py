@@ -100,6 +100,33 @@ class TrainMetrics:
             "phalanx_checkpoint_skipped",
             "Checkpoints skipped because the previous save was still running.",
         )
+        self.compute_seconds = histogram(
+            "phalanx_compute_seconds",
+            "Rank 0's compute in one step: forward and backward, without waiting on other groups.",
+            STEP_BUCKETS,
+        )
+
+        # Every rank's own (label `rank`, the rank in its group): stragglers are ranks.
+        def rank_gauge(name: str, doc: str) -> Any:
+            return Gauge(
+                name, doc, (*LABELS, "rank"), registry=registry,
+                multiprocess_mode="livemostrecent",
+            ).labels(*values, str(env.rank))  # fmt: skip
+
+        self.rank_step = rank_gauge("phalanx_rank_step_seconds", "This rank's last step attempt.")
+        self.rank_compute = rank_gauge(
+            "phalanx_rank_compute_seconds",
+            "This rank's compute in its last step, without waiting on other groups.",
+        )
+        self.straggler = rank_gauge(
+            "phalanx_straggler",
+            "1 while this rank's compute is persistently ft.straggler_factor times the other "
+            "groups' (trainer/ft/straggler.py).",
+        )
+        self.straggler_ratio = rank_gauge(
+            "phalanx_straggler_ratio",
+            "This rank's median compute over the other groups' (ft.straggler_steps steps).",
+        )
 
     def observe_step(
         self, step: int, committed: bool, loss: float | None, lr: float, seconds: float, tokens: int,
@@ -125,6 +152,19 @@ class TrainMetrics:
         self.lr.set(lr)
         self.tokens.inc(tokens)
         self.items.inc(items)
+
+    def observe_rank(
+        self, seconds: float, compute_s: float | None, straggler: bool, ratio: float | None
+    ) -> None:
+        """Every rank, every step: its own times and straggler state."""
+        self.rank_step.set(seconds)
+        if compute_s is not None:
+            self.rank_compute.set(compute_s)
+            if self.enabled:
+                self.compute_seconds.observe(compute_s)
+        self.straggler.set(float(straggler))
+        if ratio is not None:
+            self.straggler_ratio.set(ratio)
 
     def observe_eval(self, step: int, loss: float) -> None:
         if self.enabled:

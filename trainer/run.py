@@ -204,6 +204,8 @@ def train(b: Built) -> int:
             report.tokens, report.participants, report.quorum_id, report.finite,
             report.diverged, len(report.items),
         )  # fmt: skip
+        watch = b.loop.stragglers
+        b.metrics.observe_rank(report.seconds, b.loop.compute_s, watch.flagged, watch.last_ratio)
         for seconds in b.replication.take_heals():
             b.metrics.observe_heal(seconds)
         if b.step_log is not None:

@@ -200,6 +200,12 @@ class NodeConfig(Section):
         f"{MAX_DRAIN_GRACE_S:g} s, so the daemon is done {STOP_MARGIN_S:g} s before the shipped "
         "systemd unit (TimeoutStopSec) and pod (terminationGracePeriodSeconds) kill it.",
     )
+    straggler_drain: bool = Field(
+        False,
+        description="Drain this node (as SIGTERM does: it leaves the job and exits 0) when one "
+        "of its ranks is a persistent straggler (ft.straggler_factor), so the other groups stop "
+        "waiting for it.",
+    )
     env: dict[str, str] = Field(
         default_factory=dict, description="Extra environment for the ranks (e.g. NCCL_*)."
     )

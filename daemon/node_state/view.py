@@ -62,6 +62,7 @@ class NodeView:
     heals: int = 0
     last_heal_s: float | None = None
     rank_error: str | None = None  # the ranks' last rank_failed or bad_input error
+    stragglers: dict[int, float] = field(default_factory=dict)  # rank -> ratio, while flagged
     train_done: dict[str, Any] | None = None
     latest_checkpoint: dict[str, Any] | None = None  # from a rank's checkpoint_saved
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -109,6 +110,12 @@ class NodeView:
                 }
             elif name in ("rank_failed", "bad_input"):
                 self.rank_error = str(event.get("error"))
+            elif name in ("straggler", "straggler_cleared"):
+                rank, ratio = event.get("rank"), event.get("ratio")
+                if isinstance(rank, int) and name == "straggler":
+                    self.stragglers[rank] = float(ratio) if isinstance(ratio, int | float) else 0.0
+                elif isinstance(rank, int):
+                    self.stragglers.pop(rank, None)
 
     @property
     def job_completed(self) -> bool:

@@ -128,6 +128,9 @@ class Supervisor:
 
     def tick(self) -> None:
         state = self.view.state
+        if self.cfg.node.straggler_drain and self.view.stragglers and state == State.RUNNING:
+            self.log.warning("straggler_drain", ranks=dict(self.view.stragglers))
+            self.drain_requested.set()  # the others stop waiting for this node's group
         if self.drain_requested.is_set() and state not in (*TERMINAL, State.DRAINING):
             self.move(self._drain())
         self.upkept = self.upkeep.tick()

@@ -66,6 +66,7 @@ def status_document(sup: Supervisor) -> dict[str, Any]:
             "step_time_quantile_s": v.step_time_quantile_s,
             "phases": v.phases,
         },
+        "stragglers": v.stragglers,  # rank -> its compute over the other groups', while flagged
         "last_error": v.last_error,
         "waiting_for": v.waiting_for,
         "ticks": v.ticks,

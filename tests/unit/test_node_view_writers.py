@@ -30,7 +30,7 @@ OWNERS = {
     },
     "daemon/node_state/view.py": {  # track (the rank output threads) and completed_for
         "step", "loss", "participants", "largest_quorum", "committed_steps", "heals",
-        "last_heal_s", "rank_error", "train_done", "latest_checkpoint", "completed_seen_at",
+        "last_heal_s", "rank_error", "stragglers", "train_done", "latest_checkpoint", "completed_seen_at",
     },
 }  # fmt: skip
 

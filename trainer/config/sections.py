@@ -261,6 +261,16 @@ class FaultToleranceConfig(Section):
         description="Connecting to lighthouse/peers (at most 86400 s).",
     )
     async_quorum: bool = Field(True, description="Compute the quorum during the forward pass.")
+    straggler_factor: float = Field(
+        1.5,
+        ge=0,
+        le=1000,
+        description="A rank whose compute takes this many times the other groups' mean "
+        "(the median over straggler_steps steps) is named a straggler; 0 turns it off.",
+    )
+    straggler_steps: int = Field(
+        20, ge=1, le=100_000, description="Steps the straggler check takes the median over."
+    )
     digest_every: int = Field(
         100,
         ge=0,

@@ -123,11 +123,12 @@ def _unflatten(flat: torch.Tensor, into: list[torch.Tensor]) -> None:
 
 
 def joined(part: torch.Tensor, deltas: list[torch.Tensor]) -> torch.Tensor:
-    """`part` (a 1-element float64 tensor) followed by every delta, as one float64 tensor:
+    """`part` (a few float64 values) followed by every delta, as one float64 tensor:
     a sharded group averages its loss and its buffers' changes in one all-reduce."""
     return torch.cat([part.double().reshape(-1), *(d.double().reshape(-1) for d in deltas)])
 
 
-def split(flat: torch.Tensor, deltas: list[torch.Tensor]) -> None:
-    """The inverse of :func:`joined` for the deltas: copy them back from `flat[1:]`."""
-    _unflatten(flat[1:], deltas)
+def split(flat: torch.Tensor, deltas: list[torch.Tensor], head: int = 1) -> None:
+    """The inverse of :func:`joined` for the deltas: copy them back from `flat[head:]`,
+    where `head` is the length of the part before them."""
+    _unflatten(flat[head:], deltas)

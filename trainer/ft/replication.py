@@ -45,6 +45,11 @@ class StepLifecycle(Protocol):
         the peer's state applied (an empty list when none came)."""
         ...
 
+    def take_waited(self) -> float:
+        """Returns: the seconds this rank spent waiting on other groups (a quorum not yet
+        formed, a cross-group collective) since the last call (see trainer/ft/straggler.py)."""
+        ...
+
     def shutdown(self) -> None:
         """Leave the quorum for good (the last step has been committed or abandoned)."""
         ...
@@ -219,6 +224,9 @@ class SingleGroup:
 
     def take_heals(self) -> list[float]:
         return []
+
+    def take_waited(self) -> float:
+        return 0.0
 
     def shutdown(self) -> None:
         pass

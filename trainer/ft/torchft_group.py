@@ -145,6 +145,7 @@ class TorchFTGroup:
         self._writer: bool | None = None
         self.stop_requested = stop_requested
         self._heal_seconds: list[float] = []  # see take_heals
+        self._waited_s = 0.0  # see take_waited
         self._last_quorum: Quorum | None = None
         self._next: Quorum | None = None  # see last_quorum
         self._timeout_s = cfg.timeout_s
@@ -191,7 +192,9 @@ class TorchFTGroup:
         see :mod:`trainer.ft.notice`.
         False when abandoned; after that, every other collective of the step is too (a
         bucket issued before on the same process group would wait out its timeout)."""
+        began = time.monotonic()
         done, told = self.notices.wait(work, ft.pending_work(work))
+        self._waited_s += time.monotonic() - began
         if told is not None:
             self._abandon(told)
         return done
@@ -219,11 +222,17 @@ class TorchFTGroup:
         future = ft.quorum_future(self.manager)
         if future is not None and not future.done():
             self.beat.enter("quorum")
+            began = time.monotonic()
             try:
                 return self._quorum()
             finally:
+                self._waited_s += time.monotonic() - began
                 self.beat.enter("step")
         return self._quorum()
+
+    def take_waited(self) -> float:
+        waited, self._waited_s = self._waited_s, 0.0
+        return waited
 
     def _quorum(self) -> Quorum:
         if self._quorum_or_drain():
