@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(TORCH_VERSION)
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint venv clean docs
+.PHONY: demo test soak lint venv clean docs
 
 venv: $(STAMP)
 
@@ -24,6 +24,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# By hand, not in CI: 100 random faults (tests/integration/test_random_faults.py), about
+# 30 minutes; the seed is printed with the command that replays it.
+soak: $(STAMP)
+	PHALANX_FAULTS=100 PHALANX_FAULT_STEPS=12000 PHALANX_FAULT_TIMEOUT=3600 \
+		$(BIN)/python -m pytest -s -p no:cacheprovider tests/integration/test_random_faults.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

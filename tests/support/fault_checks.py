@@ -1,0 +1,116 @@
+"""What must hold after a run of random faults (tests/support/faults.py), read from the
+logs of every life of every daemon: no committed step lost, no job-wide pause beyond a
+fault's bound, every log line structured, nothing left running."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+from tests.support.faults import COLD, Cluster, Fault
+from tests.support.harness import Event, event_time
+
+# The longest job-wide pause between two commits (any group's) each fault may cause with
+# these runs' settings (tests/support/faults.py OVERRIDES; lease TTL 4 s, lighthouse
+# heartbeat timeout 2 s, ft.timeout_s 8 s), and docs/failure-modes.md, "Random faults".
+# A held fault adds its hold.
+BOUNDS_S = {
+    "rank_kill": 6.0,  # the lighthouse drops the dead replica (2 s), a standby heals
+    "rank_stop": 15.0,  # the peers' collective times out (ft.timeout_s), then as a kill
+    "slow_rank": 3.0,  # steps slow, never stop
+    "cold_restart": 30.0,  # every group restarts and loads the checkpoint
+    "corrupt_checkpoint": 30.0,
+    "daemon_kill": 8.0,  # its ranks die with it: as a rank kill, the seat frees later
+    "leader_kill": 12.0,  # leader lease (1 s), a new lighthouse, the quorum again
+    "drain": 8.0,
+    "etcd_kill": 12.0,  # a long outage fences every node: the outage, then unfencing
+    "host_isolated": 15.0,  # the collective with it times out; a new leader if it led
+    "etcd_cut": 15.0,  # it fences itself; its peers' collective times out
+}
+QUIET_S = 5.0  # the longest pause while no fault is under way
+SLACK_S = 2.0  # a fault's window, widened: its effect may show a little before it ends
+
+
+def commits(c: Cluster) -> list[tuple[float, int, str]]:
+    """Every committed step of every group: (time, step, node), in time order."""
+    out = [
+        (event_time(e), int(e["step"]), d.node_id)
+        for d in c.every_life()
+        for e in d.events("train_step")
+    ]
+    return sorted(out)
+
+
+def lost_steps(c: Cluster, faults: list[Fault]) -> list[str]:
+    """Committed steps never go back, except to a checkpoint in a cold restart's window
+    (within two steps: groups log the same commit a moment apart)."""
+    cold = [(f.started, f.whole + SLACK_S) for f in faults if f.kind in COLD]
+    problems: list[str] = []
+    top = -1
+    for t, step, node in commits(c):
+        if step < top - 2:
+            if any(a <= t <= b for a, b in cold):
+                top = step
+                continue
+            problems.append(f"{node} committed step {step} at {t:.1f} after step {top}")
+        top = max(top, step)
+    return problems
+
+
+def long_pauses(c: Cluster, faults: list[Fault], start: float) -> list[str]:
+    """Job-wide pauses (no group commits) beyond the bound of the faults under way."""
+    times = [t for t, _, _ in commits(c) if t >= start]
+    problems: list[str] = []
+    for a, b in itertools.pairwise(times):
+        gap = b - a
+        if gap <= QUIET_S:
+            continue
+        during = [f for f in faults if f.started - SLACK_S <= b and a <= f.whole + SLACK_S]
+        bound = max((BOUNDS_S[f.kind] + f.hold_s for f in during), default=QUIET_S)
+        if gap > bound:
+            names = ", ".join(f.line() for f in during) or "no fault"
+            problems.append(f"no commit for {gap:.1f}s from {a:.1f} ({names}; bound {bound:.0f}s)")
+    return problems
+
+
+def longest_pause(c: Cluster, f: Fault) -> float:
+    """The longest job-wide pause that began during `f`'s window."""
+    times = [t for t, _, _ in commits(c)]
+    gaps = [b - a for a, b in itertools.pairwise(times) if f.started - 1 <= a <= f.whole]
+    return max(gaps, default=0.0)
+
+
+def unstructured_lines(c: Cluster) -> list[str]:
+    """Lines of the daemons' output that are not one JSON event each."""
+    problems: list[str] = []
+    for d in c.every_life():
+        for path in (d.proc.stdout, d.proc.stderr):
+            for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+                if not line.strip():
+                    continue
+                try:
+                    event: Event = json.loads(line)
+                    if isinstance(event, dict) and "event" in event:
+                        continue
+                except ValueError:
+                    pass
+                problems.append(f"{path.name}:{n}: {line[:200]}")
+    return problems
+
+
+def left_running(root: Path, but: tuple[int, ...] = ()) -> list[str]:
+    """Processes whose command line or environment names the run's directory (daemons,
+    etcd, and ranks, standbys and zygotes, whose heartbeat file lies in it)."""
+    found: list[str] = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) in but:
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            environ = (proc / "environ").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if str(root) in cmdline or str(root) in environ:
+            found.append(f"{proc.name}: {cmdline[:160]}")
+    return found
