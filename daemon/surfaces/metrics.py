@@ -89,6 +89,17 @@ class _NodeCollector(Collector):
             float(lighthouse_up),
         )
 
+        if v.health is not None:  # absent until the first check has run
+            healthy = GaugeMetricFamily(
+                "phalanx_node_healthy",
+                "1 if this node passed the health check, 0 if it failed (the reason is on "
+                "/status); an unhealthy node claims no seat.",
+                labels=[*names, "check"],
+            )
+            for c in v.health.checks:
+                healthy.add_metric([*values, c.name], float(c.ok))
+            yield healthy
+
         restarts = CounterMetricFamily(
             "phalanx_group_restarts",
             "Restarts of this node's replica group, by reason.",
