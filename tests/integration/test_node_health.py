@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import os
 import re
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.support.affinity import pinned, set_tree_affinity
-from tests.support.harness import Daemon, start_daemon, wait_for
+from tests.support.harness import Daemon, event_time, start_daemon, wait_for
 from tests.support.job_queries import status_table
 from tests.support.volumes import fill, tmpfs
 
@@ -71,7 +73,7 @@ def assert_out(d: Daemon, endpoint: str, reasons: dict[str, str]) -> None:
 
 
 def test_each_failed_check_keeps_the_node_out_until_fixed_then_it_trains(
-    tmp_path: Path, etcd_endpoint: str
+    tmp_path: Path, etcd_endpoint: str, recovery: Callable[[str, float], None]
 ) -> None:
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
@@ -132,7 +134,10 @@ def test_each_failed_check_keeps_the_node_out_until_fixed_then_it_trains(
 
             # The clock fixed: the node claims a seat and its group trains.
             offset.unlink()
+            fixed = time.time()
             wait_for(lambda: d.step() >= 3, 120, "the group to train")
+            claimed = event_time(d.events("slot_claimed")[0]) - fixed
+            recovery("unhealthy node: seat claimed after the fix (interval 0.5 s)", claimed)
             assert d.get("/readyz") == (200, "ready\n")
             assert set(healthy_metric(d).values()) == {1.0}
             assert not d.events("seat_given_back")
@@ -159,7 +164,7 @@ def test_each_failed_check_keeps_the_node_out_until_fixed_then_it_trains(
 
 
 def test_a_running_node_makes_way_for_the_healthy_and_heals_back_in_once_fixed(
-    tmp_path: Path, etcd_endpoint: str
+    tmp_path: Path, etcd_endpoint: str, recovery: Callable[[str, float], None]
 ) -> None:
     """node-b's clock goes an hour off while both groups train: after health.leave_after
     failed checks in a row it stops its group and gives its seat back, since node-a's
@@ -178,7 +183,11 @@ def test_a_running_node_makes_way_for_the_healthy_and_heals_back_in_once_fixed(
             "both groups in one quorum",
         )
         offset.write_text("3600\n")
+        broken = time.time()
         given = wait_for(lambda: b.events("seat_given_back"), 20, "node-b to give its seat back")
+        recovery(
+            "unhealthy running node: seat given back (leave_after 3)", event_time(given[0]) - broken
+        )
         assert given[0]["why"] == "unhealthy"
         stopping = b.events("group_stopping")
         assert stopping and stopping[-1]["reason"].startswith("clock: this node's clock is +"), (
@@ -196,6 +205,7 @@ def test_a_running_node_makes_way_for_the_healthy_and_heals_back_in_once_fixed(
 
         heals = len(b.events("heal_done"))  # its first start may have healed too
         offset.unlink()
+        fixed = time.time()
         wait_for(lambda: len(b.events("slot_claimed")) >= 2, 20, "node-b to claim again")
         wait_for(
             lambda: all((d.status() or {}).get("participants") == 2 for d in (a, b)),
@@ -203,6 +213,8 @@ def test_a_running_node_makes_way_for_the_healthy_and_heals_back_in_once_fixed(
             "both groups in one quorum again",
         )
         assert len(b.events("heal_done")) > heals, b.proc.tail()
+        healed = event_time(b.events("heal_done")[heals]) - fixed
+        recovery("unhealthy node made way: healed back in after the fix", healed)
         assert b.get("/readyz") == (200, "ready\n")
     finally:
         a.stop()
