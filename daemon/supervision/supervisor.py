@@ -21,6 +21,9 @@ lighthouse (``daemon.leadership.election``) have deadlines checked once per tick
 errors reach no handler as exceptions (``daemon.supervision.upkeep``); a short etcd outage
 never touches the ranks, and one that puts the lease in doubt pauses them
 (FENCED) until etcd says whether their state may be kept (``daemon.coordination.fencing``).
+A node whose health checks fail (``daemon.health``) claims no seat and starts no ranks;
+one that holds a seat gives it back after ``health.leave_after`` failures in a row, while
+running only if other groups carry the job (``daemon.supervision.health_gate``).
 What follows a stopped group is ``daemon.supervision.after_stop``. Exit codes are
 ``daemon.exits``: 2 only for bad input, found while joining or by the ranks.
 """
