@@ -70,11 +70,14 @@ class DirFigures:
     error: str | None = None  # why it cannot be created or written; None: it can
     free_bytes: int | None = None  # free on its volume; None: statvfs failed
     newest_bytes: int | None = None  # the newest complete checkpoint's size; None: none yet
+    pending_bytes: int = 0  # written so far by a save under way (no marker yet)
 
 
 def checkpoint_dir(f: DirFigures | None, min_free_bytes: int) -> CheckResult:
     """Writable, with room for the next save: the newest checkpoint's size x HEADROOM, or
-    `min_free_bytes` (health.min_free_gb) while there is none. None: no checkpoint.dir."""
+    `min_free_bytes` (health.min_free_gb) while there is none. What a save under way has
+    written counts as room it already has (the next save is that one), so the writer does
+    not turn unhealthy in the middle of every save. None: no checkpoint.dir."""
     if f is None:
         return CheckResult(CHECKPOINT_DIR, True, "no checkpoint.dir: nothing to check")
     where = f"checkpoint.dir {f.directory}"
@@ -92,15 +95,21 @@ def checkpoint_dir(f: DirFigures | None, min_free_bytes: int) -> CheckResult:
         needed, why = min_free_bytes, "health.min_free_gb before the first checkpoint"
     if f.free_bytes is None:
         return CheckResult(CHECKPOINT_DIR, True, f"{where} is writable; its free space is unknown")
-    if f.free_bytes < needed:
+    room = f.free_bytes + f.pending_bytes
+    saving = (
+        f" and {size(f.pending_bytes)} written by the save under way" if f.pending_bytes else ""
+    )
+    if room < needed:
         return CheckResult(
             CHECKPOINT_DIR,
             False,
-            f"{where} has {size(f.free_bytes)} free, the next save needs {size(needed)} "
-            f"({why}); free space on its volume",
+            f"{where} has {size(f.free_bytes)} free{saving}, the next save needs "
+            f"{size(needed)} ({why}); free space on its volume",
         )
     return CheckResult(
-        CHECKPOINT_DIR, True, f"{where} is writable, {size(f.free_bytes)} free of {size(needed)}"
+        CHECKPOINT_DIR,
+        True,
+        f"{where} is writable, {size(f.free_bytes)} free{saving}, {size(needed)} needed",
     )
 
 

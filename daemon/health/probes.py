@@ -21,7 +21,8 @@ from daemon.health.checks import DeviceFigures, DirFigures
 # trainer/checkpoint/files.py's names (that package imports torch, so not imported here;
 # a unit test keeps them equal): <checkpoint.dir>/<job>/run-<id>/step-<N>/COMPLETE.json.
 MARKER = "COMPLETE.json"
-MARKERS_GLOB = f"run-*/step-*/{MARKER}"
+STEPS_GLOB = "run-*/step-*"
+MARKERS_GLOB = f"{STEPS_GLOB}/{MARKER}"
 NEWEST_TRIED = 3  # markers looked at, newest first, before giving up on a size
 SMI_TIMEOUT_S = 10.0
 # Lines of `nvidia-smi -L` that mean a GPU is in trouble (it lists the others as "GPU n: ...").
@@ -34,7 +35,8 @@ GPU_NODE = re.compile(r"nvidia\d+")
 
 def probe_checkpoint_dir(directory: Path, tag: str) -> DirFigures:
     """Create `directory` if needed, write and remove a probe file named after `tag`, and
-    read the volume's free space and the newest complete checkpoint's size under it."""
+    read the volume's free space, the newest complete checkpoint's size under it and what
+    a save under way has written so far."""
     error = None
     probe = directory / f".phalanx-health-{tag}"
     try:
@@ -48,7 +50,8 @@ def probe_checkpoint_dir(directory: Path, tag: str) -> DirFigures:
     finally:
         with contextlib.suppress(OSError):
             probe.unlink()
-    return DirFigures(directory, error, free_bytes(directory), newest_checkpoint_bytes(directory))
+    newest = newest_checkpoint_bytes(directory)
+    return DirFigures(directory, error, free_bytes(directory), newest, unmarked_bytes(directory))
 
 
 def free_bytes(directory: Path) -> int | None:
@@ -77,6 +80,35 @@ def newest_checkpoint_bytes(job_dir: Path) -> int | None:
         except (OSError, ValueError, TypeError, KeyError, AttributeError):
             continue  # being written or replaced, or not a marker we know: the next one
     return None
+
+
+def unmarked_bytes(job_dir: Path) -> int:
+    """Bytes in the step directories newer than the newest marker that have none yet: a
+    save under way (the writer's own, on its volume) has taken that much of the room the
+    next save needs, so it is not counted against the node. A partial save the ranks
+    failed to remove counts too, which errs towards healthy."""
+    steps, newest_marked = [], 0.0
+    for step in job_dir.glob(STEPS_GLOB):
+        with contextlib.suppress(OSError):
+            marker = step / MARKER
+            if marker.exists():
+                newest_marked = max(newest_marked, marker.stat().st_mtime)
+            else:
+                steps.append((step.stat().st_mtime, step))
+    total = 0
+    for mtime, step in steps:
+        if mtime >= newest_marked:
+            total += _tree_bytes(step)
+    return total
+
+
+def _tree_bytes(root: Path) -> int:
+    total = 0
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
 
 
 # ---------------------------------------------------------------------------- devices

@@ -43,10 +43,18 @@ def test_before_the_first_checkpoint_the_minimum_is_health_min_free_gb() -> None
 def test_after_one_the_next_save_needs_the_newest_ones_size_with_headroom() -> None:
     # 100 MB checkpoint: 110 MB needed, whatever health.min_free_gb says.
     ok = checks.checkpoint_dir(DirFigures(DIR, None, 111 * MB, 100 * MB), 5 * GB)
-    assert ok.ok and "111.0 MB free of 110.0 MB" in ok.reason
+    assert ok.ok and "111.0 MB free, 110.0 MB needed" in ok.reason
     short = checks.checkpoint_dir(DirFigures(DIR, None, 105 * MB, 100 * MB), 0)
     assert not short.ok
     assert "needs 110.0 MB (the newest checkpoint's 100.0 MB x 1.1)" in short.reason
+
+
+def test_what_a_save_under_way_wrote_is_room_the_next_save_already_has() -> None:
+    mid_save = DirFigures(DIR, None, 60 * MB, 100 * MB, pending_bytes=80 * MB)
+    r = checks.checkpoint_dir(mid_save, 0)
+    assert r.ok and "60.0 MB free and 80.0 MB written by the save under way" in r.reason
+    short = checks.checkpoint_dir(DirFigures(DIR, None, 20 * MB, 100 * MB, 80 * MB), 0)
+    assert not short.ok and "has 20.0 MB free and 80.0 MB written by the save" in short.reason
 
 
 def test_unknown_free_space_is_not_a_failure() -> None:

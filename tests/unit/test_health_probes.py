@@ -28,6 +28,7 @@ from daemon.health.probes import (
     injected_offset,
     newest_checkpoint_bytes,
     probe_checkpoint_dir,
+    unmarked_bytes,
 )
 from tests.support.volumes import tmpfs
 from trainer.checkpoint.files import MARKER as TRAINERS_MARKER
@@ -69,6 +70,23 @@ def test_the_newest_complete_checkpoint_of_any_run_sizes_the_next_save(tmp_path:
     (broken / MARKER).write_text("{not json")
     os.utime(broken / MARKER, (3000.0, 3000.0))
     assert newest_checkpoint_bytes(tmp_path) == 15  # a marker it cannot read is passed over
+
+
+def test_a_save_under_way_is_what_the_step_directories_newer_than_any_marker_hold(
+    tmp_path: Path,
+) -> None:
+    marker(tmp_path / "run-a" / "step-10", [100], mtime=2000.0)
+    old = tmp_path / "run-a" / "step-5"  # a partial save older than the marker: not counted
+    old.mkdir()
+    (old / "shard").write_bytes(b"x" * 50)
+    os.utime(old, (1000.0, 1000.0))
+    assert unmarked_bytes(tmp_path) == 0
+    saving = tmp_path / "run-a" / "step-20" / "sub"
+    saving.mkdir(parents=True)
+    (saving / "shard").write_bytes(b"x" * 30)
+    (saving.parent / "other").write_bytes(b"x" * 12)
+    assert unmarked_bytes(tmp_path) == 42
+    assert probe_checkpoint_dir(tmp_path, "n").pending_bytes == 42
 
 
 @pytest.fixture
