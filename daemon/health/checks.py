@@ -130,6 +130,7 @@ def devices(f: DeviceFigures, wanted: int, field: str) -> CheckResult:
     """At least `wanted` devices (0: none asked for), named by `field` in the reason
     (node.nproc or health.devices), and no problem reported by the driver."""
     unit = "GPUs" if f.kind == "cuda" else "CPU cores"
+    one = unit.removesuffix("s")
     if f.error is not None:
         return CheckResult(
             DEVICES,
@@ -139,15 +140,16 @@ def devices(f: DeviceFigures, wanted: int, field: str) -> CheckResult:
         )
     if f.count is None:
         return CheckResult(DEVICES, True, f"{unit} not counted ({f.source}): not checked")
+    have = f"{f.count} {one if f.count == 1 else unit} ({f.source})"
     if wanted and f.count < wanted:
         return CheckResult(
             DEVICES,
             False,
-            f"this node has {f.count} {unit} ({f.source}), {field} wants {wanted}; bring the "
-            f"missing ones back or lower {field}",
+            f"this node has {have}, {field} wants {wanted}; bring the missing ones back or "
+            f"lower {field}",
         )
     needs = f", {wanted} wanted ({field})" if wanted else ", none wanted"
-    return CheckResult(DEVICES, True, f"{f.count} {unit} ({f.source}){needs}")
+    return CheckResult(DEVICES, True, f"{have}{needs}")
 
 
 # ------------------------------------------------------------------------------ clock

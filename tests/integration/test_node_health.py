@@ -103,7 +103,7 @@ def test_each_failed_check_keeps_the_node_out_until_fixed_then_it_trains(
             )
             assert "cannot be written (Read-only file system)" in reasons["checkpoint_dir"]
             assert (
-                f"1 CPU cores (CPU affinity), health.devices wants {len(cpus)}"
+                f"1 CPU core (CPU affinity), health.devices wants {len(cpus)}"
                 in (reasons["devices"])
             )
             clock = reasons["clock"]
