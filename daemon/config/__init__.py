@@ -1,5 +1,5 @@
 """The job file as the daemon reads it: its own sections (job, etcd, node, lighthouse,
-metrics) beside the trainer's, loading with overrides and cross-checks, the etcd
+metrics, health) beside the trainer's, loading with overrides and cross-checks, the etcd
 settings' one validation, the preflight checks of the machine, the network interface
 of an address, and the generated configuration reference. Nothing here starts anything.
 """
@@ -14,6 +14,7 @@ from daemon.config.sections import (
     MAX_DRAIN_GRACE_S,
     STOP_MARGIN_S,
     DaemonConfig,
+    HealthConfig,
     LighthouseConfig,
     NodeConfig,
 )
@@ -23,6 +24,7 @@ __all__ = [
     "MAX_DRAIN_GRACE_S",
     "STOP_MARGIN_S",
     "DaemonConfig",
+    "HealthConfig",
     "LighthouseConfig",
     "NodeConfig",
     "check_etcd_settings",

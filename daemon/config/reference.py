@@ -25,7 +25,7 @@ sentence naming the field, and exit code 2.
 
 Sections marked *shared* must be identical on every node of a job: the first
 node records their hash in etcd and a node whose hash differs refuses to join.
-The others (`etcd`, `node`, `metrics`) are per node.
+The others (`etcd`, `node`, `metrics`, `health`) are per node.
 """
 
 

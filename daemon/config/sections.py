@@ -1,8 +1,8 @@
 """The daemon's view of a job file: its own sections plus the trainer's.
 
-Sections owned here: ``job``, ``etcd``, ``node``, ``lighthouse``, ``hang``, ``metrics``. The
-trainer sections are validated by ``trainer.config`` (torch-free), so a bad job
-file is refused by the daemon before anything starts, with the same one-sentence
+Sections owned here: ``job``, ``etcd``, ``node``, ``lighthouse``, ``hang``, ``metrics``,
+``health``. The trainer sections are validated by ``trainer.config`` (torch-free), so a
+bad job file is refused by the daemon before anything starts, with the same one-sentence
 errors and exit code 2.
 """
 
@@ -22,7 +22,8 @@ from trainer.config import (
     spec_hash,
 )
 
-# The sections every node of a job must share; `node`, `etcd`, `hang` and `metrics` are per node.
+# The sections every node of a job must share; `node`, `etcd`, `hang`, `metrics` and
+# `health` are per node.
 SHARED_SECTIONS: tuple[str, ...] = ("job", "lighthouse", *TRAINER_SECTIONS)
 
 # What the shipped service definitions give a stopping daemon before SIGKILL:
@@ -288,6 +289,58 @@ class MetricsConfig(Section):
     enabled: bool = Field(True, description="Serve /metrics (daemon and ranks).")
 
 
+class HealthConfig(Section):
+    """The node's health checks (daemon/health/), run before the node claims a seat and
+    every interval_s after. An unhealthy node claims no seat and says why (/status, /readyz,
+    phalanx status, the metric phalanx_node_healthy); it claims once healthy again."""
+
+    interval_s: float = Field(
+        10.0, ge=0.1, le=MAX_WAIT_S, description="How often the checks run (0.1 s to one day)."
+    )
+    min_free_gb: float = Field(
+        1.0,
+        ge=0,
+        le=1e6,
+        description="Free space (GB) checkpoint.dir's volume must have while it holds no "
+        "complete checkpoint of this job; once it does, the newest one's size x 1.1 (what the "
+        "next save needs). The directory must also be writable. Unchecked without "
+        "checkpoint.dir.",
+    )
+    devices: int = Field(
+        0,
+        ge=0,
+        le=1_000_000,
+        description="Devices this node must have. On CUDA, GPUs visible (nvidia-smi -L, within "
+        "CUDA_VISIBLE_DEVICES; nvidia-smi must also answer); 0 = node.nproc. On CPU, the CPU "
+        "cores the daemon may run on (its affinity); 0 = not checked.",
+    )
+    max_clock_offset_s: float = Field(
+        5.0,
+        ge=0,
+        le=MAX_WAIT_S,
+        description="Largest offset of this node's wall clock from etcd's (read from the Date "
+        "of etcd's HTTP answer, 1 s resolution: only an offset that is surely larger fails); "
+        "0 = not checked. An etcd that does not answer leaves it unmeasured, not failed.",
+    )
+    min_free_memory_gb: float = Field(
+        0.5,
+        ge=0,
+        le=1e6,
+        description="Memory (GB) that must be available: MemAvailable, or what the daemon's "
+        "cgroup limit leaves if less; 0 = not checked. The ranks' own use counts while they "
+        "run, so keep it below what they leave free.",
+    )
+    leave_after: int = Field(
+        3,
+        ge=0,
+        le=1_000_000,
+        description="Checks failed in a row after which a node holding a seat gives it back "
+        "(its ranks stop); a running node does so only while job.min_replicas other groups "
+        "run on healthy nodes, so a fault every node shares (a full shared volume) stops no "
+        "training. 0 = never: an unhealthy node that holds a seat keeps it and only says so.",
+    )
+
+
 class DaemonConfig(TrainerConfig):
     """A whole job file: the trainer's sections plus the daemon's."""
 
@@ -297,6 +350,7 @@ class DaemonConfig(TrainerConfig):
     lighthouse: LighthouseConfig = LighthouseConfig()
     hang: HangConfig = HangConfig()
     metrics: MetricsConfig = MetricsConfig()
+    health: HealthConfig = HealthConfig()
     _resolved_bind_host: str | None = PrivateAttr(None)
     _chosen_advertise_host: str | None = PrivateAttr(None)
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from daemon.coordination.coordinator import JobView
+from daemon.health import HealthReport
 from daemon.node_state.states import State
 
 __all__ = ["NodeView", "State"]
@@ -34,6 +35,7 @@ class NodeView:
     waiting_for: str | None = None  # what WAITING (or a holding FENCED) waits for
     completed_seen_at: float | None = None  # when the job was first seen completed
     generation: int | None = None  # the spanning group's generation the ranks run under
+    health: HealthReport | None = None  # the health monitor's last report (daemon.health)
     # The upkeep's.
     slot: int | None = None
     node_rank: int = 0  # this node's seat in a group that spans nodes (GROUP_RANK)
@@ -71,6 +73,11 @@ class NodeView:
     def last_error(self) -> str | None:
         """The daemon's failure, else the ranks' last error."""
         return self.failure or self.rank_error
+
+    @property
+    def healthy(self) -> bool:
+        """The last health report found nothing wrong (False before the first)."""
+        return self.health is not None and self.health.ok
 
     @property
     def seat(self) -> int | None:

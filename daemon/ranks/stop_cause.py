@@ -41,7 +41,15 @@ class GroupRestart:
     reason: str
 
 
-StopCause = GroupExit | SlotLost | FencedOut | JobEnded | GroupRestart
+@dataclass(frozen=True)
+class Unhealthy:
+    """This node failed its health checks health.leave_after times in a row while other
+    groups carry the job (``daemon.supervision.health_gate``): it gives its seat back."""
+
+    reason: str
+
+
+StopCause = GroupExit | SlotLost | FencedOut | JobEnded | GroupRestart | Unhealthy
 
 SLOT_LOST = SlotLost()
 FENCED_OUT = FencedOut()

@@ -1,8 +1,9 @@
 """The supervisor's state machine: the monitor loop that branches on what each round
 returns, the upkeep of etcd (lease, record, leadership, preflight, the slot or seat)
 each round, a group that spans nodes (when its part may start, when it must stop),
-what to do after the group stops, the restart budget, waiting for peers, the node's
-etcd record, and the systemd notifications the loop sends.
+what to do after the group stops, the restart budget, waiting for peers, what an
+unhealthy node does (the health gate), the node's etcd record, and the systemd
+notifications the loop sends.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from daemon.ranks.stop_cause import (
     JobEnded,
     SlotLost,
     StopCause,
+    Unhealthy,
 )
 from daemon.ranks.workers import ExitKind
 from daemon.supervision.restarts import RestartBudget
@@ -62,6 +63,8 @@ def after_stop(
         return StopDecision(
             State.WAITING if slot_held else State.CLAIMING, reason="group", detail=cause.reason
         )
+    if isinstance(cause, Unhealthy):  # not a crash: WAITING gives the seat back
+        return StopDecision(State.WAITING if slot_held else State.CLAIMING, detail=cause.reason)
     if isinstance(cause, JobEnded):  # the job completed elsewhere
         return StopDecision(State.DONE, reason=cause.reason)
     if cause.kind == ExitKind.DRAINED and spanning:  # the group agreed to stop after a

@@ -2,7 +2,7 @@
 ``phalanx status`` see of it.
 
 The record is written when something in it changed (state, slot, address, ports,
-pids), never on a timer, and at most once every ``RECORD_GAP_S`` (changes within it
+pids, the failing health checks' reasons), never on a timer, and at most once every ``RECORD_GAP_S`` (changes within it
 go out together, the latest values): every write is an event that every other
 daemon's watch receives. What changes with training rather than with the node's
 state lives apart, in its progress (``daemon.coordination.progress``): the step
@@ -26,6 +26,7 @@ from daemon.coordination.coordinator import Coordinator
 from daemon.coordination.identity import machine_id
 from daemon.coordination.progress import PROGRESS_EVERY_S
 from daemon.node_state.view import NodeView
+from daemon.supervision.health_gate import failing
 
 _UNSET = object()
 RECORD_GAP_S = 1.0
@@ -50,6 +51,7 @@ class NodeRecord:
         return {
             **(spanning if v.nodes_per_group > 1 else {}),
             "waiting_for": v.waiting_for,
+            "health": failing(v.health),  # the failing checks' reasons; {} when healthy
             "host": self.cfg.advertise_host,
             "machine": self.machine,
             "http_port": self.http_port,

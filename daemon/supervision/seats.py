@@ -86,6 +86,19 @@ class Seats:
         if self.view.seat is not None:
             self.coord.release_slot(self.view.seat, self.nodes)
 
+    def give_back(self) -> bool:
+        """Give the seat back now, as an unhealthy node does (health_gate.py); the slot
+        file still names it, so it is asked for first once the node is healthy. False
+        when etcd is away (the seat is still held: try again next round)."""
+        held, slot = self.view.seat, self.view.slot
+        if held is None:
+            return True
+        ok, _ = self._attempt("give_back", self.release)
+        if ok:
+            self.view.slot, self.view.node_rank = None, 0
+            self.log.warning("seat_given_back", slot=slot, seat=held, why="unhealthy")
+        return ok
+
     def bump_generation(self, gid: int, seen: int) -> int | None:
         """Move a spanning group's generation on from `seen`; the one now (None: etcd away)."""
         ok, now = self._attempt("generation", lambda: self.coord.bump_generation(gid, seen))

@@ -21,6 +21,9 @@ lighthouse (``daemon.leadership.election``) have deadlines checked once per tick
 errors reach no handler as exceptions (``daemon.supervision.upkeep``); a short etcd outage
 never touches the ranks, and one that puts the lease in doubt pauses them
 (FENCED) until etcd says whether their state may be kept (``daemon.coordination.fencing``).
+A node whose health checks fail (``daemon.health``) claims no seat and starts no ranks;
+one that holds a seat gives it back after ``health.leave_after`` failures in a row, while
+running only if other groups carry the job (``daemon.supervision.health_gate``).
 What follows a stopped group is ``daemon.supervision.after_stop``. Exit codes are
 ``daemon.exits``: 2 only for bad input, found while joining or by the ranks.
 """
@@ -35,17 +38,26 @@ from typing import Any, cast
 
 from daemon import __version__
 from daemon.children import free_port
-from daemon.config import DaemonConfig, write_rank_config
+from daemon.config import DaemonConfig, node_device, write_rank_config
 from daemon.coordination.coordinator import Coordinator
 from daemon.coordination.fencing import Fence
 from daemon.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
+from daemon.health import HealthMonitor, HealthSettings
 from daemon.node_state.states import TERMINAL, IllegalTransition, State, allowed
 from daemon.node_state.view import NodeView
 from daemon.ranks.node_group import NodeGroup
 from daemon.ranks.spec import GroupPart, Seat
-from daemon.ranks.stop_cause import FENCED_OUT, SLOT_LOST, GroupRestart, JobEnded, StopCause
+from daemon.ranks.stop_cause import (
+    FENCED_OUT,
+    SLOT_LOST,
+    GroupRestart,
+    JobEnded,
+    StopCause,
+    Unhealthy,
+)
 from daemon.ranks.workers import ExitKind
 from daemon.supervision.after_stop import after_stop
+from daemon.supervision.health_gate import claim_blocked, healthy_groups_besides, must_leave
 from daemon.supervision.restarts import RestartBudget
 from daemon.supervision.spanning import SpanningGroup
 from daemon.supervision.systemd import Notifier
@@ -77,6 +89,8 @@ class Supervisor:
         self.upkeep = EtcdUpkeep(cfg, coordinator, self.view, self.run_dir, self.wake.set)
         self.upkept = UpkeepReport()  # the last round's (the metrics read it too)
         self.waiting = Waiting(cfg, self.view)
+        settings = HealthSettings.of(cfg, coordinator.settings.endpoints, node_device(cfg))
+        self.health = HealthMonitor(settings, cfg.health.interval_s, self.wake.set)
         self.budget = RestartBudget.for_node(cfg.node)
         nodes = cfg.job.nodes_per_group  # a group across nodes: its generations (spanning.py)
         self.spanning = SpanningGroup(nodes) if nodes > 1 else None
@@ -96,6 +110,7 @@ class Supervisor:
         self.log.info(
             "daemon_started", version=__version__, pid=os.getpid(), run_dir=str(self.run_dir)
         )
+        self.health.start()  # its first report comes before the node may claim a seat
         try:
             while self.view.state not in TERMINAL:
                 started = time.monotonic()
@@ -103,6 +118,7 @@ class Supervisor:
                 self.wake.wait(max(0.0, TICK_S - (time.monotonic() - started)))
                 self.wake.clear()
         finally:
+            self.health.stop()
             self.group.kill()
             self.upkeep.close()
         self._report_unreplicated()
@@ -131,6 +147,7 @@ class Supervisor:
         if self.cfg.node.straggler_drain and self.view.stragglers and state == State.RUNNING:
             self.log.warning("straggler_drain", ranks=dict(self.view.stragglers))
             self.drain_requested.set()  # the others stop waiting for this node's group
+        self.view.health = self.health.latest  # one immutable report (daemon.health)
         if self.drain_requested.is_set() and state not in (*TERMINAL, State.DRAINING):
             self.move(self._drain())
         self.upkept = self.upkeep.tick()
@@ -188,6 +205,10 @@ class Supervisor:
     def _claiming(self) -> State:
         if self.view.job_completed:
             return self._done("job completed")
+        blocked = claim_blocked(self.view.health)  # an unhealthy node claims no seat
+        if blocked is not None:
+            self.view.waiting_for = blocked
+            return State.CLAIMING
         # None: every slot is taken (stand by) or etcd is away
         return State.CLAIMING if self.upkeep.seats.claim() is None else State.WAITING
 
@@ -196,6 +217,12 @@ class Supervisor:
             return self._done("job completed")
         if self.view.slot is None:
             return State.CLAIMING
+        if must_leave(self.view.health, self.cfg.health.leave_after, False, 0, 0):
+            return State.CLAIMING if self.upkeep.seats.give_back() else State.WAITING
+        blocked = claim_blocked(self.view.health)  # no ranks start on an unhealthy node
+        if blocked is not None:
+            self.view.waiting_for = blocked
+            return State.WAITING
         lighthouse = self.upkept.lighthouse
         missing = self.waiting.missing(lighthouse is not None)
         if missing is None and self.spanning is not None and self.view.job is not None:
@@ -244,6 +271,9 @@ class Supervisor:
             moved = self.spanning.must_stop(self.view.job, self.view.slot)
             if moved is not None:
                 return self._stop(GroupRestart(moved))
+        if self._unhealthy_leaves():
+            assert self.view.health is not None
+            return self._stop(Unhealthy(self.view.health.summary()))
         outcome = self.group.poll()
         if outcome is None:
             # Another node completed the job: this group gets drain_grace_s to finish too.
@@ -259,6 +289,13 @@ class Supervisor:
         fields = {"kind": outcome.kind.value, "reason": outcome.reason, "codes": outcome.codes}
         self.log.warning("group_failed", **fields)
         return self._stop(outcome)
+
+    def _unhealthy_leaves(self) -> bool:
+        """health.leave_after failed checks in a row, with job.min_replicas other groups
+        training on healthy nodes (health_gate.py): this group makes way."""
+        v, cfg = self.view, self.cfg
+        others = healthy_groups_besides(v.job, cfg.node_id, v.slot)
+        return must_leave(v.health, cfg.health.leave_after, True, others, cfg.job.min_replicas)
 
     def _fenced(self) -> State:
         """Ranks paused until etcd answers; then resume them or discard their state."""

@@ -109,6 +109,16 @@ class _NodeCollector(Collector):
             "The quantile (hang.step_quantile) of step times the step's timeout came from.",
             math.nan if v.step_time_quantile_s is None else v.step_time_quantile_s,
         )
+        if v.health is not None:  # absent until the first check has run
+            healthy = GaugeMetricFamily(
+                "phalanx_node_healthy",
+                "1 if this node passed the health check, 0 if it failed (the reason is on "
+                "/status); an unhealthy node claims no seat.",
+                labels=[*names, "check"],
+            )
+            for c in v.health.checks:
+                healthy.add_metric([*values, c.name], float(c.ok))
+            yield healthy
 
         restarts = CounterMetricFamily(
             "phalanx_group_restarts",

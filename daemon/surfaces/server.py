@@ -1,7 +1,8 @@
 """The daemon's HTTP endpoints.
 
 * ``/healthz``: liveness. 200 while the supervisor loop keeps ticking.
-* ``/readyz``: readiness. 200 once registered in etcd with its group running.
+* ``/readyz``: readiness. 200 once registered in etcd with its group running on a healthy
+  node; 503 otherwise, with the state and any failing health check's reason.
 * ``/status``: this node's view as JSON.
 * ``/metrics``: Prometheus text exposition (daemon and ranks).
 """
@@ -16,8 +17,9 @@ from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
 
+from daemon.health import HealthReport
 from daemon.listener import Listener, bind
-from daemon.node_state.view import State
+from daemon.node_state.view import NodeView, State
 from daemon.supervision.supervisor import Supervisor
 from trainer import logs
 
@@ -69,9 +71,33 @@ def status_document(sup: Supervisor) -> dict[str, Any]:
         "stragglers": v.stragglers,  # rank -> its compute over the other groups', while flagged
         "last_error": v.last_error,
         "waiting_for": v.waiting_for,
+        "health": health_document(v.health),
         "ticks": v.ticks,
         "view": job,
     }
+
+
+def health_document(report: HealthReport | None) -> dict[str, Any] | None:
+    """The last health report for /status: ok, and each check's ok and reason by name."""
+    if report is None:
+        return None
+    return {
+        "ok": report.ok,
+        "failed_in_a_row": report.failed_in_a_row,
+        "checks": {c.name: {"ok": c.ok, "reason": c.reason} for c in report.checks},
+    }
+
+
+def readiness(v: NodeView) -> tuple[bool, str]:
+    """Ready: registered, its group running, on a healthy node (an etcd outage does not
+    unready a running group); else what it is doing and what is wrong, one per line."""
+    ready = v.registered and v.state == State.RUNNING and v.healthy
+    if ready:
+        return True, "ready\n"
+    lines = [v.state.value]
+    if v.health is not None:
+        lines += [f"unhealthy: {c.name}: {c.reason}" for c in v.health.failing]
+    return False, "\n".join(lines) + "\n"
 
 
 class StatusServer:
@@ -165,10 +191,8 @@ class StatusServer:
             fresh = time.monotonic() - v.last_tick < STALE_LOOP_S
             return (200, text, b"ok\n") if fresh else (503, text, b"supervisor loop stalled\n")
         if path == "/readyz":
-            ready = (
-                v.registered and v.state == State.RUNNING
-            )  # etcd outages do not unready a running group
-            return (200, text, b"ready\n") if ready else (503, text, f"{v.state.value}\n".encode())
+            ready, why = readiness(v)
+            return (200 if ready else 503), text, why.encode()
         if path == "/status":
             body = json.dumps(status_document(self.sup), default=str, indent=2).encode()
             return 200, "application/json", body

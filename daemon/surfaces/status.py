@@ -23,6 +23,7 @@ def status_json(job: str, view: JobView) -> dict[str, Any]:
             "node_rank": record.get("node_rank"),
             "generation": record.get("generation"),
             "waiting_for": record.get("waiting_for"),
+            "health": _failing_checks(record.get("health")),
         }
         for node_id, record in sorted(view.nodes.items())
     ]
@@ -43,6 +44,13 @@ def status_json(job: str, view: JobView) -> dict[str, Any]:
         "nodes": nodes,
         "warnings": replication_warnings(nodes, len(view.groups), view.state or {}),
     }
+
+
+def _failing_checks(value: object) -> dict[str, str]:
+    """A record's failing health checks (name -> reason), read without trusting it."""
+    if not isinstance(value, dict):
+        return {}
+    return {str(k)[:64]: str(v)[:400] for k, v in value.items()}
 
 
 def group_states(view: JobView) -> dict[str, str]:
@@ -125,6 +133,11 @@ def status_table(doc: dict[str, Any]) -> str:
         lines.append("(no live nodes)")
     lines += [
         f"{n['id']} waits for {n['waiting_for']}" for n in doc["nodes"] if n.get("waiting_for")
+    ]
+    lines += [
+        f"{n['id']} is unhealthy: {name}: {reason}"
+        for n in doc["nodes"]
+        for name, reason in sorted((n.get("health") or {}).items())
     ]
     return head + "\n" + "\n".join(lines)
 

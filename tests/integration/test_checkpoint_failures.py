@@ -1,7 +1,9 @@
 """A checkpoint volume that refuses writes or runs out of space never stops training.
 
 The checkpoint directory is a tmpfs remounted read-only (root ignores file modes,
-so a chmod would not do) under a real daemon and its ranks: every due save fails
+so a chmod would not do) under a real daemon and its ranks, once the node has claimed
+its seat (before that, its health check keeps it out: test_node_health.py): every due
+save fails
 with a ``checkpoint_failed`` event and ``phalanx_checkpoint_failures_total`` grows
 (the metric ``PhalanxCheckpointFailing`` alerts on, tested with ``promtool test
 rules`` in test_observability.py) while training goes on; once the volume is
@@ -17,11 +19,7 @@ partial files are removed.
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -29,33 +27,10 @@ import structlog
 
 from tests.support.checkpointers import linear_checkpointer
 from tests.support.harness import Daemon, run_dir, start_daemon, wait_for
+from tests.support.volumes import fill, tmpfs
 from trainer.checkpoint.files import MARKER, Candidate, candidates, problem
 
 pytestmark = pytest.mark.integration
-
-
-def _mount(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["mount", *args], capture_output=True, text=True, timeout=30)
-
-
-@contextmanager
-def tmpfs(path: Path, size: str = "256m") -> Iterator[Callable[[bool], None]]:
-    """A tmpfs at `path`; the yielded function makes it writable (True) or read-only."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
-    path.mkdir()
-    made = _mount("-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path))
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
-
-    def writable(yes: bool) -> None:
-        done = _mount("-o", f"remount,{'rw' if yes else 'ro'}", str(path))
-        assert done.returncode == 0, done.stderr
-
-    try:
-        yield writable
-    finally:
-        subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=30)
 
 
 def failures_total(d: Daemon) -> float:
@@ -68,14 +43,17 @@ def failures_total(d: Daemon) -> float:
 def test_a_read_only_checkpoint_volume_fails_saves_but_not_training(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     with tmpfs(ckpt) as writable:
-        writable(False)
         overrides = [
             f'checkpoint.dir="{ckpt}"',
             "checkpoint.interval_steps=5",
             "train.steps=100000",
+            "health.interval_s=3600",  # checked once, writable, before the claim
+            "health.min_free_gb=0.001",  # the 256 MB volume has room for a first checkpoint
         ]
         d = start_daemon(tmp_path, "ro", None, overrides=overrides)
         try:
+            wait_for(lambda: d.events("slot_claimed"), 60, "the claim")
+            writable(False)  # before the ranks' first save (their start takes longer)
             failed = wait_for(
                 lambda: len(d.events("checkpoint_failed")) >= 2 and d.events("checkpoint_failed"),
                 120,
@@ -98,23 +76,21 @@ def test_a_read_only_checkpoint_volume_fails_saves_but_not_training(tmp_path: Pa
         assert problem(Candidate(step, path), model_hash) is None
 
 
-def fill(volume: Path, leave: int) -> None:
-    """Take all but `leave` bytes of the volume with one file."""
-    free = os.statvfs(volume).f_bavail * os.statvfs(volume).f_frsize
-    with (volume / "filler").open("wb") as f:
-        os.posix_fallocate(f.fileno(), 0, max(0, free - leave))
-
-
 def test_a_volume_filled_mid_run_fails_saves_not_training_and_a_restart_loads(
     tmp_path: Path,
 ) -> None:
     ckpt = tmp_path / "ckpt"
-    job = [f'checkpoint.dir="{ckpt}"', "checkpoint.interval_steps=20", "train.steps=100"]
+    job = [
+        f'checkpoint.dir="{ckpt}"',
+        "checkpoint.interval_steps=20",
+        "train.steps=100",
+        "health.min_free_gb=0.001",  # the 8 MB volume has room for a first checkpoint
+    ]
     with tmpfs(ckpt, "8m"):
         d = start_daemon(tmp_path, "full", None, overrides=job)
         try:
             saved = wait_for(lambda: d.events("checkpoint_saved"), 120, "a first checkpoint")
-            fill(ckpt, leave=int(saved[0]["bytes"]) // 2)
+            filler = fill(ckpt, leave=int(saved[0]["bytes"]) // 2)
             assert d.wait(240) == 0, d.proc.tail()
         finally:
             d.stop()
@@ -128,6 +104,7 @@ def test_a_volume_filled_mid_run_fails_saves_not_training_and_a_restart_loads(
         # Nothing half-written is left behind: every step directory is a complete save.
         assert all(c.marked for c in candidates(run_dir(ckpt)))
 
+        filler.unlink()  # a node claims no seat on a volume without room for the next save
         again = start_daemon(tmp_path / "again", "full", None, overrides=job)
         try:
             loaded = wait_for(lambda: again.events("checkpoint_loaded"), 120, "a resume")

@@ -1,4 +1,5 @@
-"""What tests ask of a running job: `phalanx status --json`, and a daemon's final digest."""
+"""What tests ask of a running job: `phalanx status` (JSON or the table), and a daemon's final
+digest."""
 
 from __future__ import annotations
 
@@ -33,3 +34,22 @@ def digest(d: Daemon) -> str:
     done = d.events("train_done")
     assert done, d.proc.tail()
     return str(done[0]["params_sha256"])
+
+
+def status_table(endpoint: str) -> str:
+    """`phalanx status` as an operator reads it (the table)."""
+    out = subprocess.run(
+        [
+            str(BIN / "phalanx"),
+            "status",
+            "--config",
+            str(DAEMON_JOB),
+            "--set",
+            f'etcd.endpoints=["{endpoint}"]',
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    return out.stdout

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from daemon.exits import EXIT_BAD_INPUT, EXIT_FAILED, RANK_BAD_INPUT, RANK_NO_QUORUM
 from daemon.node_state.states import State
-from daemon.ranks.stop_cause import JobEnded, StopCause
+from daemon.ranks.stop_cause import JobEnded, StopCause, Unhealthy
 from daemon.ranks.workers import ExitKind, GroupExit, _failure_kind
 from daemon.supervision.after_stop import SLOT_LOST, StopDecision, after_stop
 from daemon.supervision.restarts import RestartBudget
@@ -92,3 +92,10 @@ def test_a_crash_or_a_hang_restarts_with_backoff_until_the_budget_is_spent() -> 
     assert third.error == "gave up after 2 restarts in 60s; last error: boom"
     # The window slides: once the old restarts are out of it, restarting is allowed again.
     assert _decide(_exit(ExitKind.FAILED), budget=budget, now=100.0).state == State.RESTARTING
+
+
+def test_an_unhealthy_node_that_made_way_waits_to_give_its_seat_back_outside_the_budget() -> None:
+    budget = RestartBudget(max_restarts=0, window_s=60.0, backoff_s=1.0)
+    v = _decide(Unhealthy("clock: off"), budget=budget)
+    assert (v.state, v.reason, v.detail) == (State.WAITING, "", "clock: off")
+    assert _decide(Unhealthy("clock: off"), slot_held=False).state == State.CLAIMING

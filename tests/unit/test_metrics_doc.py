@@ -27,6 +27,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from daemon.coordination.job_view import JobView
+from daemon.health import CheckResult, HealthReport
 from daemon.node_state.view import NodeView
 from daemon.supervision.supervisor import Supervisor
 from daemon.supervision.upkeep import UpkeepReport
@@ -48,6 +49,7 @@ RANK_SCRIPT = textwrap.dedent(
     m.observe_step(5, True, 1.5, 0.001, 0.2, 4096, 2, 7)
     m.observe_step(6, False, 1.5, 0.001, 0.2, 4096, 1, 8)
     m.observe_heal(0.5)
+    m.observe_rank(0.2, 0.15, True, 2.5)
     m.observe_eval(5, 1.25)
     m.observe_checkpoint(5, 0.01, 0.3)
     m.observe_checkpoint_failure()
@@ -76,7 +78,9 @@ def node_metrics_text(tmp: Path) -> str:
         nodes={}, groups={0: "a", 1: "doc-node"}, leader="doc-node", lighthouse=None,
         checkpoint=None, state=None, spec=None,
     )  # fmt: skip
-    view = NodeView(leader=True, slot=1, etcd_up=True, pids=[os.getpid()], job=job)
+    checks = (CheckResult("checkpoint_dir", True, "writable"), CheckResult("clock", False, "off"))
+    health = HealthReport(checks, at=0.0, failed_in_a_row=1)
+    view = NodeView(leader=True, slot=1, etcd_up=True, pids=[os.getpid()], job=job, health=health)
     view.restarts["rank_exit"] = 1
     fake = SimpleNamespace(
         cfg=SimpleNamespace(

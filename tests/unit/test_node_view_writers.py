@@ -19,7 +19,7 @@ FIELDS = {f.name for f in dataclasses.fields(NodeView)} - {"lock"}
 OWNERS = {
     "daemon/supervision/supervisor.py": {
         "state", "registered", "restarts", "failure", "last_tick", "ticks", "waiting_for",
-        "generation",
+        "generation", "health",
     },
     "daemon/supervision/upkeep.py": {"lighthouse", "job", "most_groups"},
     "daemon/supervision/seats.py": {"slot", "node_rank", "spare"},

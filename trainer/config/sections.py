@@ -19,7 +19,15 @@ from pydantic import BaseModel, ConfigDict, Field
 # Sections of a job file that belong to the daemon. The trainer skips them; the
 # daemon validates them (daemon/config/sections.py). Listed here by name only, so the
 # trainer can read a full job file without importing the daemon.
-DAEMON_SECTIONS: tuple[str, ...] = ("job", "etcd", "node", "lighthouse", "hang", "metrics")
+DAEMON_SECTIONS: tuple[str, ...] = (
+    "job",
+    "etcd",
+    "node",
+    "lighthouse",
+    "hang",
+    "metrics",
+    "health",
+)
 
 
 class ConfigError(Exception):

@@ -1,0 +1,81 @@
+"""What the node does about its health (``daemon.health``): pure decisions the supervisor
+acts on, each unit tested.
+
+* Before claiming a seat: claim only on a healthy report (:func:`claim_blocked`); until
+  then the node stays in CLAIMING and its ``waiting_for`` names the failing checks.
+* Holding a seat, ranks not running (WAITING): start no ranks while unhealthy, and give
+  the seat back after ``health.leave_after`` failed runs in a row (:func:`must_leave`).
+* Running: give the seat back after ``health.leave_after`` failed runs in a row, but only
+  while at least ``job.min_replicas`` other groups run on nodes whose records say they are
+  healthy (:func:`healthy_groups_besides`). A fault every node shares (a full shared
+  checkpoint volume, a clock the whole site lost) then makes no node leave, so it never
+  stops the job; a fault of this node alone moves its group out of the way (a full local
+  disk under the writer group would fail every save) and the node claims again once
+  healthy, healing from the others like any returning group.
+
+A node's record carries its failing checks (``health``: name -> reason; empty when
+healthy), which is how the others read its health.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from daemon.coordination.job_view import JobView
+from daemon.health import HealthReport
+
+FIRST_CHECK = "the first health check"
+
+
+def claim_blocked(report: HealthReport | None) -> str | None:
+    """Why the node may not claim a seat (or start ranks) now; None when it may."""
+    if report is None:
+        return FIRST_CHECK
+    if report.ok:
+        return None
+    names = ", ".join(c.name for c in report.failing)
+    return f"the node to be healthy (failing: {names}; see /status)"
+
+
+def failing(report: HealthReport | None) -> dict[str, str]:
+    """The failing checks by name with their reasons: the record's ``health``."""
+    return {c.name: c.reason for c in report.failing} if report is not None else {}
+
+
+def must_leave(
+    report: HealthReport | None,
+    leave_after: int,
+    running: bool,
+    healthy_others: int,
+    min_replicas: int,
+) -> bool:
+    """Whether a node holding a seat gives it back: `leave_after` (0: never) failed runs in
+    a row, and, when its ranks run, `healthy_others` (other groups running on healthy
+    nodes) at least job.min_replicas, so the job trains on without it."""
+    if report is None or report.ok or leave_after <= 0:
+        return False
+    if report.failed_in_a_row < leave_after:
+        return False
+    return not running or healthy_others >= max(1, min_replicas)
+
+
+def healthy_groups_besides(job: JobView | None, node_id: str, slot: int | None) -> int:
+    """The groups other than `slot` that run on healthy nodes, as the nodes' records say:
+    a group counts when a node of it runs and none of its running nodes reports a failing
+    check. Records are read without trusting them (a malformed one counts as unhealthy)."""
+    if job is None:
+        return 0
+    running: dict[int, bool] = {}  # gid -> all of its running nodes healthy
+    for node, record in job.nodes.items():
+        if node == node_id or not isinstance(record, dict) or record.get("state") != "running":
+            continue
+        gid = record.get("group")
+        if not isinstance(gid, int) or isinstance(gid, bool) or gid == slot:
+            continue
+        running[gid] = running.get(gid, True) and _healthy(record)
+    return sum(1 for ok in running.values() if ok)
+
+
+def _healthy(record: dict[str, Any]) -> bool:
+    health = record.get("health", {})
+    return isinstance(health, dict) and not health
