@@ -1,11 +1,12 @@
 """The job file as the daemon reads it: its own sections (job, etcd, node, lighthouse,
-metrics, health) beside the trainer's, loading with overrides and cross-checks, the etcd
+hang, metrics, health) beside the trainer's, loading with overrides and cross-checks, the etcd
 settings' one validation, the preflight checks of the machine, the network interface
 of an address, and the generated configuration reference. Nothing here starts anything.
 """
 
 from __future__ import annotations
 
+from daemon.config.detection import HangConfig, HealthConfig
 from daemon.config.etcd_settings import check_etcd_settings, read_password, split_endpoint
 from daemon.config.job_file import check_node_id, load_daemon_config, write_rank_config
 from daemon.config.netif import interface_for
@@ -14,7 +15,6 @@ from daemon.config.sections import (
     MAX_DRAIN_GRACE_S,
     STOP_MARGIN_S,
     DaemonConfig,
-    HealthConfig,
     LighthouseConfig,
     NodeConfig,
 )
@@ -24,6 +24,7 @@ __all__ = [
     "MAX_DRAIN_GRACE_S",
     "STOP_MARGIN_S",
     "DaemonConfig",
+    "HangConfig",
     "HealthConfig",
     "LighthouseConfig",
     "NodeConfig",
