@@ -10,23 +10,15 @@ from typing import Any
 from tests.support.harness import BIN, DAEMON_JOB, Daemon
 
 
+def _status(endpoint: str, *extra: str) -> str:
+    """What `phalanx status` prints for the tests' job at `endpoint`."""
+    argv = [str(BIN / "phalanx"), "status", "--config", str(DAEMON_JOB)]
+    argv += ["--set", f'etcd.endpoints=["{endpoint}"]', *extra]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout
+
+
 def status_json(endpoint: str) -> dict[str, Any]:
-    out = subprocess.run(
-        [
-            str(BIN / "phalanx"),
-            "status",
-            "--config",
-            str(DAEMON_JOB),
-            "--set",
-            f'etcd.endpoints=["{endpoint}"]',
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    )
-    doc: dict[str, Any] = json.loads(out.stdout)
+    doc: dict[str, Any] = json.loads(_status(endpoint, "--json"))
     return doc
 
 
@@ -38,18 +30,4 @@ def digest(d: Daemon) -> str:
 
 def status_table(endpoint: str) -> str:
     """`phalanx status` as an operator reads it (the table)."""
-    out = subprocess.run(
-        [
-            str(BIN / "phalanx"),
-            "status",
-            "--config",
-            str(DAEMON_JOB),
-            "--set",
-            f'etcd.endpoints=["{endpoint}"]',
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    )
-    return out.stdout
+    return _status(endpoint)
