@@ -55,6 +55,7 @@ class NodeView:
     hang_timeouts: dict[str, float] = field(default_factory=dict)  # seconds per phase, now
     hang_learned: bool = False  # the step's timeout was learned from step times
     step_time_quantile_s: float | None = None  # the quantile of step times it came from
+    step_time_median_s: float | None = None
     # The rank output threads' (track).
     step: int = 0
     loss: float | None = None

@@ -114,6 +114,7 @@ class Timeouts:
     by_phase: dict[str, float] = field(default_factory=dict)
     learned: bool = False
     step_quantile_s: float | None = None  # the quantile the step timeout came from
+    step_median_s: float | None = None  # the median step time, for comparison
 
     def of(self, phase: str) -> float:
         return self.by_phase[phase]
@@ -127,4 +128,4 @@ def timeouts(limits: HangLimits, times: StepTimes) -> Timeouts:
         step = min(limits.ceiling_s, max(limits.floor_s, q * limits.factor))
     else:
         step = limits.ceiling_s
-    return Timeouts({**limits.fixed, "step": step}, learned, q)
+    return Timeouts({**limits.fixed, "step": step}, learned, q, times.quantile(0.5))

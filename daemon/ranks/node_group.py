@@ -201,6 +201,7 @@ class NodeGroup:
             t = timeouts(self.limits, self.step_times)
             self.view.hang_timeouts = dict(t.by_phase)
             self.view.hang_learned, self.view.step_time_quantile_s = t.learned, t.step_quantile_s
+            self.view.step_time_median_s = t.step_median_s
             return t
         return self.timeouts
 

@@ -66,6 +66,7 @@ def status_document(sup: Supervisor) -> dict[str, Any]:
             "timeouts": v.hang_timeouts,
             "learned": v.hang_learned,
             "step_time_quantile_s": v.step_time_quantile_s,
+            "step_time_median_s": v.step_time_median_s,
             "phases": v.phases,
         },
         "stragglers": v.stragglers,  # rank -> its compute over the other groups', while flagged

@@ -76,7 +76,7 @@ def test_the_learned_step_timeout_is_a_quantile_times_the_factor_within_bounds()
     )
     steps = [1.0] * 89 + [5.0] * 10 + [40.0]  # one outlier above the 0.9 quantile
     t = timeouts(limits, StepTimes().add(steps))
-    assert t.step_quantile_s == 5.0 and t.of("step") == 15.0
+    assert t.step_quantile_s == 5.0 and t.of("step") == 15.0 and t.step_median_s == 1.0
     slow = timeouts(limits, StepTimes().add([60.0] * 10))
     assert slow.of("step") == 100  # the ceiling: node.hang_timeout_s
     fast = timeouts(limits, StepTimes().add([0.01] * 10))
