@@ -56,13 +56,15 @@ def test_random_faults_keep_every_promise(tmp_path: Path, network: Network) -> N
                 f"the job reached step {c.step()} of {STEPS} before fault {n + 1} of "
                 f"{len(faults)}: raise PHALANX_FAULT_STEPS ({replay})"
             )
+            at_step = c.step()
             f.started = time.time()
             INJECT[f.kind](c, f)
             f.injected = time.time()
             c.wait_whole(f.injected)
             f.whole = time.time()
             print(
-                f"{n + 1:3d} {f.line():28s} whole after {f.whole - f.started:5.1f}s, longest "
+                f"{n + 1:3d} step {at_step:5d} {f.line():28s} whole after "
+                f"{f.whole - f.started:5.1f}s, longest "
                 f"pause {longest_pause(c, f):5.1f}s {f.note}"
             )
         for node in NODES:

@@ -28,10 +28,10 @@ KINDS = (
 )  # fmt: skip
 COLD = ("cold_restart", "corrupt_checkpoint")  # every group restarts from a checkpoint
 HELD = {  # kinds held for a while: the range of seconds a seed draws from
-    "slow_rank": (4.0, 8.0),
-    "etcd_kill": (1.0, 5.0),
-    "host_isolated": (4.0, 8.0),
-    "etcd_cut": (4.0, 8.0),
+    "slow_rank": (3.0, 6.0),
+    "etcd_kill": (1.0, 4.0),
+    "host_isolated": (4.0, 7.0),
+    "etcd_cut": (4.0, 7.0),
 }
 # The job's settings for these runs (with tests/integration/daemon_job.toml): a silent
 # peer (a cut, a stopped rank) fails a collective only by ft.timeout_s.
