@@ -28,7 +28,7 @@ test: $(STAMP)
 # By hand, not in CI: 100 random faults (tests/integration/test_random_faults.py), about
 # 30 minutes; the seed is printed with the command that replays it.
 soak: $(STAMP)
-	PHALANX_FAULTS=100 PHALANX_FAULT_STEPS=12000 PHALANX_FAULT_TIMEOUT=3600 \
+	PHALANX_FAULTS=100 PHALANX_FAULT_STEPS=14000 PHALANX_FAULT_TIMEOUT=3600 \
 		$(BIN)/python -m pytest -s -p no:cacheprovider tests/integration/test_random_faults.py
 
 lint: $(STAMP)
