@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ from pathlib import Path
 class Heartbeat:
     def __init__(self, path: Path | None) -> None:
         self.path = path
+        self._tmp = path.with_name(f".{path.name}.tmp") if path is not None else Path()
         self._lock = threading.Lock()  # torchft's quorum thread beats for a heal
         self._phase = "start"
         self._since = time.monotonic()
@@ -34,6 +36,9 @@ class Heartbeat:
             if phase == "step" and self._phase == "step":
                 beat["step_s"] = round(now - self._since, 6)
             self._phase, self._since = phase, now
-            # OSError: the daemon's run directory went away (it is stopping us anyway).
+            # Replaced whole, never rewritten in place: the daemon reads a beat when the
+            # file's mtime changes, which is coarser than a write, so it must never find a
+            # half-written one. OSError: the run directory went away (we are being stopped).
             with contextlib.suppress(OSError):
-                self.path.write_text(json.dumps(beat))
+                self._tmp.write_text(json.dumps(beat))
+                os.replace(self._tmp, self.path)

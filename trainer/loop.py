@@ -211,9 +211,9 @@ class Loop:
                 if p.grad is not None:
                     local(p.grad).fill_(float("nan"))
         # The group's part of the step's mean loss, averaged across groups like the
-        # gradients: the mean over the step's items.
-        # The group's part of the step's loss, then this rank's compute time (its mean
-        # across groups finds stragglers, trainer/ft/straggler.py); filled on the device.
+        # gradients (the mean over the step's items), then this rank's compute time,
+        # whose mean across groups finds stragglers (trainer/ft/straggler.py); both are
+        # filled on the device.
         part = torch.cat([
             (total * (quorum.participants / self.global_batch)).reshape(1),
             torch.full((1,), self.compute_s or 0.0, dtype=total.dtype, device=total.device),
