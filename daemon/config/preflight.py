@@ -266,6 +266,17 @@ def check_device(cfg: DaemonConfig) -> None:
         )
 
 
+def check_fp8(cfg: DaemonConfig) -> None:
+    """FP8 training needs CUDA: a node that trains on the CPU is refused before anything
+    starts (the ranks check the GPU's compute capability, trainer/parallel/fp8.py)."""
+    device = node_device(cfg)
+    if cfg.parallel.fp8 and device != "cuda":
+        raise ConfigError(
+            f"parallel.fp8 = true needs a GPU with FP8 support (compute capability 8.9 or "
+            f"newer), but this node trains on the {device}; set parallel.fp8 = false."
+        )
+
+
 def check_chaos(environ: Mapping[str, str], node_env: Mapping[str, str]) -> None:
     """PHALANX_CHAOS, _DELAY, _SLEEP and _RANKS as the ranks will inherit them (node.env
     wins)."""
@@ -301,5 +312,6 @@ def preflight(cfg: DaemonConfig) -> RunLock:
     check_port_free("http_port", cfg.http_host, cfg.node.http_port)
     check_port_free("lighthouse_proxy_port", PROXY_HOST, cfg.node.lighthouse_proxy_port)
     check_device(cfg)
+    check_fp8(cfg)
     check_chaos(os.environ, cfg.node.env)
     return RunLock.acquire(run_dir)

@@ -174,6 +174,7 @@ CASES = [
     case("node-id-control", node_id_flag("a\x1bb"), True),
     case("node-id-in-job-file", override("node.id 'x/y'", 'node.id="x/y"'), True),
     case("node-id-tab-in-job-file", override("node.id 'x\\ty'", 'node.id="x\\ty"'), False),
+    case("fp8-on-cpu", override("parallel.fp8 = true needs a GPU", "parallel.fp8=true"), False),
     case("hang-timeout-low", override("node.hang_timeout_s", "node.hang_timeout_s=1"), True),
     case("hang-timeout-high", override("node.hang_timeout_s", "node.hang_timeout_s=1e5"), False),
     case("lease-ttl-low", override("etcd.lease_ttl_s", "etcd.lease_ttl_s=1"), True),

@@ -55,6 +55,11 @@ def check_trainer(cfg: TrainerConfig, world_size: int | None = None) -> None:
             fail(
                 f"parallel.pp_microbatches ({p.microbatches}) must be at least parallel.pp ({p.pp})."
             )
+    if p.fp8 and p.tp > 1:
+        fail(
+            "parallel.fp8 with parallel.tp > 1 is not supported (float8 tensor-parallel plans are "
+            "not built); set parallel.tp = 1 or parallel.fp8 = false."
+        )
     if cfg.workload.spec is None:
         _check_builtin(cfg, fail)
     else:

@@ -108,6 +108,16 @@ class ParallelConfig(Section):
         "float32", description="Dtype of gradient reductions."
     )
     compile: bool = Field(False, description="torch.compile each block.")
+    fp8: bool = Field(
+        False,
+        description="FP8 training through torchao (pip install phalanx[fp8]): the Linear layers "
+        "but the output layer compute in float8; needs a GPU of compute capability 8.9 or newer.",
+    )
+    fp8_recipe: Literal["tensorwise", "rowwise"] = Field(
+        "tensorwise",
+        description="torchao's float8 scaling recipe; tensorwise also all-gathers FSDP shards "
+        "in float8.",
+    )
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="auto picks cuda when available, else cpu."
     )

@@ -1,5 +1,6 @@
 """Parallelism inside a replica group, applied to the workload's (meta) model by explicit
-functions in a fixed order: tensor parallel, activation checkpointing, compile, FSDP2.
+functions in a fixed order: float8 (fp8.py), tensor parallel, activation checkpointing,
+compile, FSDP2.
 Pipeline splitting happens before (pipeline.py cuts the stage modules these functions
 then parallelize); materialize.py allocates and initialises the shards after.
 """
@@ -24,6 +25,8 @@ from torch.distributed.tensor.parallel import (
 from torch.utils.checkpoint import checkpoint
 
 from trainer.config import ParallelConfig
+from trainer.parallel.fp8 import apply_fp8
+from trainer.parallel.fp8 import check_device as check_fp8_device
 from trainer.parallel.mesh import Layout
 from trainer.workloads import Workload, matching, units
 
@@ -84,6 +87,9 @@ def apply_fsdp(
 def parallelize(
     model: nn.Module, workload: Workload, cfg: ParallelConfig, layout: Layout
 ) -> nn.Module:
+    if cfg.fp8:
+        check_fp8_device(layout.device)
+        apply_fp8(model, cfg, sharded=layout.sub("dp_shard") is not None)
     tp_mesh = layout.sub("tp")
     if tp_mesh is not None:
         apply_tp(model, workload, tp_mesh)
