@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(TORCH_VERSION)
 PYTEST_ARGS ?=
 
-.PHONY: demo test soak lint venv clean docs
+.PHONY: demo test soak gpu-check lint venv clean docs
 
 venv: $(STAMP)
 
@@ -30,6 +30,11 @@ test: $(STAMP)
 soak: $(STAMP)
 	PHALANX_FAULTS=100 PHALANX_FAULT_STEPS=14000 PHALANX_FAULT_TIMEOUT=3600 \
 		$(BIN)/python -m pytest -s -p no:cacheprovider tests/integration/test_random_faults.py
+
+# On a lent GPU: the rows of docs/benchmarks.md's GPU check, appended there; without
+# CUDA it says so and checks only what runs on a CPU (bench/gpu_check.py).
+gpu-check: $(STAMP)
+	$(BIN)/python -m bench.gpu_check
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -1,0 +1,246 @@
+"""`make gpu-check`: what a lent GPU must show, in one command that prints a table and,
+on CUDA, appends it to docs/benchmarks.md.
+
+On CUDA:
+* the built-in Llama at 937M parameters, one rank: tokens/s and MFU in bf16, with
+  compile, and with FP8 (`parallel.fp8`, its ratio to bf16);
+* the asynchronous checkpoint's stall on the GPU (blocked time / a synchronous save's,
+  bench/checkpoint_stall.py);
+* `phalanx demo` on the GPU: two replica groups of one rank share it (the daemon, the
+  device in the spec), one rank is SIGKILLed; its summary gives the heal.
+
+Without CUDA it says so in one line, skips those rows, checks what runs on a CPU (FP8
+refused with exit 2, the FP8 conversion of the 937M model on the meta device, a short
+run of the trainer) and exits 0 when those pass. `--no-write` leaves the docs alone.
+
+    .venv/bin/python -m bench.gpu_check [--no-write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+SINGLE = ROOT / "examples" / "single.toml"
+DOCS = ROOT / "docs" / "benchmarks.md"
+BIG = {  # the 937M model of docs/benchmarks.md's first GPU runs
+    "model.vocab_size": "32000",
+    "model.dim": "2048",
+    "model.n_layers": "16",
+    "model.n_heads": "16",
+    "model.max_seq_len": "2048",
+    "train.seq_len": "2048",
+    "train.batch_size": "8",
+    "train.steps": "40",
+    "train.log_every": "1",
+    "parallel.device": "cuda",
+}
+# Dense bf16 peaks (FLOP/s) by a word of the device's name; MFU is n/a for others.
+PEAKS = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12, "L40S": 362.05e12}
+SKIP_STEPS = 10  # the first steps (allocation, compile) are left out of tokens/s
+
+
+@dataclass
+class Row:
+    what: str
+    result: str
+    ok: bool = True
+
+
+def trainer(sets: dict[str, str], timeout: float) -> tuple[int, list[dict[str, Any]], str]:
+    """One `python -m trainer` run of examples/single.toml with `sets`: its exit code, its
+    events and the tail of its stderr."""
+    argv = [sys.executable, "-m", "trainer", "--config", str(SINGLE)]
+    for key, value in sets.items():
+        argv += ["--set", f"{key}={value}"]
+    try:
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, cwd=ROOT, timeout=timeout, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return -1, [], f"timed out after {timeout:.0f}s"
+    events = []
+    for line in (proc.stdout + proc.stderr).splitlines():
+        if line.startswith("{"):
+            with contextlib.suppress(ValueError):
+                events.append(json.loads(line))
+    return proc.returncode, events, proc.stderr[-800:]
+
+
+def tokens_per_s(events: list[dict[str, Any]]) -> float | None:
+    rates = [
+        float(e["tokens_per_s"])
+        for e in events
+        if e.get("event") == "train_step" and int(e.get("step", 0)) > SKIP_STEPS
+    ]
+    return statistics.median(rates) if rates else None
+
+
+def flops_per_token(events: list[dict[str, Any]]) -> float | None:
+    """6 N + 12 L d T, with N from the rank's own count of its parameters."""
+    started = [e for e in events if e.get("event") == "rank_started"]
+    if not started:
+        return None
+    n, layers, dim, seq = (
+        float(started[0]["params"]),
+        int(BIG["model.n_layers"]),
+        int(BIG["model.dim"]),
+        int(BIG["train.seq_len"]),
+    )
+    return 6 * n + 12 * layers * dim * seq
+
+
+def peak(name: str) -> float | None:
+    return next((p for word, p in PEAKS.items() if word in name), None)
+
+
+def speed_rows(name: str) -> list[Row]:
+    """bf16, bf16 + compile, bf16 + FP8: tokens/s and MFU; FP8's ratio to bf16."""
+    runs = {
+        "bf16": {"parallel.param_dtype": "bfloat16"},
+        "bf16 + compile": {"parallel.param_dtype": "bfloat16", "parallel.compile": "true"},
+        "bf16 + fp8": {"parallel.param_dtype": "bfloat16", "parallel.fp8": "true"},
+    }
+    rows, rates = [], {}
+    for label, extra in runs.items():
+        code, events, tail = trainer({**BIG, **extra}, timeout=600)
+        rate, per_token, top = tokens_per_s(events), flops_per_token(events), peak(name)
+        if code != 0 or rate is None:
+            rows.append(
+                Row(f"937M {label}: tokens/s", f"failed (exit {code}): {tail[-300:]}", False)
+            )
+            continue
+        rates[label] = rate
+        mfu = f", MFU {rate * per_token / top:.3f}" if per_token and top else ", MFU n/a"
+        rows.append(Row(f"937M {label}: tokens/s", f"{rate:,.0f}{mfu}"))
+    if "bf16" in rates and "bf16 + fp8" in rates:
+        rows.append(Row("fp8 / bf16 tokens/s", f"{rates['bf16 + fp8'] / rates['bf16']:.2f}"))
+    return rows
+
+
+def stall_row() -> Row:
+    """bench/checkpoint_stall.py's blocked-time ratio, on this machine's GPU."""
+    argv = [sys.executable, "-m", "bench.checkpoint_stall"]
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, check=False)
+    ratio = [line for line in proc.stdout.splitlines() if line.startswith("ratio")]
+    if proc.returncode != 0 or not ratio:
+        return Row("async checkpoint stall", f"failed: {proc.stderr[-300:]}", False)
+    return Row("async checkpoint stall (blocked async / sync)", ratio[0].removeprefix("ratio "))
+
+
+def demo_row() -> Row:
+    """`phalanx demo` with the device left to `auto`: both groups on the one GPU."""
+    argv = [str(Path(sys.executable).parent / "phalanx"), "demo"]
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, check=False)
+    summary = [line.strip() for line in proc.stdout.splitlines() if "heal" in line.lower()]
+    result = "; ".join(summary[-3:]) or proc.stdout[-300:]
+    return Row(
+        "phalanx demo on the GPU (two groups, a rank SIGKILLed)", result, proc.returncode == 0
+    )
+
+
+def cpu_rows() -> list[Row]:
+    """What this command checks anywhere: FP8 refused on a CPU node, the FP8 conversion of
+    the 937M model on the meta device, and a short trainer run."""
+    phalanx = str(Path(sys.executable).parent / "phalanx")
+    refused = subprocess.run(
+        [phalanx, "run", "--config", str(SINGLE), "--set", "parallel.fp8=true",
+         "--set", "node.device=cpu"],
+        capture_output=True, text=True, cwd=ROOT, timeout=120, check=False,
+    )  # fmt: skip
+    said = refused.stderr.strip().splitlines()[-1] if refused.stderr.strip() else ""
+    rows = [
+        Row(
+            "parallel.fp8 on a CPU node",
+            f"exit {refused.returncode}: {said}",
+            refused.returncode == 2 and "parallel.fp8" in said,
+        )
+    ]
+    from torch import nn
+
+    from trainer import workloads
+    from trainer.config import TrainerConfig, validate
+    from trainer.parallel.fp8 import apply_fp8
+
+    model_sets: dict[str, Any] = {
+        k.removeprefix("model."): int(v) for k, v in BIG.items() if k.startswith("model.")
+    }
+    cfg = validate(TrainerConfig, {"model": model_sets, "parallel": {"fp8": True}}, "gpu-check")
+    model = workloads.build_meta(workloads.load(cfg), "the built-in model")
+    converted = apply_fp8(model, cfg.parallel, sharded=True)
+    linears = sum(isinstance(m, nn.Linear) for m in model.modules())
+    rows.append(
+        Row(
+            "fp8 conversion of the 937M model (meta device)",
+            f"{len(converted)} of {linears} Linear layers in float8, output layer kept",
+            bool(converted) and "output" not in converted,
+        )
+    )
+    code, events, tail = trainer({"train.steps": "30", "parallel.device": "cpu"}, timeout=300)
+    rate = tokens_per_s(events)
+    rows.append(
+        Row(
+            "examples/single.toml on the CPU, 30 steps",
+            f"{rate:,.0f} tokens/s" if code == 0 and rate else f"failed (exit {code}): {tail}",
+            code == 0 and rate is not None,
+        )
+    )
+    return rows
+
+
+def table(rows: list[Row]) -> str:
+    lines = ["| check | result |", "|---|---|"]
+    lines += [f"| {r.what} | {r.result if r.ok else 'FAILED: ' + r.result} |" for r in rows]
+    return "\n".join(lines)
+
+
+def write(name: str, rows: list[Row]) -> None:
+    sha = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
+    day = datetime.date.today().isoformat()
+    section = f"\n## `make gpu-check` on {name} ({day}, commit {sha or 'unknown'})\n\n"
+    DOCS.write_text(DOCS.read_text() + section + table(rows) + "\n")
+
+
+def cuda_device() -> str | None:
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--no-write", action="store_true", help="leave docs/benchmarks.md alone")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    name = cuda_device()
+    rows = cpu_rows()
+    if name is None:
+        print(
+            "no CUDA device here: skipping the GPU rows (937M tokens/s and MFU in bf16, with "
+            "compile and with fp8; the async checkpoint stall; the demo on the GPU); "
+            "checking the CPU-runnable parts"
+        )
+    else:
+        print(f"CUDA device: {name}")
+        rows += [*speed_rows(name), stall_row(), demo_row()]
+    print(table(rows))
+    if name is not None and not args.no_write:
+        write(name, rows)
+        print(f"appended to {DOCS.relative_to(ROOT)}")
+    return 0 if all(r.ok for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
