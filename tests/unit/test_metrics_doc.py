@@ -81,6 +81,8 @@ def node_metrics_text(tmp: Path) -> str:
     checks = (CheckResult("checkpoint_dir", True, "writable"), CheckResult("clock", False, "off"))
     health = HealthReport(checks, at=0.0, failed_in_a_row=1)
     view = NodeView(leader=True, slot=1, etcd_up=True, pids=[os.getpid()], job=job, health=health)
+    view.hang_timeouts = {"start": 300.0, "step": 35.0, "quorum": 300.0}
+    view.hang_learned, view.step_time_quantile_s, view.step_time_median_s = True, 0.2, 0.1
     view.restarts["rank_exit"] = 1
     fake = SimpleNamespace(
         cfg=SimpleNamespace(
