@@ -219,11 +219,17 @@ def cold_restart(c: Cluster, f: Fault) -> None:
     f.note = f"resumed at step {loaded[0]['step']}"
 
 
+def _complete(c: Cluster) -> list[Path]:
+    return [p.parent for p in c.checkpoints.glob("*/run-*/step-*/COMPLETE.json")]
+
+
 def corrupt_checkpoint(c: Cluster, f: Fault) -> None:
     """Flip a byte of the newest complete checkpoint, then restart every rank: none may load
-    it (its checksum fails; an older one, or a newer one completed meanwhile, is used)."""
-    wait_for(lambda: _saved(c), 60, "a first checkpoint")
-    complete = [p.parent for p in c.checkpoints.glob("*/run-*/step-*/COMPLETE.json")]
+    it (its checksum fails; an older one, or a newer one completed meanwhile, is used).
+    Two complete ones first: with only the corrupted one, the job starts over and loads
+    nothing, which is right but is not this fault."""
+    wait_for(lambda: len(_complete(c)) >= 2, 90, "two complete checkpoints")
+    complete = _complete(c)
     newest = max(complete, key=lambda p: int(p.name.removeprefix("step-")))
     shard = max(newest.glob("*.distcp"), key=lambda p: p.stat().st_size)
     data = bytearray(shard.read_bytes())
