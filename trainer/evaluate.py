@@ -18,6 +18,7 @@ from torch import nn
 
 from trainer.data.sources import Sampler
 from trainer.ft.step_report import StepReport
+from trainer.parallel.context import ContextParallel, sequence_slice
 from trainer.parallel.group_ops import group_sum, run_schedule
 from trainer.parallel.mesh import Layout
 from trainer.parallel.parallelize import autocast
@@ -41,6 +42,7 @@ class Evaluator:
     schedule: Schedule | None = None
     first: bool = True
     last: bool = True
+    cp: ContextParallel | None = None
 
     def due(self, report: StepReport) -> bool:
         """Whether to evaluate after this step: every `every`-th committed one."""
@@ -64,6 +66,7 @@ class Evaluator:
         batch = self.sampler.take(items, self.layout.device)
         if self.schedule is not None:
             return run_schedule(self.schedule.eval, batch, self.first, self.last)
-        with autocast(self.layout.device, self.autocast):
-            output = self.models[0](batch.inputs)
-        return float(self.loss_fn(output, batch.targets))
+        with sequence_slice(self.cp, self.models, batch) as mine:
+            with autocast(self.layout.device, self.autocast):
+                output = self.models[0](mine.inputs)
+            return float(self.loss_fn(output, mine.targets))

@@ -51,6 +51,7 @@ from trainer.ft.state import TrainState, local
 from trainer.ft.step_report import Attempt, StepReport
 from trainer.ft.straggler import ComputeClock, StragglerWatch
 from trainer.optim import clip_grad_norm
+from trainer.parallel.context import ContextParallel, sequence_slice
 from trainer.parallel.group_ops import group_any, group_sum, run_schedule
 from trainer.parallel.mesh import Layout
 from trainer.parallel.parallelize import autocast, autocast_dtype
@@ -83,12 +84,13 @@ class Loop:
     # Run in every step attempt until one commits, before its forward: while no group
     # of the quorum has committed, every group takes part in a cold start's resume.
     cold_start: Callable[[], None] | None = None
+    cp: ContextParallel | None = None  # parallel.cp > 1: this rank's slice of each sequence
     last_loss: float | None = None  # of the last committed step (None: no step ran here)
     drained: bool = False  # the group agreed to stop early (SIGTERM)
 
     def __post_init__(self) -> None:
         self.params = list(self.state.params.values())
-        self.sharded = self.layout.sub("dp_shard") is not None
+        self.sharded = self.layout.fsdp is not None
         self.autocast = autocast_dtype(self.cfg.parallel, self.layout)
         per_rank = self.cfg.train.batch_size // self.layout.dp_shard
         start = self.layout.dp_rank * per_rank
@@ -203,7 +205,7 @@ class Loop:
         self.compute_s = self.clock.stop(self.replication.take_waited())
         own = self.share
         total = self._group_total(mine)
-        deltas = self.state.buffers.deltas(self.layout.group("dp_shard"))
+        deltas = self.state.buffers.deltas(self.layout.fsdp_group())
         if self.drained:
             leave_unless_formed(self._quorum_settles())
         if self.chaos.at("gradients"):
@@ -351,19 +353,20 @@ class Loop:
         total = torch.zeros((), dtype=torch.float64, device=self.layout.device)
         last = len(plan.micro_batches) - 1
         for i, (items, weight) in enumerate(zip(plan.micro_batches, plan.weights, strict=True)):
-            batch = self.sampler.take(items or self._filler(step), self.layout.device)
+            whole = self.sampler.take(items or self._filler(step), self.layout.device)
             if self.sharded:
                 model.set_requires_gradient_sync(i == last)  # type: ignore[operator]
             # A zero-weight pass runs in eval mode: it must not change the buffers (BatchNorm
             # statistics of filler items), and BatchNorm refuses one item in training mode.
             if not items:
                 model.eval()
-            with autocast(self.layout.device, self.autocast):
-                output = model(batch.inputs)
-            if not items:
-                model.train()
-            loss = self.loss_fn(output, batch.targets)
-            (loss * weight).backward()  # type: ignore[no-untyped-call]
+            with sequence_slice(self.cp, self.models, whole) as batch:
+                with autocast(self.layout.device, self.autocast):
+                    output = model(batch.inputs)
+                if not items:
+                    model.train()
+                loss = self.loss_fn(output, batch.targets)
+                (loss * weight).backward()  # type: ignore[no-untyped-call]
             if items:
                 total += loss.detach().double() * len(items)
         return total

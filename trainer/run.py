@@ -43,6 +43,7 @@ from trainer.heartbeat import Heartbeat
 from trainer.loop import Loop
 from trainer.metrics import TrainMetrics
 from trainer.optim import build_optimizer, build_scheduler, init_optimizer_state
+from trainer.parallel.context import context_parallel
 from trainer.parallel.digest import params_sha256
 from trainer.parallel.materialize import materialize
 from trainer.parallel.mesh import Layout, init_distributed
@@ -153,6 +154,7 @@ def build(cfg: TrainerConfig, env: RankEnv, work: workload.Workload | None = Non
         cold_start=(
             None if checkpointer is None else _resume(cfg, checkpointer, replication, chaos, beat)
         ),
+        cp=context_parallel(cfg.parallel, layout, cfg.train.seq_len, models, work.position_buffers),
     )  # fmt: skip
     return Built(
         cfg=cfg,
@@ -185,7 +187,12 @@ def train(b: Built) -> int:
             "rank_started",
             pid=os.getpid(),
             device=str(b.layout.device),
-            layout={"pp": b.layout.pp, "dp_shard": b.layout.dp_shard, "tp": b.layout.tp},
+            layout={
+                "pp": b.layout.pp,
+                "dp_shard": b.layout.dp_shard,
+                "cp": b.layout.cp,
+                "tp": b.layout.tp,
+            },
             params=sum(p.numel() for p in b.params.values()),
             fault_tolerant=b.env.fault_tolerant,
             workload=b.cfg.workload.spec or b.work.name,
@@ -276,6 +283,7 @@ def _evaluator(cfg: TrainerConfig, work: workload.Workload, where: str, loop: Lo
         schedule=loop.schedule,
         first=loop.first,
         last=loop.last,
+        cp=loop.cp,
     )
 
 
@@ -300,7 +308,7 @@ def _checkpointer(
         replication,
         metrics,
         model_hash=spec_hash(config, ["model", "workload"] if cfg.workload.spec else ["model"]),
-        layout={"pp": layout.pp, "dp_shard": layout.dp_shard, "tp": layout.tp},
+        layout={"pp": layout.pp, "dp_shard": layout.dp_shard, "cp": layout.cp, "tp": layout.tp},
         rank=env.rank,
         chaos=chaos,
         fence=LeaseFence(env.lease_file) if env.lease_file else None,

@@ -277,6 +277,16 @@ def check_fp8(cfg: DaemonConfig) -> None:
         )
 
 
+def check_cp_attention(cfg: DaemonConfig) -> None:
+    """torch's context parallel (ring attention over fused kernels) runs only on CUDA."""
+    device = node_device(cfg)
+    if cfg.parallel.cp > 1 and cfg.parallel.cp_attention == "torch" and device != "cuda":
+        raise ConfigError(
+            f"parallel.cp_attention = 'torch' runs only on CUDA, but this node trains on the "
+            f"{device}; set parallel.cp_attention = 'all_gather' (or 'auto')."
+        )
+
+
 def check_chaos(environ: Mapping[str, str], node_env: Mapping[str, str]) -> None:
     """PHALANX_CHAOS, _DELAY, _SLEEP and _RANKS as the ranks will inherit them (node.env
     wins)."""
@@ -313,5 +323,6 @@ def preflight(cfg: DaemonConfig) -> RunLock:
     check_port_free("lighthouse_proxy_port", PROXY_HOST, cfg.node.lighthouse_proxy_port)
     check_device(cfg)
     check_fp8(cfg)
+    check_cp_attention(cfg)
     check_chaos(os.environ, cfg.node.env)
     return RunLock.acquire(run_dir)

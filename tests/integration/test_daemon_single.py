@@ -177,7 +177,10 @@ def test_bad_flags_and_files_exit_2(tmp_path: Path) -> None:
             ["run", "--config", str(DAEMON_JOB), "--set", 'etcd.endpoints=["nohost"]'],
             "etcd.endpoints",
         ),
-        (["run", "--config", str(DAEMON_JOB), "--set", "node.nproc=2"], "parallel.dp_shard*tp*pp"),
+        (
+            ["run", "--config", str(DAEMON_JOB), "--set", "node.nproc=2"],
+            "parallel.dp_shard*cp*tp*pp",
+        ),
         (
             ["run", "--config", str(DAEMON_JOB), "--set", "etcd.ca_file=/nonexistent.pem"],
             "etcd.ca_file",

@@ -135,7 +135,7 @@ BAD_INPUTS: list[tuple[str, list[str], dict[str, str], str]] = [
     ("out of range", ["train.lr=-1"], {}, "train.lr"),
     ("bad choice", ['parallel.pp_schedule="Zigzag"'], {}, "parallel.pp_schedule"),
     ("bad boolean", ["checkpoint.async=maybe"], {}, "checkpoint.async"),
-    ("layout vs world size", [], {"WORLD_SIZE": "2"}, "parallel.dp_shard*tp*pp"),
+    ("layout vs world size", [], {"WORLD_SIZE": "2"}, "parallel.dp_shard*cp*tp*pp"),
     (
         "batch vs microbatches",
         ["parallel.pp=2", "parallel.pp_microbatches=3", "train.batch_size=8"],

@@ -240,7 +240,7 @@ def test_a_group_spanning_nodes_is_laid_out_over_all_its_ranks_and_shares_its_np
     """job.nodes_per_group x node.nproc is the group's world size; the spec then carries
     node.nproc (every node of such a job needs the same) and the group size."""
     with pytest.raises(ConfigError) as err:
-        load_daemon_config(JOB, ["job.nodes_per_group=2"])  # dp_shard*tp*pp = 1
+        load_daemon_config(JOB, ["job.nodes_per_group=2"])  # dp_shard*cp*tp*pp = 1
     assert "node.nproc x job.nodes_per_group (2) gives the replica group 2 ranks" in str(err.value)
     cfg = load_daemon_config(JOB, ["job.nodes_per_group=2", "parallel.dp_shard=2"])
     assert cfg.spec()["node.nproc"] == "1" and cfg.spec()["job.nodes_per_group"] == "2"

@@ -25,8 +25,9 @@ def check_trainer(cfg: TrainerConfig, world_size: int | None = None) -> None:
 
     if world_size is not None and p.world_size != world_size:
         fail(
-            f"parallel.dp_shard*tp*pp is {p.dp_shard}*{p.tp}*{p.pp} = {p.world_size}, but the "
-            f"replica group has {world_size} ranks; make the product equal the group's world size."
+            f"parallel.dp_shard*cp*tp*pp is {p.dp_shard}*{p.cp}*{p.tp}*{p.pp} = {p.world_size}, "
+            f"but the replica group has {world_size} ranks; make the product equal the group's "
+            "world size."
         )
     if t.min_lr > t.lr:
         fail(f"train.min_lr ({t.min_lr}) must not exceed train.lr ({t.lr}).")
@@ -55,6 +56,8 @@ def check_trainer(cfg: TrainerConfig, world_size: int | None = None) -> None:
             fail(
                 f"parallel.pp_microbatches ({p.microbatches}) must be at least parallel.pp ({p.pp})."
             )
+    if p.cp > 1:
+        _check_cp(cfg, fail)
     if p.fp8 and p.tp > 1:
         fail(
             "parallel.fp8 with parallel.tp > 1 is not supported (float8 tensor-parallel plans are "
@@ -64,6 +67,25 @@ def check_trainer(cfg: TrainerConfig, world_size: int | None = None) -> None:
         _check_builtin(cfg, fail)
     else:
         check_workload_findable(cfg)
+
+
+def _check_cp(cfg: TrainerConfig, fail: Callable[[str], None]) -> None:
+    p, t = cfg.parallel, cfg.train
+    if t.seq_len % (2 * p.cp):
+        fail(
+            f"train.seq_len ({t.seq_len}) must be divisible by 2*parallel.cp ({2 * p.cp}): each "
+            "cp rank holds two of the 2*cp equal chunks of every sequence."
+        )
+    if p.pp > 1:
+        fail(
+            "parallel.cp > 1 with parallel.pp > 1 is not supported (context parallel inside "
+            "pipeline stages is not built); set parallel.pp = 1 or parallel.cp = 1."
+        )
+    if p.cp_attention == "torch" and p.device == "cpu":
+        fail(
+            "parallel.cp_attention = 'torch' runs only on CUDA (torch's context_parallel), but "
+            "parallel.device is 'cpu'; set parallel.cp_attention = 'all_gather'."
+        )
 
 
 def check_workload_findable(cfg: TrainerConfig) -> None:

@@ -91,6 +91,17 @@ class ParallelConfig(Section):
     dp_shard: int = Field(1, ge=1, description="FSDP2 sharding degree.")
     tp: int = Field(1, ge=1, description="Tensor-parallel degree (with sequence-parallel norms).")
     pp: int = Field(1, ge=1, description="Pipeline-parallel degree.")
+    cp: int = Field(
+        1,
+        ge=1,
+        description="Context-parallel degree: each cp rank holds 2 of the 2*cp chunks of every "
+        "sequence (load-balanced for causal attention); FSDP shards over dp_shard*cp.",
+    )
+    cp_attention: Literal["auto", "all_gather", "torch"] = Field(
+        "auto",
+        description="Attention across the cp ranks: all_gather (K and V gathered, any device), "
+        "torch (torch's context_parallel, CUDA only); auto is torch on CUDA, else all_gather.",
+    )
     pp_schedule: PipelineSchedule = Field("1F1B", description="GPipe, 1F1B or Interleaved1F1B.")
     pp_microbatches: int | None = Field(
         None, ge=1, description="Pipeline microbatches per step (default pp)."
@@ -124,7 +135,7 @@ class ParallelConfig(Section):
 
     @property
     def world_size(self) -> int:
-        return self.dp_shard * self.tp * self.pp
+        return self.dp_shard * self.cp * self.tp * self.pp
 
     @property
     def microbatches(self) -> int:

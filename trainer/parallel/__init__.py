@@ -1,5 +1,6 @@
 """Parallelism inside one replica group, applied in a fixed order: the device mesh
-(pp, dp_shard, tp), tensor parallel then FSDP2 with mixed precision, the pipeline
+(pp, dp_shard, cp, tp), tensor parallel then FSDP2 with mixed precision, context parallel
+(a slice of each sequence per cp rank), the pipeline
 stages and schedules, materializing the meta model into initialised shards, the
 group's small collectives and the full-parameter digest.
 """

@@ -15,13 +15,15 @@ def group_sum(
     layout: Layout, last: bool, mine: float, flags: list[bool] | None = None
 ) -> tuple[float, list[bool]]:
     """One all-reduce inside the group: the sum of `mine` over the ranks on the last
-    pipeline stage with tp_rank 0 (each data shard's once), and each flag, true if it is
-    true on any rank."""
+    pipeline stage with tp_rank 0 (each data shard's once: its cp ranks, which hold equal
+    slices of the same items, add their mean), and each flag, true if it is true on any
+    rank."""
     flags = flags or []
     if layout.mesh is None:
         return mine, flags
     contributes = last and layout.tp_rank == 0
-    t = torch.tensor([mine if contributes else 0.0, *map(float, flags)], dtype=torch.float64)
+    part = mine / layout.cp if contributes else 0.0
+    t = torch.tensor([part, *map(float, flags)], dtype=torch.float64)
     dist.all_reduce(t)
     return float(t[0]), [bool(v > 0) for v in t[1:].tolist()]
 

@@ -1,8 +1,10 @@
 """The process group and DeviceMesh inside one replica group.
 
-The mesh has the axes ``("pp", "dp_shard", "tp")`` over the group's ranks (any of
-them may be 1), like torchtitan's ParallelDims. Replication across groups is not a
-mesh axis: torchft's reconfigurable process group does it (fault_tolerance.py).
+The mesh has the axes ``("pp", "dp_shard", "cp", "tp")`` over the group's ranks (any
+of them may be 1), like torchtitan's ParallelDims. FSDP shards over dp_shard and cp
+together (the cp ranks of a data shard hold the same parameters and see different
+positions of the same items), as torchtitan's ``dp_shard_cp``. Replication across groups
+is not a mesh axis: torchft's reconfigurable process group does it (fault_tolerance.py).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from trainer.config import ParallelConfig
 from trainer.config.env import RankEnv, bind_host
 
-AXES = ("pp", "dp_shard", "tp")
+AXES = ("pp", "dp_shard", "cp", "tp")
 
 
 def pick_device(cfg: ParallelConfig, env: RankEnv) -> torch.device:
@@ -40,9 +42,12 @@ class Layout:
     pp: int = 1
     dp_shard: int = 1
     tp: int = 1
+    cp: int = 1
     pp_rank: int = 0
     dp_rank: int = 0
     tp_rank: int = 0
+    cp_rank: int = 0
+    fsdp: DeviceMesh | None = None  # what FSDP shards over (see fsdp_mesh)
 
     def sub(self, axis: str) -> DeviceMesh | None:
         """The 1-D mesh of one axis, or None when that axis has degree 1."""
@@ -53,6 +58,22 @@ class Layout:
     def group(self, axis: str) -> dist.ProcessGroup | None:
         sub = self.sub(axis)
         return sub.get_group() if sub is not None else None
+
+    def fsdp_group(self) -> dist.ProcessGroup | None:
+        """The ranks that share parameters and split the data (dp_shard x cp)."""
+        return self.fsdp.get_group() if self.fsdp is not None else None
+
+
+def fsdp_mesh(mesh: DeviceMesh, dp_shard: int, cp: int) -> DeviceMesh | None:
+    """dp_shard and cp flattened into one axis (either alone where the other is 1), or
+    None when both are 1. Flattening forms a process group: every rank calls this once."""
+    if dp_shard * cp == 1:
+        return None
+    if cp == 1:
+        return mesh["dp_shard"]
+    if dp_shard == 1:
+        return mesh["cp"]
+    return mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
 
 
 _LISTENERS: list[socket.socket] = []  # the store serves on these for the process's life
@@ -106,7 +127,8 @@ def init_distributed(cfg: ParallelConfig, env: RankEnv, timeout_s: float) -> Lay
             )
     if env.world_size == 1:
         return Layout(device=device, mesh=None)
-    mesh = init_device_mesh(device.type, (cfg.pp, cfg.dp_shard, cfg.tp), mesh_dim_names=AXES)
+    shape = (cfg.pp, cfg.dp_shard, cfg.cp, cfg.tp)
+    mesh = init_device_mesh(device.type, shape, mesh_dim_names=AXES)
     coords = mesh.get_coordinate()
     assert coords is not None
     return Layout(
@@ -115,7 +137,10 @@ def init_distributed(cfg: ParallelConfig, env: RankEnv, timeout_s: float) -> Lay
         pp=cfg.pp,
         dp_shard=cfg.dp_shard,
         tp=cfg.tp,
+        cp=cfg.cp,
         pp_rank=coords[0],
         dp_rank=coords[1],
-        tp_rank=coords[2],
+        cp_rank=coords[2],
+        tp_rank=coords[3],
+        fsdp=fsdp_mesh(mesh, cfg.dp_shard, cfg.cp),
     )

@@ -89,7 +89,7 @@ def parallelize(
 ) -> nn.Module:
     if cfg.fp8:
         check_fp8_device(layout.device)
-        apply_fp8(model, cfg, sharded=layout.sub("dp_shard") is not None)
+        apply_fp8(model, cfg, sharded=layout.fsdp is not None)
     tp_mesh = layout.sub("tp")
     if tp_mesh is not None:
         apply_tp(model, workload, tp_mesh)
@@ -97,15 +97,14 @@ def parallelize(
         apply_ac(model, workload)
     if cfg.compile:
         apply_compile(model, workload)
-    dp_mesh = layout.sub("dp_shard")
-    if dp_mesh is not None:
-        apply_fsdp(model, workload, dp_mesh, cfg)
+    if layout.fsdp is not None:  # dp_shard x cp (mesh.py)
+        apply_fsdp(model, workload, layout.fsdp, cfg)
     return model
 
 
 def autocast_dtype(cfg: ParallelConfig, layout: Layout) -> torch.dtype | None:
     """Without FSDP, bf16 params mean autocast; FSDP's MixedPrecisionPolicy handles it otherwise."""
-    if cfg.param_dtype == "float32" or layout.sub("dp_shard") is not None:
+    if cfg.param_dtype == "float32" or layout.fsdp is not None:
         return None
     return DTYPES[cfg.param_dtype]
 

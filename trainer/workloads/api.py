@@ -21,6 +21,9 @@ Contract of the model (see docs/workloads.md):
   seeded by ``train.seed`` and the name). Each rank keeps its shard of it, so the
   initial parameters are the same whatever the layout.
 * ``forward(input)`` returns what ``loss(output, target)`` takes.
+* With context parallelism (``parallel.cp``), inputs and targets are [batch, sequence,
+  ...], attention goes through ``F.scaled_dot_product_attention`` (causal, no mask), and
+  every buffer indexed by position is named in ``position_buffers``.
 * With pipeline parallelism, stages begin at ``split_points`` (entries of the
   ``nn.ModuleDict`` named by ``trunk``; by default the trunk is cut into equal
   runs). A stage keeps its trunk entries, the root's other children registered
@@ -104,6 +107,9 @@ class Workload:
     split_points: Sequence[str] = ()  # module paths where stages begin (default: equal runs)
     param_groups: Callable[[Mapping[str, nn.Parameter]], list[dict[str, Any]]] | None = None
     tokens_per_item: int = 1  # reported as tokens (seq_len for a language model)
+    # Buffers whose first dimension is the position (rotary tables, position ids): with
+    # parallel.cp > 1 each cp rank sees its positions' rows (trainer/parallel/context.py).
+    position_buffers: Sequence[str] = ()
     name: str = "workload"
     extra: dict[str, Any] = field(default_factory=dict)  # e.g. the corpus entropy, logged
 

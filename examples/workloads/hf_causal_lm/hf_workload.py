@@ -4,7 +4,9 @@ a local text file (vocabulary 256).
 
 The layers are held in an ``nn.ModuleDict`` trunk with the embedding before it and the
 final norm and head after it, so Phalanx can cut the model into pipeline stages; the
-rotary tables are computed from a buffer of the root, which every stage keeps.
+rotary tables are computed from buffers of the root, which every stage keeps. Positions
+come from a buffer too (``positions``, named in ``position_buffers``), so with context
+parallel (``parallel.cp``) each rank rotates its own positions' queries and keys.
 
     [workload]
     spec = "hf_workload:spec"
@@ -53,10 +55,12 @@ class HFCausalLM(nn.Module):
         )
         inv_freq, self.rope_scaling = LlamaRotaryEmbedding.compute_default_rope_parameters(config)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        positions = torch.arange(config.max_position_embeddings, dtype=torch.float32)
+        self.register_buffer("positions", positions, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.embed_tokens(x) if self.embed_tokens is not None else x
-        positions = torch.arange(h.shape[1], device=h.device, dtype=torch.float32)
+        positions: torch.Tensor = self.positions[: h.shape[1]]  # type: ignore[index]  # a buffer
         inv_freq: torch.Tensor = self.inv_freq  # type: ignore[assignment]  # a registered buffer
         freqs = torch.outer(positions, inv_freq.float())
         angles = torch.cat((freqs, freqs), dim=-1)[None]
@@ -92,6 +96,8 @@ def initializer(config: LlamaConfig) -> InitFn:
     def init(name: str, like: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
         if name == "inv_freq":
             return inv_freq
+        if name == "positions":
+            return torch.arange(like.shape[0], dtype=like.dtype)
         if "norm" in name:
             return torch.ones(like.shape)
         return torch.randn(like.shape, generator=gen) * config.initializer_range
@@ -121,5 +127,6 @@ def spec(ctx: WorkloadContext) -> Workload:
         shard_units=LlamaDecoderLayer,
         trunk="layers",
         tokens_per_item=ctx.seq_len,
+        position_buffers=("positions",),
         extra={"uniform_loss": math.log(256)},
     )

@@ -117,6 +117,7 @@ def llama(ctx: WorkloadContext) -> Workload:
         trunk="layers",
         split_points=[f"layers.{ids[0]}" for ids in stages[1:]],
         tokens_per_item=ctx.seq_len,
+        position_buffers=("rope_cos", "rope_sin"),
         extra={"entropy": data.corpus.entropy()} if isinstance(data, SyntheticTokens) else {},
     )
 
