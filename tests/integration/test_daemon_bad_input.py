@@ -175,6 +175,21 @@ CASES = [
     case("node-id-in-job-file", override("node.id 'x/y'", 'node.id="x/y"'), True),
     case("node-id-tab-in-job-file", override("node.id 'x\\ty'", 'node.id="x\\ty"'), False),
     case("fp8-on-cpu", override("parallel.fp8 = true needs a GPU", "parallel.fp8=true"), False),
+    case(
+        "cp-torch-attention-on-cpu",
+        override(
+            "parallel.cp_attention = 'torch' runs only on CUDA",
+            "node.nproc=2",
+            "parallel.cp=2",
+            'parallel.cp_attention="torch"',
+        ),
+        False,
+    ),
+    case(
+        "cp-seq-len-not-divisible",
+        override("train.seq_len (30)", "node.nproc=2", "parallel.cp=2", "train.seq_len=30"),
+        False,
+    ),
     case("hang-timeout-low", override("node.hang_timeout_s", "node.hang_timeout_s=1"), True),
     case("hang-timeout-high", override("node.hang_timeout_s", "node.hang_timeout_s=1e5"), False),
     case("lease-ttl-low", override("etcd.lease_ttl_s", "etcd.lease_ttl_s=1"), True),
