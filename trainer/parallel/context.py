@@ -50,7 +50,7 @@ class ContextParallel:
     attention: str  # "all_gather" or "torch"
 
     def positions(self, device: torch.device) -> torch.Tensor:
-        return chunk_positions(self.seq_len, self.degree, self.rank).to(device)
+        return chunk_positions(self.seq_len, self.degree, self.rank, device)
 
 
 def context_parallel(

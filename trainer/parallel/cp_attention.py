@@ -15,6 +15,7 @@ models with ``attn_implementation="sdpa"``) is context-parallel unchanged.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -24,12 +25,15 @@ import torch.distributed as dist
 SEQ = -2  # SDPA's layout: [batch, heads, sequence, head_dim]
 
 
-def chunk_positions(seq_len: int, cp: int, rank: int) -> torch.Tensor:
+def chunk_positions(
+    seq_len: int, cp: int, rank: int, device: torch.device | None = None
+) -> torch.Tensor:
     """The positions cp rank `rank` holds, in order: chunks rank and 2*cp-1-rank of the
-    2*cp equal chunks of a sequence (context.py says why)."""
+    2*cp equal chunks of a sequence (context.py says why); made on `device`, so no copy
+    from the host."""
     size = seq_len // (2 * cp)
-    head = torch.arange(rank * size, (rank + 1) * size)
-    tail = torch.arange((2 * cp - 1 - rank) * size, (2 * cp - rank) * size)
+    head = torch.arange(rank * size, (rank + 1) * size, device=device)
+    tail = torch.arange((2 * cp - 1 - rank) * size, (2 * cp - rank) * size, device=device)
     return torch.cat([head, tail])
 
 
@@ -62,11 +66,12 @@ def _gather(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     return out
 
 
+@functools.lru_cache(maxsize=8)
 def gathered_sdpa(
     group: dist.ProcessGroup, seq_len: int, original: Callable[..., torch.Tensor]
 ) -> Callable[..., Any]:
-    """SDPA over this rank's queries and the whole sequence's keys and values, for cp rank
-    `rank` of `degree` (the ranks of `group`)."""
+    """SDPA over this rank's queries and the whole sequence's keys and values of the cp
+    ranks of `group`; made once per group (its position tables kept per device)."""
     degree, rank = dist.get_world_size(group), dist.get_rank(group)
     cache: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -74,9 +79,9 @@ def gathered_sdpa(
         """The order that sorts gathered positions, and the causal mask of this rank's
         queries (True: may attend), made once per device."""
         if device not in cache:
-            every = torch.cat([chunk_positions(seq_len, degree, r) for r in range(degree)])
-            order = torch.argsort(every.to(device))
-            mine = chunk_positions(seq_len, degree, rank).to(device)
+            every = [chunk_positions(seq_len, degree, r, device) for r in range(degree)]
+            order = torch.argsort(torch.cat(every))
+            mine = every[rank]
             mask = mine[:, None] >= torch.arange(seq_len, device=device)[None, :]
             cache[device] = order, mask
         return cache[device]
