@@ -277,13 +277,21 @@ def check_fp8(cfg: DaemonConfig) -> None:
         )
 
 
-def check_cp_attention(cfg: DaemonConfig) -> None:
-    """torch's context parallel (ring attention over fused kernels) runs only on CUDA."""
+def check_cuda_settings(cfg: DaemonConfig) -> None:
+    """Settings that run only on CUDA, refused on a node that trains on the CPU:
+    torch's context parallel (ring attention over fused kernels) and NCCL across groups."""
     device = node_device(cfg)
-    if cfg.parallel.cp > 1 and cfg.parallel.cp_attention == "torch" and device != "cuda":
+    if device == "cuda":
+        return
+    if cfg.parallel.cp > 1 and cfg.parallel.cp_attention == "torch":
         raise ConfigError(
             f"parallel.cp_attention = 'torch' runs only on CUDA, but this node trains on the "
             f"{device}; set parallel.cp_attention = 'all_gather' (or 'auto')."
+        )
+    if cfg.ft.backend == "nccl":
+        raise ConfigError(
+            f"ft.backend = 'nccl' needs CUDA, but this node trains on the {device}; set "
+            "ft.backend = 'auto' or 'gloo'."
         )
 
 
@@ -323,6 +331,6 @@ def preflight(cfg: DaemonConfig) -> RunLock:
     check_port_free("lighthouse_proxy_port", PROXY_HOST, cfg.node.lighthouse_proxy_port)
     check_device(cfg)
     check_fp8(cfg)
-    check_cp_attention(cfg)
+    check_cuda_settings(cfg)
     check_chaos(os.environ, cfg.node.env)
     return RunLock.acquire(run_dir)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from daemon.config import DaemonConfig
-from daemon.config.preflight import check_cp_attention
+from daemon.config.preflight import check_cuda_settings
 from trainer.config import ConfigError, TrainerConfig, validate
 from trainer.config.checks import check_trainer
 from trainer.parallel.cp_attention import chunk_positions
@@ -54,9 +54,12 @@ def test_layouts_cp_cannot_run_are_refused(
     assert str(e.value).count(". ") == 0
 
 
-def test_a_cpu_node_refuses_torch_attention_before_starting() -> None:
+def test_a_cpu_node_refuses_torch_attention_and_nccl_before_starting() -> None:
     on_cpu = {"node": {"device": "cpu"}}
     cfg = validate(DaemonConfig, {"parallel": {"cp": 2, "cp_attention": "torch"}, **on_cpu}, "job")
     with pytest.raises(ConfigError, match=r"parallel\.cp_attention = 'torch' .* on the cpu"):
-        check_cp_attention(cfg)
-    check_cp_attention(validate(DaemonConfig, {"parallel": {"cp": 2}, **on_cpu}, "job"))
+        check_cuda_settings(cfg)
+    check_cuda_settings(validate(DaemonConfig, {"parallel": {"cp": 2}, **on_cpu}, "job"))
+    cfg = validate(DaemonConfig, {"ft": {"backend": "nccl"}, **on_cpu}, "job")
+    with pytest.raises(ConfigError, match=r"ft\.backend = 'nccl' needs CUDA"):
+        check_cuda_settings(cfg)

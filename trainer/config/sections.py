@@ -290,6 +290,11 @@ class FaultToleranceConfig(Section):
         description="Connecting to lighthouse/peers (at most 86400 s).",
     )
     async_quorum: bool = Field(True, description="Compute the quorum during the forward pass.")
+    backend: Literal["auto", "nccl", "gloo"] = Field(
+        "auto",
+        description="The collectives across groups: auto is nccl on CUDA, else gloo; gloo on "
+        "CUDA lets groups share a GPU (NCCL refuses two ranks on one device), as the demo does.",
+    )
     straggler_factor: float = Field(
         1.5,
         ge=0,

@@ -48,7 +48,12 @@ from trainer.ft.notice import Told
 from trainer.ft.replication import DRAIN_QUORUM_WAIT_S, NonFiniteStep, leave_unless_formed
 from trainer.ft.state import TrainState
 from trainer.ft.step_notices import StepNotices
-from trainer.ft.transport import advertise_host, bind_host, checkpoint_transport
+from trainer.ft.transport import (
+    advertise_host,
+    bind_host,
+    checkpoint_transport,
+    cross_group_nccl,
+)
 from trainer.heartbeat import Heartbeat
 
 
@@ -94,9 +99,10 @@ class TorchFTGroup:
         self.log = logs.get()
         self._step_started = time.monotonic()
         timeout = timedelta(seconds=cfg.timeout_s)
-        cuda = device.type == "cuda"  # NCCL connects lazily: only gloo's build can be stuck
+        nccl = cross_group_nccl(cfg.backend, device)
+        # NCCL connects lazily: only gloo's build can be stuck.
         pg = ft.scoped_process_group(
-            ProcessGroupNCCL if cuda else ProcessGroupGloo, interruptible=not cuda
+            ProcessGroupNCCL if nccl else ProcessGroupGloo, interruptible=not nccl
         )(timeout=timeout)
         self.transport = checkpoint_transport(timeout)
         # Rank 0's manager server listens on the bind address only (torchft: every interface).

@@ -23,6 +23,8 @@ in ``trainer.ft.torchft_adapter``; this module holds Phalanx's choices, and one 
   steps while the healer still reads the state of the step before; reads are blocked
   again when the survivor starts its next step, once each healer has begun its read.
   The copy costs host memory for one model and optimizer state while it is served.
+
+And the backend of the collectives across groups (:func:`cross_group_nccl`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import Any
 
 import torch
 
+from trainer.config import ConfigError
 from trainer.config.env import advertise_host, bind_host
 from trainer.ft.torchft_adapter import SafeHTTPTransport
 
@@ -116,3 +119,14 @@ def checkpoint_transport(timeout: timedelta) -> SnapshotTransport:
     return SnapshotTransport(
         timeout=timeout, num_chunks=0, host=advertise_host(), bind_host=bind_host()
     )
+
+
+def cross_group_nccl(backend: str, device: torch.device) -> bool:
+    """Whether the groups' collectives run on NCCL (``ft.backend``): auto picks NCCL on
+    CUDA; gloo works on any device, and lets groups share one GPU."""
+    if backend == "nccl" and device.type != "cuda":
+        raise ConfigError(
+            f"ft.backend = 'nccl' needs CUDA, but the ranks train on {device.type}; set "
+            "ft.backend = 'auto' or 'gloo'."
+        )
+    return backend == "nccl" or (backend == "auto" and device.type == "cuda")
