@@ -53,13 +53,23 @@ def assert_agree(got: list[Event], want: list[Event]) -> None:
         assert abs(x - y) <= 1e-4 * abs(y), f"step {step}: {x} vs single-process {y}"
 
 
-def test_the_hugging_face_model_agrees_across_single_fsdp_and_pipeline(tmp_path: Path) -> None:
+def test_the_hugging_face_model_agrees_across_single_fsdp_pipeline_and_context_parallel(
+    tmp_path: Path,
+) -> None:
     job = WORKLOADS / "hf_causal_lm" / "job.toml"
     alone = run(job, tmp_path, "single", 1, [])
     assert next(e for e in alone if e["event"] == "rank_started")["workload"] == "hf_workload:spec"
     assert_agree(run(job, tmp_path, "fsdp", 2, ["parallel.dp_shard=2"]), alone)
     pipeline = ["parallel.pp=2", "parallel.pp_microbatches=2"]
     assert_agree(run(job, tmp_path, "pp", 2, pipeline), alone)
+    # Context parallel (tests/integration/test_context_parallel.py has the built-in
+    # model's): each rank rotates its own positions (the `positions` buffer); with FSDP
+    # over dp_shard x cp and activation checkpointing recomputing the gathered attention.
+    cp = run(job, tmp_path, "cp", 2, ["parallel.cp=2"])
+    assert next(e for e in cp if e["event"] == "rank_started")["layout"]["cp"] == 2
+    assert_agree(cp, alone)
+    both = ["parallel.cp=2", "parallel.dp_shard=2", "parallel.activation_checkpointing=full"]
+    assert_agree(run(job, tmp_path, "cp-fsdp", 4, both), alone)
 
 
 def test_a_model_that_is_not_a_language_model_trains_in_every_layout(tmp_path: Path) -> None:
