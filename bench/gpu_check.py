@@ -6,8 +6,10 @@ On CUDA:
   compile, and with FP8 (`parallel.fp8`, its ratio to bf16);
 * the asynchronous checkpoint's stall on the GPU (blocked time / a synchronous save's,
   bench/checkpoint_stall.py);
-* `phalanx demo` on the GPU: two replica groups of one rank share it (the daemon, the
-  device in the spec), one rank is SIGKILLed; its summary gives the heal.
+* two replica groups of one rank on the GPU (gloo across groups), one rank SIGKILLed
+  and started again: its heal and the survivor's longest pause (bench/gpu_heal.py);
+* `phalanx demo` on the GPU: the same through the daemons (the device in the spec, the
+  demo job's `ft.backend = "gloo"`); its summary gives the heal.
 
 Without CUDA it says so in one line, skips those rows, checks what runs on a CPU (FP8
 refused with exit 2, the FP8 conversion of the 937M model on the meta device, a short
@@ -138,6 +140,13 @@ def stall_row() -> Row:
     return Row("async checkpoint stall (blocked async / sync)", ratio[0].removeprefix("ratio "))
 
 
+def heal_row() -> Row:
+    from bench.gpu_heal import measure
+
+    line, ok = measure("cuda")
+    return Row("two groups of one rank on the GPU, a rank SIGKILLed and relaunched", line, ok)
+
+
 def demo_row() -> Row:
     """`phalanx demo` with the device left to `auto`: both groups on the one GPU."""
     argv = [str(Path(sys.executable).parent / "phalanx"), "demo"]
@@ -229,12 +238,13 @@ def main(argv: list[str] | None = None) -> int:
     if name is None:
         print(
             "no CUDA device here: skipping the GPU rows (937M tokens/s and MFU in bf16, with "
-            "compile and with fp8; the async checkpoint stall; the demo on the GPU); "
+            "compile and with fp8; the async checkpoint stall; two groups healing on the GPU; "
+            "the demo on the GPU); "
             "checking the CPU-runnable parts"
         )
     else:
         print(f"CUDA device: {name}")
-        rows += [*speed_rows(name), stall_row(), demo_row()]
+        rows += [*speed_rows(name), stall_row(), heal_row(), demo_row()]
     print(table(rows))
     if name is not None and not args.no_write:
         write(name, rows)

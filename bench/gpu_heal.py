@@ -1,0 +1,100 @@
+"""`make gpu-check`'s heal row: two replica groups of one rank on one device, the real
+torchft lighthouse, one group's rank SIGKILLed mid-run and started again cold.
+
+Reported: the relaunched group's heal (from its start, and from the kill), the
+survivor's longest pause between commits after the kill, and whether both groups end
+with equal parameters. The groups exchange over gloo (``ft.backend``): NCCL refuses two
+ranks of one communicator on one GPU. Runs on the CPU too (``--device cpu``), which is
+how its code is checked on machines without a GPU:
+
+    .venv/bin/python -m bench.gpu_heal --device cpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tests.support.harness import (
+    ROOT,
+    cleanup,
+    event_time,
+    largest_step_gap,
+    launch_group,
+    start_lighthouse,
+    wait_for,
+)
+
+CONFIG = ROOT / "examples" / "single.toml"
+STEPS = 400
+KILL_AT = 40  # the victim SIGKILLs itself in the forward of this attempt
+DELAY = {"PHALANX_CHAOS_DELAY": "0.05"}  # steps of at least 50 ms: the kill lands mid-run
+
+
+def measure(device: str) -> tuple[str, bool]:
+    """One line for the table, and whether the heal happened with equal digests."""
+    with tempfile.TemporaryDirectory(prefix="phalanx-gpu-heal-") as scratch:
+        tmp = Path(scratch)
+        lighthouse = start_lighthouse(tmp)
+        sets = [f'parallel.device="{device}"', 'ft.backend="gloo"', f"train.steps={STEPS}"]
+        common = {"num_groups": 2, "nproc": 1, "lighthouse": lighthouse.address}
+        survivor = launch_group(CONFIG, tmp, group=0, overrides=sets, env=DELAY, **common)  # type: ignore[arg-type]
+        chaos = {**DELAY, "PHALANX_CHAOS": f"forward@+{KILL_AT}:kill"}
+        with cleanup(lighthouse, survivor):
+            victim = launch_group(
+                CONFIG,
+                tmp,
+                group=1,
+                name="victim",
+                overrides=sets,
+                env=chaos,
+                **common,  # type: ignore[arg-type]
+            )
+            victim.wait(300)
+            killed_at = max(event_time(e) for e in victim.events())
+            started = time.time()
+            again = launch_group(
+                CONFIG,
+                tmp,
+                group=1,
+                name="again",
+                overrides=sets,
+                env=DELAY,
+                **common,  # type: ignore[arg-type]
+            )
+            with cleanup(again):
+                heal = wait_for(
+                    lambda: again.events("heal_done"), 300, "the relaunched group to heal"
+                )
+                codes = again.wait(600) + survivor.wait(120)
+        # Read before the scratch directory, which holds the logs, goes.
+        healed = event_time(heal[0])
+        pause = largest_step_gap(survivor.events(), killed_at)
+        digests = {
+            g.events("train_done")[0]["params_sha256"]
+            for g in (survivor, again)
+            if g.events("train_done")
+        }
+    equal = len(digests) == 1 and codes == [0, 0]
+    line = (
+        f"healed {healed - started:.2f} s after its cold start (process launched) ({healed - killed_at:.2f} s after "
+        f"the kill); survivor's longest pause {pause:.2f} s; digests "
+        f"{'equal' if equal else 'DIFFER or a group failed: exit codes ' + str(codes)}"
+    )
+    return line, equal
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    args = parser.parse_args(argv)
+    line, ok = measure(args.device)
+    print(line)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
