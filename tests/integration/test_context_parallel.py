@@ -7,13 +7,15 @@ killed rank and end with equal digests."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.support.harness import ROOT, Event, launch_group, start_daemon, wait_for
+from tests.support.harness import BIN, ROOT, Event, free_port, launch_group, start_daemon, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -57,6 +59,41 @@ def test_cp_and_cp_with_fsdp_match_a_single_process(tmp_path: Path) -> None:
     # across the cp ranks in backward.
     both = ["parallel.cp=2", "parallel.dp_shard=2", "parallel.activation_checkpointing=full"]
     assert_agree(run(SINGLE, tmp_path, "cp2dp2", 4, both), alone, 2)
+
+
+def test_torch_context_parallel_shards_as_the_all_gather_path_and_restores() -> None:
+    """torch's context_parallel (cp_attention = "torch", the CUDA default) cannot attend on a
+    CPU, but its sharding runs: each rank gets the same positions of the inputs, targets
+    and per-position buffers as the all-gather path (chunks r and 2cp-1-r), and every
+    buffer and SDPA itself are put back after the micro-batch."""
+    argv = [
+        str(BIN / "torchrun"), "--nproc-per-node=2", f"--master-port={free_port()}",
+        str(Path(__file__).with_name("cp_shard_rank.py")),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    ranks = {r["rank"]: r for r in map(json.loads, proc.stdout.splitlines()) if "rank" in r}
+    positions = {0: [0, 1, 2, 3, 12, 13, 14, 15], 1: [4, 5, 6, 7, 8, 9, 10, 11]}
+    for rank, got in ranks.items():
+        mine = positions[rank]
+        assert (
+            got["all_gather"]
+            == got["torch"]
+            == {
+                "inputs": [mine, [16 + p for p in mine]],
+                "targets": [[100 + p for p in mine], [116 + p for p in mine]],
+                "table": [10.0 * p for p in mine],
+                "sdpa_replaced": True,
+            }
+        )
+        for path in ("all_gather", "torch"):
+            assert got[f"{path} after"] == {
+                "table": [10.0 * p for p in range(32)],
+                "batch": [list(range(16)), list(range(16, 32))],
+                "sdpa_restored": True,
+            }
+    assert sorted(ranks) == [0, 1]
 
 
 def test_cp_groups_heal_a_killed_rank_under_phalanx_run(tmp_path: Path, etcd_endpoint: str) -> None:
