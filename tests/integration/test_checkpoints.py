@@ -117,14 +117,19 @@ def test_a_flipped_byte_is_caught_by_its_checksum_and_never_counted_by_retention
 
 
 def test_checkpoint_reshards_across_layouts(tmp_path: Path) -> None:
-    """Saved by dp_shard=2 x tp=2; loaded by a single rank and by dp_shard=4."""
+    """Saved by dp_shard=2 x tp=2; loaded by a single rank and by dp_shard=2 x cp=2 (FSDP
+    sharded four ways over dp_shard x cp, each rank attending over a slice of every
+    sequence)."""
     ckpt = tmp_path / "ckpt"
     common = ["train.steps=20", f'checkpoint.dir="{ckpt}"', "checkpoint.interval_steps=10"]
     saved = run_torchrun(tmp_path, "fsdp_tp", 4, [*common, "parallel.dp_shard=2", "parallel.tp=2"])
     marker = json.loads((run_dir(ckpt) / "step-10" / "COMPLETE.json").read_text())
-    assert marker["layout"] == {"pp": 1, "dp_shard": 2, "tp": 2}
+    assert marker["layout"] == {"pp": 1, "dp_shard": 2, "cp": 1, "tp": 2}
     before = losses(saved)
-    for name, nproc, layout in [("single", 1, []), ("fsdp4", 4, ["parallel.dp_shard=4"])]:
+    for name, nproc, layout in [
+        ("single", 1, []),
+        ("fsdp2-cp2", 4, ["parallel.dp_shard=2", "parallel.cp=2"]),
+    ]:
         for leftover in run_dir(ckpt).glob("step-2*"):  # make step 10 the newest again
             subprocess.run(["rm", "-rf", str(leftover)], check=True)
         events = run_torchrun(tmp_path, name, nproc, [*common, *layout])
