@@ -151,8 +151,13 @@ def test_a_rank_crash_or_a_lost_node_restarts_only_its_group_across_both_its_nod
             120,
             "group 1 to start again with the replacement",
         )
+        # Only the new generation's steps: steps the partner committed just after `killed`,
+        # before the loss reached it, would otherwise count.
+        restarted = event_time(
+            wait_for(lambda: replacement.events("group_started"), 60, "the replacement's ranks")[0]
+        )
         back = wait_for(
-            lambda: together_since((partner, replacement), killed),
+            lambda: together_since((partner, replacement), restarted),
             180,
             "group 1 to commit with group 0 again",
         )
@@ -240,8 +245,17 @@ def test_a_group_short_of_a_node_waits_and_a_spare_takes_a_lost_nodes_seat(
             lambda: spare.require_status()["replica_group"] == 1, 60, "the spare to take the seat"
         )
         assert spare.require_status()["node_rank"] == 1
+        # Only the spare's generation counts: group 1's first node can commit a step or two
+        # with group 0 after `killed`, before the loss reaches it. Draining group 0 on those
+        # would leave group 1 with no peer to heal from, and no checkpoint: it would start
+        # the job over.
+        restarted = event_time(
+            wait_for(lambda: spare.events("group_started"), 60, "the spare's ranks")[0]
+        )
         back = wait_for(
-            lambda: together_since([held[(1, 0)]], killed), 180, "group 1 to commit with the spare"
+            lambda: together_since([held[(1, 0)], spare], restarted),
+            180,
+            "group 1 to commit with the spare",
         )
         recovery(
             "node of a two-node group lost: kill to its group committing again, with a spare",
