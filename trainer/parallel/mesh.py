@@ -59,6 +59,10 @@ class Layout:
         sub = self.sub(axis)
         return sub.get_group() if sub is not None else None
 
+    def degrees(self) -> dict[str, int]:
+        """The layout as logged by rank_started and kept in a checkpoint's marker."""
+        return {"pp": self.pp, "dp_shard": self.dp_shard, "cp": self.cp, "tp": self.tp}
+
     def fsdp_group(self) -> dist.ProcessGroup | None:
         """The ranks that share parameters and split the data (dp_shard x cp)."""
         return self.fsdp.get_group() if self.fsdp is not None else None
