@@ -29,19 +29,23 @@
 limits the faults to those ranks.
 
 ``PHALANX_CHAOS_DELAY`` (seconds) is slept at the start of every forward: it
-simulates a bigger model, so a demo or test can watch a slow job.
+simulates a bigger model, so a demo or test can watch a slow job. ``@PATH`` instead of a
+number reads the seconds from the file PATH, again whenever the file changes: a test
+paces a job while it injects faults, then lets it finish at full speed.
 
 Without these variables every call is a cheap no-op.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
 import signal
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 POINTS = (
     "start", "forward", "gradients", "allreduce", "optimizer", "buffers", "checkpoint", "resume",
@@ -91,8 +95,14 @@ def parse(spec: str) -> list[Fault]:
 
 
 def parse_delay(text: str | None, name: str = "PHALANX_CHAOS_DELAY") -> float:
-    """Seconds of ``PHALANX_CHAOS_DELAY`` (or `name`; unset or empty: 0); ValueError when
-    malformed."""
+    """Seconds of ``PHALANX_CHAOS_DELAY`` (or `name`; unset or empty: 0; ``@PATH`` for
+    the delay only: the number in the file PATH now); ValueError when malformed."""
+    if text and text.startswith("@") and name == "PHALANX_CHAOS_DELAY":
+        path = text[1:]
+        try:
+            text = Path(path).read_text().strip()
+        except OSError as e:
+            raise ValueError(f"{name} file {path!r} cannot be read ({e.strerror}).") from None
     try:
         delay = float(text or 0)
     except ValueError:
@@ -112,15 +122,37 @@ def parse_ranks(text: str | None) -> set[int] | None:
     return {int(p) for p in parts}
 
 
+class Pace:
+    """The delay slept at every forward: fixed, or (``@PATH``) the file's number, read
+    again when the file's modification time changes; a file that turns unreadable or
+    malformed keeps the last good delay (its writer replaces it whole)."""
+
+    def __init__(self, text: str | None) -> None:
+        self.seconds = parse_delay(text)
+        self.path = Path(text[1:]) if text and text.startswith("@") else None
+        self._stamp = self._modified()
+
+    def _modified(self) -> int | None:
+        try:
+            return os.stat(self.path).st_mtime_ns if self.path is not None else None
+        except OSError:
+            return None
+
+    def now(self) -> float:
+        if self.path is not None and (stamp := self._modified()) != self._stamp:
+            self._stamp = stamp
+            with contextlib.suppress(ValueError):
+                self.seconds = parse_delay(f"@{self.path}")
+        return self.seconds
+
+
 class Chaos:
     def __init__(self, spec: str | None = None, delay: float | None = None) -> None:
         self.faults = parse(spec if spec is not None else os.environ.get("PHALANX_CHAOS", ""))
         ranks = parse_ranks(os.environ.get("PHALANX_CHAOS_RANKS"))
         if ranks is not None and int(os.environ.get("RANK", "0")) not in ranks:
             self.faults = []
-        self.delay = (
-            delay if delay is not None else parse_delay(os.environ.get("PHALANX_CHAOS_DELAY"))
-        )
+        self.pace = Pace(str(delay) if delay is not None else os.environ.get("PHALANX_CHAOS_DELAY"))
         self.sleep_s = parse_delay(
             os.environ.get("PHALANX_CHAOS_SLEEP") or "10", "PHALANX_CHAOS_SLEEP"
         )
@@ -134,8 +166,8 @@ class Chaos:
     def at(self, point: str, step: int | None = None) -> bool:
         """Inject what is due here; True when the caller must act (nan: poison its
         gradients; hide: skip the newest checkpoint; perturb: change a parameter)."""
-        if point == "forward" and self.delay > 0:
-            time.sleep(self.delay)
+        if point == "forward" and (delay := self.pace.now()) > 0:
+            time.sleep(delay)
         poison = False
         for fault in self.faults:
             current = self.attempt if fault.relative else (self.step if step is None else step)

@@ -15,7 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.harness import BIN, ROOT, Event, free_port, launch_group, start_daemon, wait_for
+from tests.support.harness import (
+    BIN,
+    ROOT,
+    Event,
+    free_port,
+    hurry,
+    launch_group,
+    start_daemon,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -110,6 +119,7 @@ def test_cp_groups_heal_a_killed_rank_under_phalanx_run(tmp_path: Path, etcd_end
             90,
             "node-b to heal from node-a",
         )
+        hurry(a, b)
         assert a.wait(180) == 0, a.proc.tail()
         assert b.wait(60) == 0, b.proc.tail()
     finally:

@@ -30,7 +30,7 @@ from daemon.leadership import election
 from daemon.node_state.states import State
 from daemon.supervision import supervisor
 from daemon.supervision.supervisor import Supervisor
-from tests.support.harness import DAEMON_JOB, Daemon, alive, start_daemon, wait_for
+from tests.support.harness import DAEMON_JOB, Daemon, alive, hurry, start_daemon, wait_for
 from tests.support.ports import free_port
 
 pytestmark = pytest.mark.integration
@@ -259,6 +259,8 @@ def test_waiting_for_peers_does_not_burn_the_restart_budget(
         b = start_daemon(
             tmp_path, "node-b", [etcd_endpoint], overrides=common, env=late, name="node-b-2"
         )
+        wait_for(lambda: b.step() > 0, 240, "the late node-b to train")
+        hurry(a, b)
         assert a.wait(240) == 0, a.proc.tail()
         assert b.wait(60) == 0, b.proc.tail()
     finally:

@@ -23,6 +23,7 @@ from tests.support.harness import (
     Event,
     alive,
     event_time,
+    hurry,
     job_groups,
     largest_step_gap,
     start_daemon,
@@ -116,6 +117,7 @@ def test_killed_rank_is_restarted_and_healed_while_the_peer_is_untouched(
             90,
             "node-b to heal from node-a",
         )
+        hurry(a, b)
         assert a.wait(180) == 0, a.proc.tail()
         assert b.wait(60) == 0, b.proc.tail()
     finally:
@@ -164,6 +166,8 @@ def test_killed_daemon_takes_its_ranks_along_and_a_new_one_rejoins(
             overrides=["train.steps=320"],
             name="replacement",
         )
+        wait_for(lambda: replacement.events("heal_done"), 120, "the replacement to heal")
+        hurry(replacement, survivor)
         assert replacement.wait(240) == 0, replacement.proc.tail()
         assert survivor.wait(60) == 0, survivor.proc.tail()
         assert orphans_gone_s < 5
@@ -203,6 +207,7 @@ def test_leader_failover_keeps_the_survivors_ranks(
         assert other.require_status()["leader"] is True
         at = other.step()
         wait_for(lambda: other.step() >= at + 20, 90, "training to continue after the failover")
+        hurry(other)
         assert other.wait(180) == 0, other.proc.tail()
         assert took_over
     finally:
@@ -251,6 +256,7 @@ def test_etcd_outage_does_not_restart_ranks(
         wait_for(
             lambda: status_json(etcd.endpoint)["lighthouse"], 10, "the lighthouse to be republished"
         )
+        hurry(a, b)
         assert a.wait(240) == 0, a.proc.tail()
         assert b.wait(60) == 0, b.proc.tail()
     finally:
@@ -311,6 +317,9 @@ def test_a_node_back_late_from_an_etcd_outage_is_not_restarted(
             time.sleep(0.5)  # the leader's group may form a quorum alone meanwhile
         finally:
             os.kill(late.proc.popen.pid, signal.SIGCONT)
+        for d in (a, b):
+            wait_for(functools.partial(d.events, "group_resumed"), 60, f"{d.node_id} to resume")
+        hurry(a, b)
         assert a.wait(240) == 0, a.proc.tail()
         assert b.wait(60) == 0, b.proc.tail()
     finally:
@@ -350,6 +359,7 @@ def test_sigterm_drains_the_leader_and_the_other_continues(
         wait_for(lambda: a.events("lighthouse_started"), 30, "the other node to lead")
         step = a.step()
         wait_for(lambda: solo_steps_since(a, step), 60, "the other node to continue alone")
+        hurry(a)
         assert a.wait(180) == 0, a.proc.tail()
     finally:
         a.stop()

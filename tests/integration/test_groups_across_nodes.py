@@ -26,6 +26,7 @@ from tests.support.harness import (
     Daemon,
     Event,
     event_time,
+    hurry,
     largest_step_gap,
     start_daemon,
     wait_for,
@@ -173,6 +174,7 @@ def test_a_rank_crash_or_a_lost_node_restarts_only_its_group_across_both_its_nod
             if k[0] == 0:
                 assert d.rank_pids() == survivor_pids[k], "group 0 was restarted"
         live = [d for d in daemons if d is not lost]
+        hurry(*live)
         for d in live:
             assert d.wait(600) == 0, d.proc.tail()
         digests = {d.node_id: digest(d) for d in live}
@@ -277,6 +279,7 @@ def test_a_group_short_of_a_node_waits_and_a_spare_takes_a_lost_nodes_seat(
             "group 0's first node to wait for the drained node's seat",
         )
         live = [d for d in daemons if d not in (lost, drained)]
+        hurry(*live)
         for d in live:
             assert d.wait(600) == 0, d.proc.tail()
         assert not partner.events("node_failed")
@@ -353,6 +356,7 @@ def test_a_partition_between_a_groups_nodes_stops_that_group_on_both_sides(
             "a two-node group split 20 s: cut healed to the group committing again",
             min(event_time(e) for e in back) - healed_at,
         )
+        hurry(*daemons)
         for d in daemons:
             assert d.wait(600) == 0, d.proc.tail()
     finally:

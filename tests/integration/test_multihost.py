@@ -16,7 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.harness import Daemon, event_time, largest_step_gap, start_daemon, wait_for
+from tests.support.harness import (
+    Daemon,
+    event_time,
+    hurry,
+    largest_step_gap,
+    start_daemon,
+    wait_for,
+)
 from tests.support.job_queries import digest
 from tests.support.multihost import NEEDS_NAMESPACES, etcd_on, reaches
 from tests.support.netns import Network
@@ -68,6 +75,7 @@ def test_two_hosts_train_heal_a_killed_group_and_agree(tmp_path: Path, network: 
         os.kill(b.rank_pids()[0], signal.SIGKILL)
         wait_for(lambda: b.events("group_restarted"), 60, "host b's group to restart")
         wait_for(lambda: b.events("heal_done"), 120, "host b's group to heal from host a")
+        hurry(a, b)
         assert a.wait(240) == 0, a.proc.tail()
         assert b.wait(120) == 0, b.proc.tail()
         assert not a.events("group_restarted"), "host a's group was restarted"
@@ -117,6 +125,7 @@ def test_three_hosts_lose_the_leaders_host_and_the_others_never_restart(
             60,
             "another host to start a lighthouse",
         )
+        hurry(*others)
         for d in others:
             assert d.wait(240) == 0, d.proc.tail()
     finally:

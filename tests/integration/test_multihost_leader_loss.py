@@ -16,7 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.harness import Daemon, event_time, largest_step_gap, start_daemon, wait_for
+from tests.support.harness import (
+    Daemon,
+    event_time,
+    hurry,
+    largest_step_gap,
+    start_daemon,
+    wait_for,
+)
 from tests.support.job_queries import digest
 from tests.support.multihost import NEEDS_NAMESPACES, etcd_on, wait_all_commit_together
 from tests.support.netns import Host, Network
@@ -83,6 +90,13 @@ def test_a_cut_off_leaders_host_leaves_the_others_training_during_the_cut(
             assert gap < FT_TIMEOUT_S
         finally:
             network.rejoin(host)
+        back_at = time.time()
+        wait_for(
+            lambda: [e for e in leader.events("heal_done") if event_time(e) > back_at],
+            120,
+            "the cut-off host's group to heal from the others",
+        )
+        hurry(*(d for _, d in daemons))
         for _, d in daemons:
             assert d.wait(300) == 0, d.proc.tail()
     finally:

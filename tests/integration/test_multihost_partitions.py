@@ -17,7 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.harness import Daemon, Proc, event_time, largest_step_gap, start_daemon, wait_for
+from tests.support.harness import (
+    Daemon,
+    Proc,
+    event_time,
+    hurry,
+    largest_step_gap,
+    start_daemon,
+    wait_for,
+)
 from tests.support.job_queries import digest
 from tests.support.multihost import NEEDS_NAMESPACES, etcd_on, wait_all_commit_together
 from tests.support.netns import Host, Network
@@ -160,6 +168,7 @@ def leader_then_follower(
             sever(network, follower[0]), follower, others, 10.0, recovery, f"follower host {how}"
         )
         assert not any(d.events("train_done") for _, d in daemons), "raise STEPS: training ended"
+        hurry(*(d for _, d in daemons))
         for _, d in daemons:
             assert d.wait(300) == 0, d.proc.tail()
     finally:

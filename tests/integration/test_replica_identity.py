@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.harness import Daemon, event_time, start_daemon, wait_for
+from tests.support.harness import Daemon, event_time, hurry, start_daemon, wait_for
 from tests.support.job_queries import digest
 
 pytestmark = pytest.mark.integration
@@ -74,6 +74,7 @@ def test_a_killed_rank_is_replaced_under_its_replica_id_and_rejoins_at_once(
         )
         # Under the same two ids: no third (the dead process's) is heartbeating.
         assert heartbeating(lighthouse) == before
+        hurry(a, b)
         assert a.wait(180) == 0, a.proc.tail()
         assert b.wait(60) == 0, b.proc.tail()
     finally:

@@ -24,6 +24,7 @@ from tests.support.coverage import accounting, check_step
 from tests.support.harness import (
     Daemon,
     Event,
+    hurry,
     kill_pair_after_checkpoint,
     read_events,
     run_pair_again,
@@ -134,6 +135,7 @@ def test_losses_with_a_kill_and_heal_match_a_failure_free_run(
         ]
         if during is not None:
             during(pair)
+        hurry(*pair)
         run_to_end(pair)
         runs.append(losses(pair))
         reused.append([e for d in pair for e in d.events("gradients_reused")])
@@ -168,6 +170,7 @@ def test_two_nodes_at_the_default_max_replicas_read_a_tokens_file_in_full_and_in
         "model.max_seq_len=16",
     ]
     pair = [start_daemon(tmp_path, n, [etcd_endpoint], overrides=spec) for n in ("a", "b")]
+    hurry(*pair)  # no fault to watch: every step at full speed
     run_to_end(pair)
     windows = TokenWindows(np.fromfile(tokens, dtype=np.uint16), seq + 1, str(tokens))
     starts: list[int] = []  # token position of each item's window, in step order
@@ -242,6 +245,7 @@ def test_a_third_group_joins_a_running_job_and_takes_a_third(
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(rank, signal.SIGCONT)  # never left stopped, even after a failed wait
+        hurry(*daemons)
     finally:
         run_to_end(daemons)
     assert len(c.events("heal_done")) >= 1, "node-c did not heal from its peers"

@@ -26,6 +26,7 @@ from tests.support.harness import (
     children,
     event_time,
     free_port,
+    hurry,
     start_daemon,
     wait_for,
 )
@@ -156,6 +157,7 @@ def test_standbys_replace_killed_ranks_and_are_replaced_when_they_die(
         assert cold["standbys_used"] == 0
         wait_for(lambda: heals(b) > healed_before, 90, "node-b's new rank to heal")
 
+        hurry(a, b)
         assert a.wait(240) == 0, a.proc.tail()
         assert b.wait(60) == 0, b.proc.tail()
     finally:
@@ -181,6 +183,7 @@ def test_sigterm_takes_the_standbys_along(tmp_path: Path, etcd_endpoint: str) ->
         os.kill(a.pid, signal.SIGTERM)
         assert a.wait(60) == 0, a.proc.tail()
         assert not [p for p in tree if alive(p)], "a process of node-a outlived its drain"
+        hurry(b)
         assert b.wait(240) == 0, b.proc.tail()
     finally:
         a.stop()

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.harness import (
+    PACE_S,
     ROOT,
     Event,
     Group,
@@ -23,6 +24,7 @@ from tests.support.harness import (
     launch_group,
     start_lighthouse,
     wait_for,
+    write_pace,
 )
 from trainer.exits import EXIT_FAILED, EXIT_NO_QUORUM
 
@@ -50,7 +52,8 @@ def _kill_relaunch_heal(
 ) -> None:
     lighthouse = start_lighthouse(tmp_path)
     common = dict(num_groups=2, nproc=nproc, lighthouse=lighthouse.address, overrides=overrides)
-    delay = {"PHALANX_CHAOS_DELAY": "0.05"}
+    pace = write_pace(tmp_path / "pace", PACE_S)  # 0 once the last group has healed
+    delay = {"PHALANX_CHAOS_DELAY": f"@{pace}"}
     survivor = launch_group(CONFIG, tmp_path, group=0, env=delay, **common)  # type: ignore[arg-type]
     launched: list[Group] = []
     with cleanup(lighthouse, survivor):
@@ -90,6 +93,8 @@ def _kill_relaunch_heal(
         final = launch_group(CONFIG, tmp_path, group=1, name="g1-final", env=delay, **common)  # type: ignore[arg-type]
         launched.append(final)
         with cleanup(final):
+            wait_for(lambda: final.events("heal_done"), 120, "the relaunched group to heal")
+            write_pace(pace, 0.0)
             assert final.wait(180) == [0] * nproc, final.rank0.tail()
             assert survivor.wait(60) == [0] * nproc, survivor.rank0.tail()
 

@@ -21,6 +21,7 @@ from tests.support.harness import (
     ROOT,
     Daemon,
     Event,
+    hurry,
     kill_pair_after_checkpoint,
     read_events,
     run_dir,
@@ -87,6 +88,7 @@ def test_an_out_of_tree_workload_heals_from_its_peer_and_both_evaluate_alike(
         # The metric carries the evaluation loss of the last evaluation.
         exported = wait_for(lambda: exported_eval_loss(a), 60, "phalanx_eval_loss on node-a")
         assert exported in evals(a.events()).values()
+        hurry(a, b)
         run_to_end([a, b])
     finally:
         a.stop()

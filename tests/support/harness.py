@@ -223,6 +223,10 @@ def cleanup(*items: Proc | Group | Lighthouse) -> Iterator[None]:
 
 
 DAEMON_JOB = ROOT / "tests" / "integration" / "daemon_job.toml"
+# Slept by every rank at each forward (PHALANX_CHAOS_DELAY, read from a file per daemon):
+# on these two cores it leaves the daemons, etcd and lighthouses CPU while ranks train,
+# and paces a job so a test sees its faults happen. Daemon.hurry sets it to 0.
+PACE_S = 0.05
 
 
 @dataclass
@@ -233,10 +237,17 @@ class Daemon:
     node_id: str
     http_port: int
     host: str = "127.0.0.1"  # where its HTTP server answers (a test host's address)
+    pace: Path | None = None  # the file its ranks read PHALANX_CHAOS_DELAY from
 
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+    def hurry(self) -> None:
+        """Its ranks stop sleeping PACE_S at every forward: once a test has seen what it
+        injected and checked, the rest of the job (the same steps) runs at full speed."""
+        if self.pace is not None:
+            write_pace(self.pace, 0.0)
 
     def events(self, name: str | None = None) -> list[Event]:
         return self.proc.events(name)
@@ -314,9 +325,28 @@ def start_daemon(
         argv += ["--set", o]
     if host is not None:
         argv = host.argv(argv)
-    full_env = {"OMP_NUM_THREADS": "1", "PHALANX_CHAOS_DELAY": "0.05", **(env or {})}
+    pace = None
+    if "PHALANX_CHAOS_DELAY" not in (env or {}):
+        pace = write_pace(log_dir / f"{name or node_id}.pace", PACE_S)
+    full_env = {"OMP_NUM_THREADS": "1", "PHALANX_CHAOS_DELAY": f"@{pace}", **(env or {})}
     proc = start(argv, log_dir, name or node_id, full_env)
-    return Daemon(proc, node_id, http_port, host.address if host else "127.0.0.1")
+    return Daemon(proc, node_id, http_port, host.address if host else "127.0.0.1", pace)
+
+
+def hurry(*daemons: Daemon) -> None:
+    """Daemon.hurry for each: their ranks, which train together, all stop pacing."""
+    for d in daemons:
+        d.hurry()
+
+
+def write_pace(path: Path, seconds: float) -> Path:
+    """`seconds` into the PHALANX_CHAOS_DELAY file `path`, replaced whole (a rank reads it
+    when its modification time changes)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fresh = path.with_suffix(".new")
+    fresh.write_text(f"{seconds}\n")
+    fresh.replace(path)
+    return path
 
 
 def event_time(event: Event) -> float:
@@ -370,8 +400,8 @@ def run_pair_again(
     envs: dict[str, dict[str, str]] | None = None,
 ) -> tuple[list[Daemon], float]:
     """node-a and node-b started again once the first pair's slots are free (so each gets
-    its old slot back), run to the end; the daemons and when they were started (epoch s).
-    `envs`: extra environment by node id."""
+    its old slot back), run to the end unpaced (a cold start's faults come at step 0); the
+    daemons and when they were started (epoch s). `envs`: extra environment by node id."""
     wait_for(lambda: job_groups(endpoint) == {}, 30, "free slots")
     started_at = time.time()
     again = [
@@ -380,6 +410,7 @@ def run_pair_again(
         )
         for n in ("node-a", "node-b")
     ]
+    hurry(*again)
     run_to_end(again)
     return again, started_at
 

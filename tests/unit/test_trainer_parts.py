@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import torch
 from torchft.checkpointing.http_transport import HTTPTransport
 
-from trainer.chaos import Chaos, InjectedCrash, parse, parse_ranks
+from trainer.chaos import Chaos, InjectedCrash, Pace, parse, parse_delay, parse_ranks
 from trainer.config import TrainConfig, TrainerConfig
 from trainer.ft.grad_buckets import buckets
 from trainer.ft.state import TrainState
@@ -64,6 +66,24 @@ def test_chaos_relative_steps_count_attempts() -> None:
     chaos.begin_step(40)
     with pytest.raises(InjectedCrash):
         chaos.at("forward")
+
+
+def test_a_delay_file_is_read_again_when_it_changes(tmp_path: Path) -> None:
+    pace = tmp_path / "pace"
+    pace.write_text("0.05\n")
+    delay = Pace(f"@{pace}")
+    assert delay.now() == 0.05 and parse_delay(f"@{pace}") == 0.05
+    pace.write_text("0\n")
+    os.utime(pace, ns=(0, os.stat(pace).st_mtime_ns + 1))  # a new mtime, however coarse the clock
+    assert delay.now() == 0.0
+    pace.write_text("soon")  # malformed: the last good delay stays
+    os.utime(pace, ns=(0, os.stat(pace).st_mtime_ns + 2))
+    assert delay.now() == 0.0
+    assert Pace("0.25").now() == 0.25 and Pace(None).now() == 0.0
+    with pytest.raises(ValueError, match=r"PHALANX_CHAOS_DELAY file .*missing.* cannot be read"):
+        parse_delay(f"@{tmp_path / 'missing'}")
+    with pytest.raises(ValueError, match="must be a number"):
+        parse_delay("@x", "PHALANX_CHAOS_SLEEP")  # a file only for the delay
 
 
 def test_split_layers_and_loop_placement() -> None:
