@@ -89,9 +89,13 @@ class NodeView:
     def slot_label(self) -> str:
         return "-" if self.slot is None else str(self.slot)
 
-    def track(self, event: dict[str, Any], node_id: str) -> None:
-        """Fold one rank event into the view (called from the rank output threads)."""
+    def track(self, event: dict[str, Any], node_id: str) -> int | None:
+        """Fold one rank event into the view (called from the rank output threads). Returns
+        the step this node's group had reached when a step 1 is committed after it: the
+        job started over from step 0 (no checkpoint to load, no peer with state to heal
+        from), its committed steps since then lost; None otherwise."""
         name = event.get("event")
+        started_over_from = None
         with self.lock:
             if name in ("train_step", "step_items"):  # a committed step, logged or not
                 self.committed_steps += 1
@@ -99,7 +103,9 @@ class NodeView:
                 if isinstance(joined, int):
                     self.largest_quorum = max(self.largest_quorum, joined)
             if name == "train_step":
-                self.step = int(event.get("step", self.step))
+                step = int(event.get("step", self.step))
+                started_over_from = self.step if step == 1 and self.step > 1 else None
+                self.step = step
                 self.loss = event.get("loss")
                 self.participants = event.get("participants")
             elif name == "heal_done":
@@ -124,6 +130,7 @@ class NodeView:
                     self.stragglers[rank] = float(ratio) if isinstance(ratio, int | float) else 0.0
                 elif isinstance(rank, int):
                     self.stragglers.pop(rank, None)
+        return started_over_from
 
     @property
     def job_completed(self) -> bool:

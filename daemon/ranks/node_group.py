@@ -212,5 +212,15 @@ class NodeGroup:
 
     def _on_rank_event(self, rank: int, event: dict[str, Any]) -> None:
         """Called from the rank output threads: track progress, then relay the event."""
-        self.view.track(event, self.cfg.node_id)
+        lost_from = self.view.track(event, self.cfg.node_id)
         logs.relay(event)
+        if lost_from is not None:
+            self.log.warning(
+                "job_started_over",
+                from_step=lost_from,
+                detail=(
+                    f"this group committed step 1 again after step {lost_from}: no peer group "
+                    "had state to heal from and no checkpoint was there to load (none saved "
+                    "yet, or checkpoint.dir unset), so the job trains again from step 0"
+                ),
+            )

@@ -89,3 +89,17 @@ def test_a_group_that_never_shared_a_quorum_is_unreplicated() -> None:
     }  # fmt: skip
     view.track({"event": "train_step", "step": 3, "participants": 2}, "n")
     assert view.unreplicated() is None
+
+
+def test_a_step_1_after_later_steps_says_the_job_started_over() -> None:
+    view = NodeView()
+    assert view.track({"event": "train_step", "step": 1, "participants": 2}, "n") is None
+    for step in (2, 3):
+        assert view.track({"event": "step_items", "step": step, "participants": 2}, "n") is None
+    assert view.track({"event": "train_step", "step": 4, "participants": 2}, "n") is None
+    # A cold restart to a checkpoint resumes past step 1; a heal goes forward.
+    assert view.track({"event": "heal_done", "step": 9}, "n") is None
+    assert view.track({"event": "train_step", "step": 3, "participants": 2}, "n") is None
+    # Step 1 again: no peer and no checkpoint, the job began anew (said once, not per rank).
+    assert view.track({"event": "train_step", "step": 1, "participants": 2}, "n") == 3
+    assert view.track({"event": "train_step", "step": 1, "participants": 2}, "n") is None
