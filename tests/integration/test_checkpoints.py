@@ -22,14 +22,13 @@ from tests.support.harness import (
     alive,
     event_time,
     free_port,
-    kill_pair_after_checkpoint,
     launch_group,
     run_dir,
-    run_pair_again,
     start,
     start_daemon,
     wait_for,
 )
+from tests.support.pair_runs import kill_pair_after_checkpoint, run_pair_again
 from trainer.checkpoint.files import MARKER, Candidate, problem
 
 pytestmark = pytest.mark.integration

@@ -14,11 +14,9 @@ from pathlib import Path
 import pytest
 
 from tests.support.harness import (
-    kill_pair_after_checkpoint,
-    run_pair_again,
-    run_to_end,
     start_daemon,
 )
+from tests.support.pair_runs import kill_pair_after_checkpoint, run_pair_again, run_to_end
 
 pytestmark = pytest.mark.integration
 

@@ -25,13 +25,11 @@ from tests.support.harness import (
     Daemon,
     Event,
     hurry,
-    kill_pair_after_checkpoint,
     read_events,
-    run_pair_again,
-    run_to_end,
     start_daemon,
     wait_for,
 )
+from tests.support.pair_runs import kill_pair_after_checkpoint, run_pair_again, run_to_end
 from trainer.data.sources import TokenWindows
 
 pytestmark = pytest.mark.integration

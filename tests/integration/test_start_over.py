@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.harness import hurry, run_to_end, start_daemon, wait_for
+from tests.support.harness import hurry, start_daemon, wait_for
 from tests.support.job_queries import digest
+from tests.support.pair_runs import run_to_end
 
 pytestmark = pytest.mark.integration
 

@@ -22,14 +22,12 @@ from tests.support.harness import (
     Daemon,
     Event,
     hurry,
-    kill_pair_after_checkpoint,
     read_events,
     run_dir,
-    run_pair_again,
-    run_to_end,
     start_daemon,
     wait_for,
 )
+from tests.support.pair_runs import kill_pair_after_checkpoint, run_pair_again, run_to_end
 
 pytestmark = pytest.mark.integration
 

@@ -24,7 +24,6 @@ from daemon.children import descendants
 from daemon.leadership.lighthouse import lighthouse_command
 from tests.support.netns import Host
 from tests.support.ports import free_port as free_port  # re-exported for the tests
-from trainer.checkpoint.files import MARKER
 
 # The daemon's own helper for /proc walking (not process groups); ports come from tests.support.ports.
 children = descendants
@@ -381,61 +380,3 @@ def run_dir(ckpt: Path) -> Path:
     found = sorted(ckpt.glob("*/run-*"))
     assert len(found) == 1, found
     return found[0]
-
-
-def run_to_end(daemons: Sequence[Daemon], timeout: float = 240) -> None:
-    """Wait for every daemon to exit 0 (its tail in the failure otherwise); stop them all."""
-    try:
-        for d in daemons:
-            assert d.wait(timeout) == 0, d.proc.tail()
-    finally:
-        for d in daemons:
-            d.stop()
-
-
-def run_pair_again(
-    tmp_path: Path,
-    endpoint: str,
-    job: list[str],
-    envs: dict[str, dict[str, str]] | None = None,
-) -> tuple[list[Daemon], float]:
-    """node-a and node-b started again once the first pair's slots are free (so each gets
-    its old slot back), run to the end unpaced (a cold start's faults come at step 0); the
-    daemons and when they were started (epoch s). `envs`: extra environment by node id."""
-    wait_for(lambda: job_groups(endpoint) == {}, 30, "free slots")
-    started_at = time.time()
-    again = [
-        start_daemon(
-            tmp_path, n, [endpoint], overrides=job, name=f"{n}-again", env=(envs or {}).get(n)
-        )
-        for n in ("node-a", "node-b")
-    ]
-    hurry(*again)
-    run_to_end(again)
-    return again, started_at
-
-
-def kill_pair_after_checkpoint(
-    tmp_path: Path,
-    endpoint: str,
-    job: list[str],
-    ckpt: Path,
-    step: int,
-    during: Callable[[list[Daemon]], None] | None = None,
-) -> tuple[str, str]:
-    """node-a and node-b train `job` until a marked step-<step> checkpoint is under `ckpt`
-    (`during(pair)` runs first); then both daemons are SIGKILLed, and with them their
-    ranks. Returns the node ids of the writer group (the lower slot) and of the other."""
-    pair = [start_daemon(tmp_path, n, [endpoint], overrides=job) for n in ("node-a", "node-b")]
-    try:
-        if during is not None:
-            during(pair)
-        marker = f"*/run-*/step-{step}/{MARKER}"
-        wait_for(lambda: any(ckpt.glob(marker)), 120, f"the step-{step} checkpoint")
-        writer = min(pair, key=lambda d: int(d.require_status()["replica_group"])).node_id
-        for d in pair:
-            os.kill(d.pid, signal.SIGKILL)
-    finally:
-        for d in pair:
-            d.stop()
-    return writer, "node-b" if writer == "node-a" else "node-a"
