@@ -73,6 +73,20 @@ def together_since(daemons: Sequence[Daemon], after: float) -> list[Event]:
     ]
 
 
+def said_between(daemons: Sequence[Daemon], after: float, before: float) -> str:
+    """What `daemons` logged between two times, but their train steps: one line each."""
+    lines = [
+        f"{event_time(e) - after:7.2f}s {d.node_id} "
+        + " ".join(f"{k}={v}" for k, v in e.items() if k not in ("time", "job"))[:300]
+        for d in daemons
+        for e in d.events()
+        if "time" in e
+        and after < event_time(e) < before
+        and e.get("event") not in ("train_step", "rank_output")
+    ]
+    return "\n".join(sorted(lines, key=lambda line: float(line.split("s ", 1)[0])))
+
+
 def committed_with(d: Daemon, participants: int, after: float = 0.0) -> bool:
     return any(
         e.get("participants") == participants and event_time(e) > after
@@ -371,7 +385,10 @@ def test_a_partition_between_a_groups_nodes_stops_that_group_on_both_sides(
         ]
         assert not late, f"{d.node_id} committed steps {late} while its group was split"
     during = [e for e in held[(0, 0)].events("train_step") if cut_at < event_time(e) < healed_at]
-    assert during, "group 0 stopped training while group 1 was split"
+    assert during, (
+        "group 0 stopped training while group 1 was split; what its nodes said meanwhile:\n"
+        + said_between([held[(0, 0)], held[(0, 1)]], cut_at - 1.0, healed_at)
+    )
     gap = largest_step_gap(held[(0, 0)].events("train_step"), after=cut_at)
     recovery("a two-node group split 20 s: the other group's longest pause", gap)
     digests = {d.node_id: digest(d) for d in daemons}
