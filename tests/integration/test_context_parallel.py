@@ -17,6 +17,7 @@ import pytest
 
 from tests.support.harness import (
     BIN,
+    HOLD_PACE_S,
     ROOT,
     Event,
     free_port,
@@ -106,9 +107,9 @@ def test_torch_context_parallel_shards_as_the_all_gather_path_and_restores() -> 
 
 
 def test_cp_groups_heal_a_killed_rank_under_phalanx_run(tmp_path: Path, etcd_endpoint: str) -> None:
-    job = ["node.nproc=2", "parallel.cp=2", "train.steps=100"]
-    a = start_daemon(tmp_path, "node-a", [etcd_endpoint], overrides=job)
-    b = start_daemon(tmp_path, "node-b", [etcd_endpoint], overrides=job)
+    job = ["node.nproc=2", "parallel.cp=2", "train.steps=60"]  # under 40 spent at HOLD_PACE_S
+    a = start_daemon(tmp_path, "node-a", [etcd_endpoint], overrides=job, pace_s=HOLD_PACE_S)
+    b = start_daemon(tmp_path, "node-b", [etcd_endpoint], overrides=job, pace_s=HOLD_PACE_S)
     try:
         wait_for(lambda: a.step() > 10 and b.step() > 10, 120, "both groups to train")
         assert started(a.events())["layout"]["cp"] == 2

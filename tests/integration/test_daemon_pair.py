@@ -19,6 +19,8 @@ from tests.support.etcd_control import ControlledEtcd
 from tests.support.harness import (
     BIN,
     DAEMON_JOB,
+    HOLD_PACE_S,
+    PACE_S,
     Daemon,
     Event,
     alive,
@@ -35,11 +37,15 @@ pytestmark = pytest.mark.integration
 
 
 def pair(
-    tmp_path: Path, endpoint: str, steps: int, env: dict[str, str] | None = None
+    tmp_path: Path,
+    endpoint: str,
+    steps: int,
+    env: dict[str, str] | None = None,
+    pace_s: float = PACE_S,
 ) -> tuple[Daemon, Daemon]:
     overrides = [f"train.steps={steps}"]
-    a = start_daemon(tmp_path, "node-a", [endpoint], overrides=overrides, env=env)
-    b = start_daemon(tmp_path, "node-b", [endpoint], overrides=overrides, env=env)
+    a = start_daemon(tmp_path, "node-a", [endpoint], overrides=overrides, env=env, pace_s=pace_s)
+    b = start_daemon(tmp_path, "node-b", [endpoint], overrides=overrides, env=env, pace_s=pace_s)
     wait_for(lambda: a.step() > 3 and b.step() > 3, 120, "both groups to train")
     return a, b
 
@@ -140,7 +146,7 @@ def test_killed_daemon_takes_its_ranks_along_and_a_new_one_rejoins(
     over leadership, and a replacement daemon for the dead node joins the new lighthouse's
     quorums and heals (a lighthouse numbers its quorums anew, so this also checks that a
     rendezvous never reuses a dead peer's store keys)."""
-    a, b = pair(tmp_path, etcd_endpoint, steps=320)
+    a, b = pair(tmp_path, etcd_endpoint, steps=160, pace_s=HOLD_PACE_S)  # under 80 spent waiting
     victim, survivor = (a, b) if a.require_status()["leader"] else (b, a)
     replacement: Daemon | None = None
     try:
@@ -163,8 +169,9 @@ def test_killed_daemon_takes_its_ranks_along_and_a_new_one_rejoins(
             tmp_path,
             victim.node_id,
             [etcd_endpoint],
-            overrides=["train.steps=320"],
+            overrides=["train.steps=160"],
             name="replacement",
+            pace_s=HOLD_PACE_S,
         )
         wait_for(lambda: replacement.events("heal_done"), 120, "the replacement to heal")
         hurry(replacement, survivor)
@@ -192,7 +199,7 @@ def test_killed_daemon_takes_its_ranks_along_and_a_new_one_rejoins(
 def test_leader_failover_keeps_the_survivors_ranks(
     tmp_path: Path, etcd_endpoint: str, recovery: Callable[[str, float], None]
 ) -> None:
-    a, b = pair(tmp_path, etcd_endpoint, steps=260)
+    a, b = pair(tmp_path, etcd_endpoint, steps=160)  # it waits for 20 steps: paced as usual
     try:
         leader, other = (a, b) if a.require_status()["leader"] else (b, a)
         assert other.require_status()["leader"] is False
@@ -215,7 +222,7 @@ def test_leader_failover_keeps_the_survivors_ranks(
         b.stop()
     assert not other.events("group_restarted") and not other.events("group_failed")
     assert other.events("group_started")[0]["pids"] == survivor_pids
-    assert other.events("train_done")[0]["step"] == 260
+    assert other.events("train_done")[0]["step"] == 160
     recovery("leader SIGKILL: new leader's lighthouse up", event_time(took_over[0]) - killed_at)
     recovery(
         "leader SIGKILL: survivor's longest pause", largest_step_gap(other.events(), killed_at)
@@ -225,9 +232,10 @@ def test_leader_failover_keeps_the_survivors_ranks(
 def test_etcd_outage_does_not_restart_ranks(
     tmp_path: Path, etcd: ControlledEtcd, recovery: Callable[[str, float], None]
 ) -> None:
-    # The fence pauses the ranks for most of the long outage (at about step 50 here),
-    # so 200 steps leave a tail after it long enough to see the pair train and agree.
-    a, b = pair(tmp_path, etcd.endpoint, steps=200)
+    # The fence pauses the ranks for most of the long outage (at about step 20 here, at
+    # HOLD_PACE_S), so 120 steps leave a tail after it long enough to see the pair train
+    # and agree.
+    a, b = pair(tmp_path, etcd.endpoint, steps=120, pace_s=HOLD_PACE_S)
     try:
         pids = {d.node_id: d.rank_pids() for d in (a, b)}
         # An outage well inside the lease (1 s of a 4 s TTL, refreshed every tick while
@@ -300,7 +308,7 @@ def test_a_node_back_late_from_an_etcd_outage_is_not_restarted(
     on a stale process group after a renumbered quorum, which waited a whole timeout
     after the resume and so raced the hang detector, is shown gone by
     tests/integration/test_quorum_renumbering.py."""
-    a, b = pair(tmp_path, etcd.endpoint, steps=200)
+    a, b = pair(tmp_path, etcd.endpoint, steps=120, pace_s=HOLD_PACE_S)
     try:
         wait_for(lambda: a.step() > 10 and b.step() > 10, 60, "training")
         leader, late = (a, b) if a.require_status()["leader"] else (b, a)
@@ -337,7 +345,7 @@ def test_sigterm_drains_the_leader_and_the_other_continues(
 ) -> None:
     """SIGTERM the leader's daemon: its ranks leave after a step, it exits 0 and takes its
     lighthouse with it (process gone, port free), and the other node leads and goes on."""
-    a, b = pair(tmp_path, etcd_endpoint, steps=260)
+    a, b = pair(tmp_path, etcd_endpoint, steps=130, pace_s=HOLD_PACE_S)
     try:
         if not b.require_status()["leader"]:
             a, b = b, a  # b: the leader, drained

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.harness import (
+    HOLD_PACE_S,
     Daemon,
     event_time,
     hurry,
@@ -61,11 +62,16 @@ def test_two_hosts_train_heal_a_killed_group_and_agree(tmp_path: Path, network: 
     etcd_host, a_host, b_host = (network.add_host(n) for n in ("etcd", "a", "b"))
     etcd = etcd_on(etcd_host, tmp_path)
     endpoint = f"{etcd_host.address}:2379"
-    overrides = ["train.steps=160", "ft.timeout_s=20", "ft.quorum_timeout_s=30"]
+    overrides = ["train.steps=80", "ft.timeout_s=20", "ft.quorum_timeout_s=30"]
     a = b = None
     try:
-        a = start_daemon(tmp_path, "node-a", [endpoint], overrides=overrides, host=a_host)
-        b = start_daemon(tmp_path, "node-b", [endpoint], overrides=overrides, host=b_host)
+        # At HOLD_PACE_S until hurried: under 40 of the 80 steps are spent waiting.
+        a = start_daemon(
+            tmp_path, "node-a", [endpoint], overrides=overrides, host=a_host, pace_s=HOLD_PACE_S
+        )
+        b = start_daemon(
+            tmp_path, "node-b", [endpoint], overrides=overrides, host=b_host, pace_s=HOLD_PACE_S
+        )
         together = wait_for(
             lambda: [e for e in b.events("train_step") if e.get("participants") == 2],
             180,
@@ -100,14 +106,18 @@ def test_three_hosts_lose_the_leaders_host_and_the_others_never_restart(
     endpoint = f"{etcd_host.address}:2379"
     overrides = [
         "job.max_replicas=3",
-        "train.steps=220",
+        "train.steps=100",  # at HOLD_PACE_S until hurried: under 50 are spent waiting
         "ft.quorum_timeout_s=30",
     ]
     daemons: list[Daemon] = []
     try:
         for h in hosts:
             node = f"node-{h.name}"
-            daemons.append(start_daemon(tmp_path, node, [endpoint], overrides=overrides, host=h))
+            daemons.append(
+                start_daemon(
+                    tmp_path, node, [endpoint], overrides=overrides, host=h, pace_s=HOLD_PACE_S
+                )
+            )
         wait_for(
             lambda: all(
                 any(e.get("participants") == 3 for e in d.events("train_step")) for d in daemons

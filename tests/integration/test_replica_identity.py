@@ -17,7 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.harness import Daemon, event_time, hurry, start_daemon, wait_for
+from tests.support.harness import (
+    HOLD_PACE_S,
+    Daemon,
+    event_time,
+    hurry,
+    start_daemon,
+    wait_for,
+)
 from tests.support.job_queries import digest
 
 pytestmark = pytest.mark.integration
@@ -37,12 +44,12 @@ def test_a_killed_rank_is_replaced_under_its_replica_id_and_rejoins_at_once(
     tmp_path: Path, etcd_endpoint: str
 ) -> None:
     overrides = [
-        "train.steps=240",
+        "train.steps=100",  # at HOLD_PACE_S until hurried: under 40 are spent waiting
         f"lighthouse.heartbeat_timeout_ms={TEN_MINUTES_MS}",
         f"lighthouse.join_timeout_ms={TEN_MINUTES_MS}",
     ]
-    a = start_daemon(tmp_path, "node-a", [etcd_endpoint], overrides=overrides)
-    b = start_daemon(tmp_path, "node-b", [etcd_endpoint], overrides=overrides)
+    a = start_daemon(tmp_path, "node-a", [etcd_endpoint], overrides=overrides, pace_s=HOLD_PACE_S)
+    b = start_daemon(tmp_path, "node-b", [etcd_endpoint], overrides=overrides, pace_s=HOLD_PACE_S)
     daemons: list[Daemon] = [a, b]
     try:
         wait_for(

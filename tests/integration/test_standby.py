@@ -20,6 +20,7 @@ from daemon.ranks.spec import GroupSpec, rank_env
 from daemon.ranks.standby import REFILL_DELAY_S, Standby
 from daemon.ranks.zygote import parent_of
 from tests.support.harness import (
+    HOLD_PACE_S,
     Daemon,
     Event,
     alive,
@@ -27,6 +28,7 @@ from tests.support.harness import (
     event_time,
     free_port,
     hurry,
+    slow,
     start_daemon,
     wait_for,
 )
@@ -76,13 +78,14 @@ def heals(d: Daemon) -> int:
 def test_standbys_replace_killed_ranks_and_are_replaced_when_they_die(
     tmp_path: Path, etcd_endpoint: str
 ) -> None:
-    steps = ["train.steps=400"]
+    steps = ["train.steps=200"]  # paced at HOLD_PACE_S until hurried: under 100 are spent
     # Two threads per rank, as the daemon sets by default here: numpy's OpenBLAS then runs a
     # thread of its own in the zygote when it forks (trainer/spares/zygote.py).
     a = start_daemon(
         tmp_path, "node-a", [etcd_endpoint], overrides=steps, env={"OMP_NUM_THREADS": "2"}
     )
     b = start_daemon(tmp_path, "node-b", [etcd_endpoint], overrides=[*steps, "node.standby=false"])
+    slow(a, b)
     try:
         wait_for(lambda: a.step() > 3 and b.step() > 3, 120, "both groups to train")
 
@@ -165,16 +168,16 @@ def test_standbys_replace_killed_ranks_and_are_replaced_when_they_die(
         b.stop()
     assert not b.events("standby_spawned") and not b.events("standby_ready")
     done = [d.events("train_done")[0] for d in (a, b)]
-    assert done[0]["step"] == done[1]["step"] == 400
+    assert done[0]["step"] == done[1]["step"] == 200
     assert done[0]["params_sha256"] == done[1]["params_sha256"]  # the takeover healed exactly
     # The standby's process is the rank that trained after the kill.
     assert [e for e in a.events("rank_started") if e["pid"] == replacement]
 
 
 def test_sigterm_takes_the_standbys_along(tmp_path: Path, etcd_endpoint: str) -> None:
-    steps = ["train.steps=300"]
-    a = start_daemon(tmp_path, "node-a", [etcd_endpoint], overrides=steps)
-    b = start_daemon(tmp_path, "node-b", [etcd_endpoint], overrides=steps)
+    steps = ["train.steps=120"]  # at HOLD_PACE_S until hurried: under 60 are spent waiting
+    a = start_daemon(tmp_path, "node-a", [etcd_endpoint], overrides=steps, pace_s=HOLD_PACE_S)
+    b = start_daemon(tmp_path, "node-b", [etcd_endpoint], overrides=steps, pace_s=HOLD_PACE_S)
     try:
         wait_for(lambda: a.step() > 3 and b.step() > 3, 120, "both groups to train")
         spare = ready_standby(a)
@@ -190,7 +193,7 @@ def test_sigterm_takes_the_standbys_along(tmp_path: Path, etcd_endpoint: str) ->
         b.stop()
     assert a.events("group_drained") and not a.events("group_restarted")
     assert not [e for e in a.events("rank_started") if e["pid"] == spare]  # it never trained
-    assert b.events("train_done")[0]["step"] == 300
+    assert b.events("train_done")[0]["step"] == 120
 
 
 def test_a_standby_handed_its_start_while_it_warms_leaves_idle_priority_at_once(

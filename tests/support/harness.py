@@ -226,6 +226,10 @@ DAEMON_JOB = ROOT / "tests" / "integration" / "daemon_job.toml"
 # on these two cores it leaves the daemons, etcd and lighthouses CPU while ranks train,
 # and paces a job so a test sees its faults happen. Daemon.hurry sets it to 0.
 PACE_S = 0.05
+# Slept instead while a test waits on time rather than steps (a cut held, a restart, a
+# heal): the job spends fewer of its steps waiting, so it needs fewer in all, and the
+# daemons and standbys get the CPU the ranks leave. Daemon.slow or start_daemon's pace_s.
+HOLD_PACE_S = 0.25
 
 
 @dataclass
@@ -247,6 +251,11 @@ class Daemon:
         injected and checked, the rest of the job (the same steps) runs at full speed."""
         if self.pace is not None:
             write_pace(self.pace, 0.0)
+
+    def slow(self) -> None:
+        """Its ranks sleep HOLD_PACE_S at every forward, until hurried."""
+        if self.pace is not None:
+            write_pace(self.pace, HOLD_PACE_S)
 
     def events(self, name: str | None = None) -> list[Event]:
         return self.proc.events(name)
@@ -305,10 +314,12 @@ def start_daemon(
     name: str | None = None,
     host: Host | None = None,
     advertise: bool = True,
+    pace_s: float = PACE_S,
 ) -> Daemon:
     """`phalanx run` for one node with its own ports and run directory; on `host` (a
     network namespace of tests.support.netns) it advertises, and so listens on, the host's
-    address, unless `advertise` is false (then node.advertise_host is what `config` says)."""
+    address, unless `advertise` is false (then node.advertise_host is what `config` says).
+    Its ranks sleep `pace_s` at every forward until the test changes it (Daemon.hurry)."""
     http_port = free_port()
     settings = [
         f"node.http_port={http_port}",
@@ -326,7 +337,7 @@ def start_daemon(
         argv = host.argv(argv)
     pace = None
     if "PHALANX_CHAOS_DELAY" not in (env or {}):
-        pace = write_pace(log_dir / f"{name or node_id}.pace", PACE_S)
+        pace = write_pace(log_dir / f"{name or node_id}.pace", pace_s)
     full_env = {"OMP_NUM_THREADS": "1", "PHALANX_CHAOS_DELAY": f"@{pace}", **(env or {})}
     proc = start(argv, log_dir, name or node_id, full_env)
     return Daemon(proc, node_id, http_port, host.address if host else "127.0.0.1", pace)
@@ -336,6 +347,12 @@ def hurry(*daemons: Daemon) -> None:
     """Daemon.hurry for each: their ranks, which train together, all stop pacing."""
     for d in daemons:
         d.hurry()
+
+
+def slow(*daemons: Daemon) -> None:
+    """Daemon.slow for each: while a test holds a fault for a fixed time."""
+    for d in daemons:
+        d.slow()
 
 
 def write_pace(path: Path, seconds: float) -> Path:
