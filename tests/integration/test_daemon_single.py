@@ -70,12 +70,12 @@ def test_a_stopped_rank_is_found_by_the_learned_step_timeout_and_a_slow_save_is_
             "hang.step_samples=10",
             "train.steps=100000",
             f'checkpoint.dir="{tmp_path / "ckpt"}"',
-            "checkpoint.interval_steps=120",
+            "checkpoint.interval_steps=60",
         ],
-        # The save of step 120 blocks 7 s; the rank stops itself (SIGSTOP) at the forward
-        # of its 220th step, after the step's beat and before its quorum.
+        # The save of step 60 blocks 7 s; the rank stops itself (SIGSTOP) at the forward
+        # of its 110th step, after the step's beat and before its quorum.
         env={
-            "PHALANX_CHAOS": "checkpoint@120:sleep,forward@+220:stop",
+            "PHALANX_CHAOS": "checkpoint@60:sleep,forward@+110:stop",
             "PHALANX_CHAOS_SLEEP": f"{save_s}",
         },
     )
@@ -86,17 +86,17 @@ def test_a_stopped_rank_is_found_by_the_learned_step_timeout_and_a_slow_save_is_
             return doc["hang"] if doc and doc["hang"]["learned"] else None
 
         hang = wait_for(learned, 120, "the step timeout to be learned")
-        assert daemon.step() < 120, "learned only after the slow save: raise the save's step"
+        assert daemon.step() < 60, "learned only after the slow save: raise the save's step"
         step_timeout = hang["timeouts"]["step"]
         assert step_timeout == 3.0  # the floor: ft.timeout_s + margin (steps take ~0.05 s)
         assert hang["timeouts"]["save"] == ceiling and save_s > 2 * step_timeout
         median, q99 = hang["step_time_median_s"], hang["step_time_quantile_s"]
         pids = daemon.rank_pids()
-        wait_for(lambda: daemon.step() > 130, 120, "training past the slow save")
+        wait_for(lambda: daemon.step() > 70, 120, "training past the slow save")
         assert not daemon.events("group_failed"), daemon.events("group_failed")
         assert daemon.rank_pids() == pids
         wait_for(
-            lambda: [e for e in daemon.events("checkpoint_saved") if e.get("step") == 120],
+            lambda: [e for e in daemon.events("checkpoint_saved") if e.get("step") == 60],
             60,
             "the slow save to complete",
         )
