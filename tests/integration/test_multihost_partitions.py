@@ -23,6 +23,7 @@ from tests.support.harness import (
     event_time,
     hurry,
     largest_step_gap,
+    slow,
     start_daemon,
     wait_for,
 )
@@ -32,10 +33,12 @@ from tests.support.netns import Host, Network
 
 pytestmark = [pytest.mark.integration, NEEDS_NAMESPACES]
 
-# Enough steps (about 0.1 s each here) to outlast both partitions: with the 1 s default
-# heartbeat timeout the majority barely pauses at a cut, and 350 steps were once all
-# done while an etcd-only cut was still held. The test fails if training ends first.
-STEPS = 600
+# Enough steps to outlast both partitions: with the 1 s default heartbeat timeout the
+# majority barely pauses at a cut, and 350 steps at PACE_S (about 0.1 s each here) were
+# once all done while an etcd-only cut was still held. From the first cut the job is
+# paced at HOLD_PACE_S (about 0.3 s a step): about 120 steps were spent in all here.
+# The test fails if training ends first.
+STEPS = 300
 OVERRIDES = [
     "job.max_replicas=3",
     "ft.timeout_s=8",  # a silent peer (a cut, not a kill) fails a collective only by timeout
@@ -159,6 +162,7 @@ def leader_then_follower(
         etcd = three_hosts(tmp_path, network, STEPS, daemons)
         leader = leader_of(daemons)
         rest = [hd for hd in daemons if hd[1] is not leader[1]]
+        slow(*(d for _, d in daemons))
         partition(sever(network, leader[0]), leader, rest, 10.0, recovery, f"leader host {how}")
         assert leader[1].events("lighthouse_stopped"), "the cut-off leader kept its lighthouse"
         assert any(d.events("lighthouse_started") for _, d in rest), "no new leader"
