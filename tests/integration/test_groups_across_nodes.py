@@ -23,6 +23,7 @@ from tests.support.coverage import accounting, check_step
 from tests.support.harness import (
     BIN,
     DAEMON_JOB,
+    HOLD_PACE_S,
     Daemon,
     Event,
     event_time,
@@ -38,7 +39,7 @@ from tests.support.netns import Host, Network
 
 pytestmark = [pytest.mark.integration, NEEDS_NAMESPACES]
 
-STEPS = 150  # paced at HOLD_PACE_S throughout: about 50 are left when the test hurries
+STEPS = 150  # paced at HOLD_PACE_S throughout: about 40 are spent before the test hurries
 BATCH = 10  # global; a micro-batch is 4: a group runs 2 (5 items) or 3 (10 items)
 SPAN = [
     "job.nodes_per_group=2",
@@ -222,10 +223,10 @@ def test_a_group_short_of_a_node_waits_and_a_spare_takes_a_lost_nodes_seat(
 
     def node(i: int) -> Daemon:
         h = hosts[i]
-        return start_daemon(tmp_path, f"node-{h.name}", [endpoint], overrides=job, host=h)
+        name = f"node-{h.name}"
+        return start_daemon(tmp_path, name, [endpoint], overrides=job, host=h, pace_s=HOLD_PACE_S)
 
     daemons = [node(i) for i in range(3)]
-    slow(*daemons)
     try:
         wait_for(lambda: len(seats(daemons)) == 3, 120, "three nodes to take seats")
         held = seats(daemons)
@@ -246,10 +247,8 @@ def test_a_group_short_of_a_node_waits_and_a_spare_takes_a_lost_nodes_seat(
         wait_for(lambda: held[(0, 0)].step() > step + 5, 60, "group 0 to go on training")
 
         daemons.append(node(3))
-        slow(daemons[-1])
         wait_for(lambda: committed_with(held[(1, 0)], 2), 240, "the two groups to train together")
         spare = node(4)
-        slow(spare)
         daemons.append(spare)
         wait_for(lambda: spare.status() and spare.require_status()["spare"], 60, "a spare")
         code, metrics = spare.get("/metrics")
