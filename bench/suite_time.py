@@ -9,6 +9,8 @@ of a shared machine falls on both; the ratio of the medians is printed.
 ``tests/integration/test_x.py::test_y``, repeatable) also prints the ratio with
 the tests under PREFIX left out of both sides, for tests another change added
 (for example the multi-host tests of issue 11 when measuring issue 10).
+``--only PATH`` (repeatable) runs just those test files or tests on both sides, to
+measure a change to a few tests in a fraction of the time.
 
     python -m bench.suite_time --base 0ca34ee --exclude tests/integration/test_multihost
 
@@ -57,8 +59,10 @@ def git(*args: str, cwd: Path = ROOT) -> str:
     return done.stdout.strip()
 
 
-def run_suite(side: str, where: Path, report: Path, exclude: list[str]) -> Run:
-    args = f"PYTEST_ARGS=-q --junitxml={report}"
+def run_suite(
+    side: str, where: Path, report: Path, exclude: list[str], only: tuple[str, ...] = ()
+) -> Run:
+    args = " ".join([f"PYTEST_ARGS=-q --junitxml={report}", *only])
     started = time.monotonic()
     subprocess.run(
         ["make", "-C", str(where), "--quiet", "test", args],
@@ -92,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--head", default="HEAD", help="the commit measured")
     parser.add_argument("--repeats", type=int, default=2, help="suites per side")
     parser.add_argument("--exclude", action="append", default=[], metavar="PREFIX")
+    parser.add_argument("--only", action="append", default=[], metavar="PATH")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/phalanx-suite-time"))
     args = parser.parse_args(argv)
     args.workdir.mkdir(parents=True, exist_ok=True)
@@ -102,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[Run] = []
     for i in range(args.repeats):
         for side, where in sides.items():
-            run = run_suite(side, where, args.workdir / f"{side}-{i}.xml", args.exclude)
+            report = args.workdir / f"{side}-{i}.xml"
+            run = run_suite(side, where, report, args.exclude, tuple(args.only))
             runs.append(run)
             print(
                 f"{side} run {i + 1}: wall {run.wall_s:.1f} s, tests {run.pytest_s:.1f} s, "
