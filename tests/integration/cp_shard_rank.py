@@ -9,6 +9,7 @@ Usage: torchrun --nproc-per-node 2 cp_shard_rank.py
 from __future__ import annotations
 
 import json
+import sys
 
 import torch
 import torch.distributed as dist
@@ -43,5 +44,8 @@ for attention in ("all_gather", "torch"):
         "batch": batch.inputs.tolist(),
         "sdpa_restored": F.scaled_dot_product_attention is sdpa,
     }
-print(json.dumps(out), flush=True)
+# One write of the whole line: both ranks share torchrun's stdout, and print's two writes
+# (the text, then the newline) once let the other rank's line in between.
+sys.stdout.write(json.dumps(out) + "\n")
+sys.stdout.flush()
 dist.destroy_process_group()
