@@ -28,7 +28,6 @@ from tests.support.harness import (
     event_time,
     free_port,
     hurry,
-    slow,
     start_daemon,
     wait_for,
 )
@@ -82,10 +81,20 @@ def test_standbys_replace_killed_ranks_and_are_replaced_when_they_die(
     # Two threads per rank, as the daemon sets by default here: numpy's OpenBLAS then runs a
     # thread of its own in the zygote when it forks (trainer/spares/zygote.py).
     a = start_daemon(
-        tmp_path, "node-a", [etcd_endpoint], overrides=steps, env={"OMP_NUM_THREADS": "2"}
+        tmp_path,
+        "node-a",
+        [etcd_endpoint],
+        overrides=steps,
+        env={"OMP_NUM_THREADS": "2"},
+        pace_s=HOLD_PACE_S,
     )
-    b = start_daemon(tmp_path, "node-b", [etcd_endpoint], overrides=[*steps, "node.standby=false"])
-    slow(a, b)
+    b = start_daemon(
+        tmp_path,
+        "node-b",
+        [etcd_endpoint],
+        overrides=[*steps, "node.standby=false"],
+        pace_s=HOLD_PACE_S,
+    )
     try:
         wait_for(lambda: a.step() > 3 and b.step() > 3, 120, "both groups to train")
 
