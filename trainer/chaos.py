@@ -8,8 +8,10 @@
   is in flight), ``optimizer`` (the step was committed, the optimizer has not
   run), ``buffers`` (the step was committed and the buffers' averaged changes
   applied), ``checkpoint`` (the writer group has just launched an asynchronous save),
-  ``resume`` (a cold start is about to choose a checkpoint; the step is 0) or
-  ``restored`` (a cold start loaded one, the groups have not compared it yet; 0).
+  ``resume`` (a cold start is about to choose a checkpoint; the step is 0),
+  ``restored`` (a cold start loaded one, the groups have not compared it yet; 0) or
+  ``finish`` (the rank has left its group, after the job's last step or a drain its
+  group agreed on, and is about to exit; 0).
 * ``step``: ``N`` is the step being attempted (N steps are committed; for
   ``checkpoint``, N is the step being saved); ``+N`` is this process's N-th step
   attempt counting from 0, useful for a relaunched group whose step is only
@@ -23,7 +25,8 @@
   first parameter shard, so its group's parameters silently differ from the
   other groups'; at ``buffers``: to its first floating-point buffer, such as a
   BatchNorm running mean), ``sleep`` (the rank sleeps ``PHALANX_CHAOS_SLEEP``
-  seconds, default 10, there: at ``checkpoint``, a slow save).
+  seconds, default 10, there: at ``checkpoint``, a slow save; at ``finish``, a rank
+  slower to leave than its group's others).
 
 ``PHALANX_CHAOS_RANKS`` (comma-separated ranks of the group; default every rank)
 limits the faults to those ranks.
@@ -49,7 +52,7 @@ from pathlib import Path
 
 POINTS = (
     "start", "forward", "gradients", "allreduce", "optimizer", "buffers", "checkpoint", "resume",
-    "restored",
+    "restored", "finish",
 )  # fmt: skip
 ACTIONS = ("kill", "crash", "stop", "nan", "hide", "perturb", "sleep")
 ONLY_AT: dict[str, tuple[str, ...]] = {  # actions that mean something at some points only

@@ -240,8 +240,7 @@ def _finish(b: Built) -> int:
     if b.loop.drained:
         if b.env.rank == 0:
             log.info("train_stopped", step=step, reason="SIGTERM")
-        _leave(b.replication)
-        return EXIT_DRAINED
+        return _leave(b, EXIT_DRAINED)
     digest = params_sha256(b.params, b.layout.group("pp"))
     buffers = params_sha256(b.state.buffers.committed, b.layout.group("pp"))
     if b.env.local_rank == 0:  # every node's daemon reports the digest
@@ -254,8 +253,7 @@ def _finish(b: Built) -> int:
             tokens=b.state.tokens,
             seconds=round(time.monotonic() - b.started, 3),
         )
-    _leave(b.replication)
-    return 0
+    return _leave(b, 0)
 
 
 def _evaluator(cfg: TrainerConfig, work: workload.Workload, where: str, loop: Loop) -> Evaluator:
@@ -330,11 +328,14 @@ def _resume(
     return resume
 
 
-def _leave(replication: Replication) -> None:
+def _leave(b: Built, code: int) -> int:
+    """Leave the group and the quorum; `code` is the exit code to return."""
     if dist.is_initialized():
         # Rank 0 hosts the group's store: nobody leaves while a peer still needs it.
         dist.barrier()
-    replication.shutdown()
+    b.replication.shutdown()
+    b.chaos.at("finish", 0)  # a rank slower to exit than its group's others
+    return code
 
 
 class StepLogger:

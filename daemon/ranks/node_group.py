@@ -141,6 +141,10 @@ class NodeGroup:
             self.kill()  # every rank has exited 0: this only reaps
         return outcome
 
+    def finishing(self) -> bool:
+        """The ranks have begun to leave by themselves (see WorkerGroup.finishing)."""
+        return self.current is not None and self.current.finishing()
+
     def stop(self, cause: StopCause) -> None:
         """Begin stopping for `cause`: SIGTERM, or SIGKILL at once for a hang or a
         paused group (its state is being thrown away; it must not run another step)."""

@@ -139,6 +139,14 @@ class WorkerGroup:
             r.idle_for(self.started_at)
             self.ranks.append(r)
 
+    def finishing(self) -> bool:
+        """Some rank has begun to leave on its own (its heartbeat reads `finish`: the job's
+        last step, or a drain its group agreed on), read from the heartbeats now."""
+        now = time.monotonic()
+        for r in self.ranks:
+            r.idle_for(now, self.samples)  # reads a heartbeat that changed
+        return any(r.beat.phase == "finish" for r in self.ranks)
+
     def take_samples(self) -> list[float]:
         """The step times the ranks reported since the last call."""
         samples, self.samples = self.samples, []

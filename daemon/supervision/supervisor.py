@@ -269,7 +269,9 @@ class Supervisor:
             return State.FENCED
         if self.spanning is not None and self.view.job is not None and self.view.slot is not None:
             moved = self.spanning.must_stop(self.view.job, self.view.slot)
-            if moved is not None:
+            # Ranks that have begun to leave (the job's end, or a drain the group agreed
+            # on) go on by themselves: the member that left first finished the same step.
+            if moved is not None and not self.group.finishing():
                 return self._stop(GroupRestart(moved))
         if self._unhealthy_leaves():
             assert self.view.health is not None

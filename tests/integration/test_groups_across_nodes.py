@@ -220,9 +220,15 @@ def test_a_group_short_of_a_node_waits_and_a_spare_takes_a_lost_nodes_seat(
         f"train.global_batch_size={BATCH}",
     ]
 
+    # A group's first rank (on its first node) is 2 s slower to leave than its other: the
+    # second node's seat is given back while the first's ranks still finish the step both
+    # agreed to stop after, at the drain below and at the job's end.
+    late = {"PHALANX_CHAOS": "finish@0:sleep", "PHALANX_CHAOS_SLEEP": "2"}
+    late["PHALANX_CHAOS_RANKS"] = "0"
+
     def node(i: int) -> Daemon:
         h = hosts[i]
-        return start_daemon(tmp_path, f"node-{h.name}", [endpoint], overrides=job, host=h)
+        return start_daemon(tmp_path, f"node-{h.name}", [endpoint], overrides=job, host=h, env=late)
 
     daemons = [node(i) for i in range(3)]
     try:
