@@ -27,7 +27,10 @@ from trainer.checkpoint.files import MARKER
 
 pytestmark = [pytest.mark.integration, NEEDS_NAMESPACES]
 
-STEPS = 350  # the first 100 only bring the job to its steady pace before the cut
+# The first 110 steps only bring the job to its steady pace before the cut. The cut
+# must not come at a checkpoint step (interval 100): a save launched just before it may
+# land just after it, and the test asserts that the cut-off host saves nothing after.
+STEPS = 360
 # Steps left at the cut (about 0.075 s each here): the leader fences about 3 s after it,
 # the other two give up on its paused ranks after ft.timeout_s (8 s) and go on with a
 # new leader and writer; they must still have steps to train then.
