@@ -105,6 +105,9 @@ class Checkpointer:
         self.hashing: Future[dict[str, Any]] | None = None
         self.trusted: set[Path] = set()  # valid checkpoint paths (used by the hasher only)
         self.reported: set[Path] = set()
+        # The directory of the newest save started, set before it is created: retention (in
+        # the hasher thread) may find it without its marker while it is still being written.
+        self.started_path: Path | None = None
         # Bytes a checkpoint needs on the volume: the last save's, or until one is known an
         # estimate from this rank's tensors times the ranks writing (rank 0 checks the room).
         self.needed: int | None = self._estimate()
@@ -184,7 +187,7 @@ class Checkpointer:
             # after the end must not overwrite the job's history) or by ourselves before.
             self.note("info", "checkpoint_exists", step=step, path=str(path))
             return
-        started = time.monotonic()
+        started, self.started_path = time.monotonic(), path
         problem_here = self._prepare(path) if self.rank == 0 else None
         # Also the barrier of old: nobody writes before rank 0 has prepared the directory.
         if not self.agree(problem_here is None):
@@ -336,7 +339,10 @@ class Checkpointer:
         if result.removed:
             self.log.info("checkpoint_retained", removed=[p.name for p in result.removed])
         for path, why in result.suspicious.items():
-            if path not in self.reported:
+            # Read after the scan: a save started before the scan is named here by now, or
+            # has its marker (the next save's start replaced the name once it finished).
+            writing = path == self.started_path or (path / MARKER).is_file()
+            if path not in self.reported and not writing:
                 self.reported.add(path)
                 self.log.warning("checkpoint_invalid", path=str(path), reason=why, deleted=False)
 
