@@ -288,7 +288,9 @@ def _shift_heartbeats_back(run_dir: Path, seconds: float, until: float) -> None:
 
 
 def test_a_wall_clock_step_is_not_a_hang(tmp_path: Path, one: Callable[..., Daemon]) -> None:
-    d = one("node.hang_timeout_s=6", "train.steps=100000")
+    # Steps may stall 6 s; the start (imports, the first step) may take longer on a busy
+    # machine, and is not what this test shifts the clock under.
+    d = one("node.hang_timeout_s=6", "hang.start_s=120", "train.steps=100000")
     wait_for(lambda: d.step() > 3, 120, "training")
     step = d.step()
     _shift_heartbeats_back(tmp_path / "n1", 3600, time.monotonic() + 8)
