@@ -7,6 +7,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(TORCH_VERSION)
 PYTEST_ARGS ?=
+# Two workers: in one the suite's processes keep about one of the two cores busy on
+# average (docs/benchmarks.md); tests marked `alone` still run by themselves.
+TEST_WORKERS ?= 2
 
 .PHONY: demo test soak gpu-check lint venv clean docs
 
@@ -23,7 +26,7 @@ demo: $(STAMP)
 	$(BIN)/phalanx demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 # By hand, not in CI: 100 random faults (tests/integration/test_random_faults.py), about
 # 30 minutes; the seed is printed with the command that replays it.

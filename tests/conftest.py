@@ -4,25 +4,41 @@ Failure tests call ``recovery(name, seconds)`` with what they measured (from
 event timestamps where possible). The numbers are printed at the end of the
 run and written to runs/recovery-times.json; docs/failure-modes.md quotes them.
 A failed test's report carries the last lines of the programs' stderr it started.
+A test marked ``alone`` runs with no other under pytest-xdist (tests/support/machine_lock.py).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support.machine_lock import machine
+
 ROOT = Path(__file__).resolve().parent.parent
 MEASURED: dict[str, float] = {}
+RECOVERY = "recovery_s:"  # the prefix of a recorded figure's property name
 
 
 # On a failure, the tail of each program's stderr under the test's tmp_path is shown
 # with the report: a CI log then says what the daemons and ranks were doing.
 TAIL_LINES = 25
 TAIL_FILES = 8
+
+
+@pytest.fixture(autouse=True)
+def _machine(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """Shares the machine with the other xdist worker's test, or holds it alone. The lock
+    files are in the run's base directory, which both workers' directories are under."""
+    root = tmp_path_factory.getbasetemp()
+    shared = root.parent if root.name.startswith("popen-gw") else root
+    with machine(shared, request.node.get_closest_marker("alone") is not None):
+        yield
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -39,11 +55,20 @@ def pytest_runtest_makereport(item: pytest.Item) -> Generator[None, Any, None]:
 
 
 @pytest.fixture
-def recovery() -> Callable[[str, float], None]:
+def recovery(request: pytest.FixtureRequest) -> Callable[[str, float], None]:
+    """Records a figure with the test's report: under pytest-xdist the report, not this
+    process, reaches the terminal summary."""
+
     def record(name: str, seconds: float) -> None:
-        MEASURED[name] = round(seconds, 2)
+        request.node.user_properties.append((f"{RECOVERY}{name}", round(seconds, 2)))
 
     return record
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    for key, value in report.user_properties:
+        if key.startswith(RECOVERY) and isinstance(value, int | float):
+            MEASURED[key.removeprefix(RECOVERY)] = float(value)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
