@@ -118,11 +118,14 @@ def candidates(root: Path) -> list[Candidate]:
     return sorted(found, key=lambda c: c.step, reverse=True)
 
 
+NO_MARKER = "no completion marker (a save that never finished)"
+
+
 def problem(candidate: Candidate, model_hash: str) -> str | None:
     """Why a checkpoint directory cannot be trusted, or None if it can (reads every file)."""
     marker_path = candidate.path / MARKER
     if not marker_path.is_file():
-        return "no completion marker (a save that never finished)"
+        return NO_MARKER
     try:
         marker = json.loads(marker_path.read_text())
     except (OSError, json.JSONDecodeError) as e:

@@ -47,6 +47,7 @@ from trainer import logs
 from trainer.chaos import Chaos
 from trainer.checkpoint.files import (
     MARKER,
+    NO_MARKER,
     PREFIX,
     SCALARS,
     Candidate,
@@ -340,8 +341,8 @@ class Checkpointer:
             self.log.info("checkpoint_retained", removed=[p.name for p in result.removed])
         for path, why in result.suspicious.items():
             # Read after the scan: a save started before the scan is named here by now, or
-            # has its marker (the next save's start replaced the name once it finished).
-            writing = path == self.started_path or (path / MARKER).is_file()
+            # has finished since (its marker is there; the next save took the name).
+            writing = path == self.started_path or (why == NO_MARKER and (path / MARKER).is_file())
             if path not in self.reported and not writing:
                 self.reported.add(path)
                 self.log.warning("checkpoint_invalid", path=str(path), reason=why, deleted=False)
