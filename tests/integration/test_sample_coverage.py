@@ -22,6 +22,7 @@ import pytest
 from daemon.config import LighthouseConfig
 from tests.support.coverage import accounting, check_step
 from tests.support.harness import (
+    HOLD_PACE_S,
     Daemon,
     Event,
     hurry,
@@ -167,8 +168,19 @@ def test_two_nodes_at_the_default_max_replicas_read_a_tokens_file_in_full_and_in
         f'data.path="{tokens}"',
         "model.max_seq_len=16",
     ]
-    pair = [start_daemon(tmp_path, n, [etcd_endpoint], overrides=spec) for n in ("a", "b")]
-    hurry(*pair)  # no fault to watch: every step at full speed
+    # Paced until the two groups commit a step together, then at full speed: unpaced, a
+    # group whose ranks came up a second before the other's trained the whole 30-step job
+    # alone, and the other then trained it again (a run with both at participants 1).
+    pair = [
+        start_daemon(tmp_path, n, [etcd_endpoint], overrides=spec, pace_s=HOLD_PACE_S)
+        for n in ("a", "b")
+    ]
+    wait_for(
+        lambda: all(any(e.get("participants") == 2 for e in accounting(d.events())) for d in pair),
+        180,
+        "both groups to commit a step together",
+    )
+    hurry(*pair)
     run_to_end(pair)
     windows = TokenWindows(np.fromfile(tokens, dtype=np.uint16), seq + 1, str(tokens))
     starts: list[int] = []  # token position of each item's window, in step order
