@@ -7,9 +7,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(TORCH_VERSION)
 PYTEST_ARGS ?=
-# Two workers: in one the suite's processes keep about one of the two cores busy on
-# average (docs/benchmarks.md); tests marked `alone` still run by themselves.
-TEST_WORKERS ?= 2
+# pytest-xdist workers; 0 runs the suite in one process. Two ran it here in 1,259 s
+# against 1,906 s, but failed two tests the extra load exposed (docs/benchmarks.md), so
+# the default stays 0 until they are understood. Tests marked `alone` run by themselves.
+TEST_WORKERS ?= 0
 
 .PHONY: demo test soak gpu-check lint venv clean docs
 
