@@ -240,7 +240,8 @@ def _finish(b: Built) -> int:
     if b.loop.drained:
         if b.env.rank == 0:
             log.info("train_stopped", step=step, reason="SIGTERM")
-        return _leave(b, EXIT_DRAINED)
+        _leave(b)
+        return EXIT_DRAINED
     digest = params_sha256(b.params, b.layout.group("pp"))
     buffers = params_sha256(b.state.buffers.committed, b.layout.group("pp"))
     if b.env.local_rank == 0:  # every node's daemon reports the digest
@@ -253,7 +254,8 @@ def _finish(b: Built) -> int:
             tokens=b.state.tokens,
             seconds=round(time.monotonic() - b.started, 3),
         )
-    return _leave(b, 0)
+    _leave(b)
+    return 0
 
 
 def _evaluator(cfg: TrainerConfig, work: workload.Workload, where: str, loop: Loop) -> Evaluator:
@@ -328,14 +330,13 @@ def _resume(
     return resume
 
 
-def _leave(b: Built, code: int) -> int:
-    """Leave the group and the quorum; `code` is the exit code to return."""
+def _leave(b: Built) -> None:
+    """Leave the group and the quorum."""
     if dist.is_initialized():
         # Rank 0 hosts the group's store: nobody leaves while a peer still needs it.
         dist.barrier()
     b.replication.shutdown()
     b.chaos.at("finish", 0)  # a rank slower to exit than its group's others
-    return code
 
 
 class StepLogger:

@@ -30,6 +30,7 @@ from tests.support.harness import (
     start_daemon,
     wait_for,
 )
+from tests.support.multihost import wait_all_commit_together
 from tests.support.pair_runs import kill_pair_after_checkpoint, run_pair_again, run_to_end
 from trainer.data.sources import TokenWindows
 
@@ -175,11 +176,7 @@ def test_two_nodes_at_the_default_max_replicas_read_a_tokens_file_in_full_and_in
         start_daemon(tmp_path, n, [etcd_endpoint], overrides=spec, pace_s=HOLD_PACE_S)
         for n in ("a", "b")
     ]
-    wait_for(
-        lambda: all(any(e.get("participants") == 2 for e in accounting(d.events())) for d in pair),
-        180,
-        "both groups to commit a step together",
-    )
+    wait_all_commit_together(pair)
     hurry(*pair)
     run_to_end(pair)
     windows = TokenWindows(np.fromfile(tokens, dtype=np.uint16), seq + 1, str(tokens))
