@@ -8,7 +8,7 @@ background copy before the next parameter update) and ``seconds_total`` (until
 the completion marker). Prints both, and the ratio async/sync of the blocked
 time, whose target is at most 0.10.
 
-    .venv/bin/python bench/checkpoint_stall.py [--layers 8 --dim 512 --vocab 32000]
+    .venv/bin/python bench/checkpoint_stall.py [--layers 8 --dim 512 --vocab 32000] [--step-delay S]
 """
 
 from __future__ import annotations
@@ -51,11 +51,20 @@ def run(mode: str, args: argparse.Namespace, workdir: Path) -> list[dict[str, fl
     for key, value in overrides.items():
         argv += ["--set", f"{key}={value}"]
     env = {**os.environ, "OMP_NUM_THREADS": str(os.cpu_count())}
+    if args.step_delay:  # both modes alike: steps long enough for a save to end in between
+        env["PHALANX_CHAOS_DELAY"] = str(args.step_delay)
     proc = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=env)
     if proc.returncode != 0:
         sys.exit(f"{mode} run failed:\n{proc.stderr[-2000:]}")
     events = [json.loads(line) for line in proc.stderr.splitlines() if line.startswith("{")]
     saves = [e for e in events if e["event"] == "checkpoint_saved"]
+    if len(saves) < 2:
+        skipped = sum(e["event"] == "checkpoint_skipped" for e in events)
+        sys.exit(
+            f"the {mode} run timed no save: {skipped} fell due while the previous one was "
+            "still being written and were skipped (steps shorter than a save, as on a fast "
+            "GPU); give the saves more time with --step-delay or --interval"
+        )
     # The last save is the final one at the end of training, which nothing overlaps.
     return [
         {"blocked": e["seconds_blocked"], "total": e["seconds_total"], "bytes": e["bytes"]}
@@ -74,6 +83,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--steps", type=int, default=13)
     parser.add_argument("--interval", type=int, default=3)
+    parser.add_argument(
+        "--step-delay",
+        type=float,
+        default=0.0,
+        help="seconds slept at each step's start in both modes (PHALANX_CHAOS_DELAY), so "
+        "that a save ends before the next falls due where steps are shorter than a save",
+    )
     args = parser.parse_args()
     hidden = 32 * ((int(8 * args.dim / 3) + 31) // 32)
     n = params(args.vocab, args.dim, args.layers, hidden)
