@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.fault_checks import (
+    healed_from_losing_side,
     left_running,
     long_pauses,
     longest_pause,
@@ -78,6 +79,8 @@ def test_random_faults_keep_every_promise(tmp_path: Path, network: Network) -> N
         assert len(set(digests.values())) == 1, digests
         lost, pauses = lost_steps(c, faults), long_pauses(c, faults, start)
         assert not lost, f"committed steps lost ({replay}): {lost}"
+        taken = healed_from_losing_side(c, faults)
+        assert not taken, f"a partition's losing side won ({replay}): {taken}"
         assert not pauses, f"pauses beyond their bounds ({replay}): {pauses}"
         assert not unstructured_lines(c), unstructured_lines(c)[:10]
     finally:

@@ -42,19 +42,72 @@ def commits(c: Cluster) -> list[tuple[float, int, str]]:
     return sorted(out)
 
 
+PARTITIONS = ("host_isolated", "etcd_cut")  # a node cut off: it may train on alone a while
+
+
+def losing_sides(c: Cluster, faults: list[Fault]) -> list[tuple[str, float, float]]:
+    """(node, from, to): the steps a node cut off by a partition committed from the cut
+    until it judged them lost (``fence_discarding``). A cut-off leader's group may go on
+    alone until its fence (DESIGN.md, "Partitions", rule 4) while the others elect a
+    leader and go on; its steps never survive: it logs the discard and its ranks
+    restart and heal from the majority. Only a discard the node logged in the fault's
+    window makes a losing side."""
+    sides = []
+    for f in faults:
+        if f.kind not in PARTITIONS:
+            continue
+        node = f"node-{f.node}"
+        discards = [
+            event_time(e)
+            for d in c.every_life()
+            if d.node_id == node
+            for e in d.events("fence_discarding")
+            if f.started <= event_time(e) <= f.whole + SLACK_S
+        ]
+        if discards:
+            sides.append((node, f.started, min(discards)))
+    return sides
+
+
 def lost_steps(c: Cluster, faults: list[Fault]) -> list[str]:
     """Committed steps never go back, except to a checkpoint in a cold restart's window
-    (within two steps: groups log the same commit a moment apart)."""
+    (within two steps: groups log the same commit a moment apart). Steps a partition's
+    losing side committed (`losing_sides`) are not the job's: they are left out here,
+    and `healed_from_losing_side` checks that no group ever took them."""
     cold = [(f.started, f.whole + SLACK_S) for f in faults if f.kind in COLD]
+    losing = losing_sides(c, faults)
     problems: list[str] = []
     top = -1
     for t, step, node in commits(c):
+        if any(n == node and a <= t <= b for n, a, b in losing):
+            continue
         if step < top - 2:
             if any(a <= t <= b for a, b in cold):
                 top = step
                 continue
             problems.append(f"{node} committed step {step} at {t:.1f} after step {top}")
         top = max(top, step)
+    return problems
+
+
+def healed_from_losing_side(c: Cluster, faults: list[Fault]) -> list[str]:
+    """Heals, at any time, to a step that no group outside a losing side had committed by
+    then: the cut-off side's history winning over the majority's."""
+    losing = losing_sides(c, faults)
+    kept = [
+        (t, step)
+        for t, step, node in commits(c)
+        if not any(n == node and a <= t <= b for n, a, b in losing)
+    ]
+    problems = []
+    for d in c.every_life():
+        for e in d.events("heal_done"):
+            t, step = event_time(e), int(e["step"])
+            known = max((s for ts, s in kept if ts <= t + 1.0), default=-1)
+            if step > known + 1:
+                problems.append(
+                    f"{d.node_id} healed to step {step} at {t:.1f}; the majority had {known}"
+                )
     return problems
 
 
