@@ -2,8 +2,8 @@
 
 :class:`Attempts` runs a step for the upkeep and the parts it drives: etcd unreachable
 (or a lost lease) sets ``view.etcd_up`` false, logs ``etcd_unavailable`` once per
-outage and backs off (``BACKOFF_FIRST_S`` doubling to ``BACKOFF_CAP_S``: :meth:`due`
-says when the next round may send again); a conflict (a lost compare-and-swap,
+outage and backs off (``BACKOFF_FIRST_S`` doubling to a cap: :meth:`due` says when the
+next round may send again); a conflict (a lost compare-and-swap,
 ``NotLeader``, a key that keeps changing) is logged as ``etcd_retry`` and tried next
 round. Only the refusals the caller names come out as exceptions.
 """
@@ -20,12 +20,24 @@ from trainer import logs
 
 T = TypeVar("T")
 BACKOFF_FIRST_S, BACKOFF_CAP_S = 0.5, 5.0
+TRIES_PER_TTL = 4  # the cap is at most a quarter of the node lease's TTL
+
+
+def backoff_cap(lease_ttl_s: float) -> float:
+    """The longest wait between two tries during an outage. etcd restores leases when it
+    restarts, and a node must see it back well within the TTL the restored lease has
+    left. With a 4 s TTL and a 5 s cap, a node whose last try fell just before etcd came
+    back tried again only after its lease had lapsed (a pair test's leader saw etcd 2.4 s
+    after it restarted, only because of where its backoff stood), and a lapsed lease
+    makes the node a stranger whose ranks the fence judges anew."""
+    return min(BACKOFF_CAP_S, max(BACKOFF_FIRST_S, lease_ttl_s / TRIES_PER_TTL))
 
 
 class Attempts:
-    def __init__(self, view: NodeView, endpoints: list[str]) -> None:
+    def __init__(self, view: NodeView, endpoints: list[str], cap_s: float = BACKOFF_CAP_S) -> None:
         self.view = view
         self.endpoints = endpoints
+        self.cap_s = cap_s
         self.log = logs.get()
         self.retry_at = 0.0  # no request before this (monotonic)
         self._backoff = BACKOFF_FIRST_S
@@ -57,7 +69,7 @@ class Attempts:
                 )
             self.view.etcd_up = False
             self.retry_at = time.monotonic() + self._backoff
-            self._backoff = min(BACKOFF_CAP_S, self._backoff * 2)
+            self._backoff = min(self.cap_s, self._backoff * 2)
             return False, None
         except CoordinationError as e:  # NotLeader, a lost compare-and-swap, "keeps changing"
             self.view.etcd_errors += 1

@@ -56,7 +56,7 @@ from daemon.coordination import (
 )
 from daemon.leadership import Forwarder, Leadership, parse_address
 from daemon.node_state import NodeView, State
-from daemon.supervision.attempts import Attempts
+from daemon.supervision.attempts import Attempts, backoff_cap
 from daemon.supervision.fence_judge import FenceJudge
 from daemon.supervision.held_id import HeldIdWait
 from daemon.supervision.job_follow import JobFollower
@@ -103,7 +103,8 @@ class EtcdUpkeep:
         self._slot_lost = False  # since the last report
         self._published: dict[str, Any] | None = None  # the checkpoint record last published
         self.record = NodeRecord(cfg, coord, view)
-        self._attempt = Attempts(view, coord.settings.endpoints)  # errors become state
+        cap_s = backoff_cap(cfg.etcd.lease_ttl_s)
+        self._attempt = Attempts(view, coord.settings.endpoints, cap_s)  # errors become state
         self._bad_lighthouse: object = None
         self.held_id = HeldIdWait(cfg.etcd.lease_ttl_s + cfg.etcd.timeout_s + 1.0)
         self.judge = FenceJudge(cfg.node_id)  # partition safety (fence_judge.py)
