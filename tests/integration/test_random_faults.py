@@ -24,6 +24,7 @@ from tests.support.fault_checks import (
     long_pauses,
     longest_pause,
     lost_steps,
+    timeline,
     unstructured_lines,
 )
 from tests.support.faults import INJECT, KINDS, NODES, Cluster, schedule
@@ -78,7 +79,9 @@ def test_random_faults_keep_every_promise(tmp_path: Path, network: Network) -> N
         digests = {node: digest(c.daemon(node)) for node in NODES}
         assert len(set(digests.values())) == 1, digests
         lost, pauses = lost_steps(c, faults), long_pauses(c, faults, start)
-        assert not lost, f"committed steps lost ({replay}): {lost}"
+        assert not lost, f"committed steps lost ({replay}): {[str(x) for x in lost[:8]]}\n" + (
+            timeline(c, lost[0].t) if lost else ""
+        )
         taken = healed_from_losing_side(c, faults)
         assert not taken, f"a partition's losing side won ({replay}): {taken}"
         assert not pauses, f"pauses beyond their bounds ({replay}): {pauses}"

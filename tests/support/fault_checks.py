@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 from pathlib import Path
+from typing import NamedTuple
 
 from tests.support.faults import COLD, Cluster, Fault
 from tests.support.harness import Event, event_time
@@ -29,7 +30,11 @@ BOUNDS_S = {
     "etcd_cut": 15.0,  # it fences itself; its peers' collective times out
 }
 QUIET_S = 5.0  # the longest pause while no fault is under way
-SLACK_S = 2.0  # a fault's window, widened: its effect may show a little before it ends
+SLACK_S = 2.0
+QUIET_EVENTS = (
+    "rank_output",
+    "library_log",
+)  # a timeline leaves them out  # a fault's window, widened: its effect may show a little before it ends
 
 
 def commits(c: Cluster) -> list[tuple[float, int, str]]:
@@ -69,14 +74,26 @@ def losing_sides(c: Cluster, faults: list[Fault]) -> list[tuple[str, float, floa
     return sides
 
 
-def lost_steps(c: Cluster, faults: list[Fault]) -> list[str]:
+class Lost(NamedTuple):
+    """A commit below the job's top step, outside any window that explains it."""
+
+    t: float
+    node: str
+    step: int
+    top: int
+
+    def __str__(self) -> str:
+        return f"{self.node} committed step {self.step} at {self.t:.1f} after step {self.top}"
+
+
+def lost_steps(c: Cluster, faults: list[Fault]) -> list[Lost]:
     """Committed steps never go back, except to a checkpoint in a cold restart's window
     (within two steps: groups log the same commit a moment apart). Steps a partition's
     losing side committed (`losing_sides`) are not the job's: they are left out here,
     and `healed_from_losing_side` checks that no group ever took them."""
     cold = [(f.started, f.whole + SLACK_S) for f in faults if f.kind in COLD]
     losing = losing_sides(c, faults)
-    problems: list[str] = []
+    problems: list[Lost] = []
     top = -1
     for t, step, node in commits(c):
         if any(n == node and a <= t <= b for n, a, b in losing):
@@ -85,7 +102,7 @@ def lost_steps(c: Cluster, faults: list[Fault]) -> list[str]:
             if any(a <= t <= b for a, b in cold):
                 top = step
                 continue
-            problems.append(f"{node} committed step {step} at {t:.1f} after step {top}")
+            problems.append(Lost(t, node, step, top))
         top = max(top, step)
     return problems
 
@@ -125,6 +142,45 @@ def long_pauses(c: Cluster, faults: list[Fault], start: float) -> list[str]:
             names = ", ".join(f.line() for f in during) or "no fault"
             problems.append(f"no commit for {gap:.1f}s from {a:.1f} ({names}; bound {bound:.0f}s)")
     return problems
+
+
+def _commit_run(name: str, run: list[Event]) -> tuple[float, str, str]:
+    first, last = run[0], run[-1]
+    parts = ",".join(sorted({str(e.get("participants")) for e in run}))
+    text = f"steps {first['step']}..{last['step']} (participants {parts}) to {event_time(last):.1f}"
+    return event_time(first), name, text
+
+
+def timeline(c: Cluster, t: float, span_s: float = 5.0, limit: int = 80) -> str:
+    """What every life of every daemon logged from `span_s` before `t` to `span_s` after,
+    a run of commits on one line: enough to tell a failure's story from CI's output."""
+    rows: list[tuple[float, str, str]] = []
+    lives: dict[str, int] = {}
+    for d in c.every_life():
+        lives[d.node_id] = lives.get(d.node_id, -1) + 1
+        name = f"{d.node_id}.{lives[d.node_id]}"  # as its log file is named
+        run: list[Event] = []
+        for e in d.events():
+            when = event_time(e)
+            if not t - span_s <= when <= t + span_s or e.get("event") in QUIET_EVENTS:
+                continue
+            if e.get("event") == "train_step":
+                if e.get("rank", 0) == 0:
+                    run.append(e)
+                continue
+            if run:
+                rows.append(_commit_run(name, run))
+                run = []
+            extra = {
+                k: v for k, v in e.items() if k not in ("event", "time", "level", "node", "job")
+            }
+            rows.append((when, name, f"{e.get('event')} {json.dumps(extra)[:160]}"))
+        if run:
+            rows.append(_commit_run(name, run))
+    rows.sort()
+    lines = [f"{when:.1f} {name:10s} {text}" for when, name, text in rows]
+    cut = f"\n... {len(lines) - limit} more" if len(lines) > limit else ""
+    return f"what the daemons logged around {t:.1f}:\n" + "\n".join(lines[:limit]) + cut
 
 
 def longest_pause(c: Cluster, f: Fault) -> float:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import cast
 
-from tests.support.fault_checks import healed_from_losing_side, lost_steps
+from tests.support.fault_checks import healed_from_losing_side, lost_steps, timeline
 from tests.support.faults import Cluster, Fault
 from tests.support.harness import Event
 
@@ -76,7 +76,16 @@ def test_a_cut_off_sides_steps_before_its_logged_discard_are_not_lost_steps() ->
 def test_without_a_logged_discard_the_cut_off_sides_steps_are_lost_steps() -> None:
     c = cut_off_leader(discard_at=None)
     lost = lost_steps(c, [isolated("a", started=10.0, whole=20.0)])
-    assert lost and all(line.startswith("node-a committed step 6") for line in lost), lost
+    assert lost and all(str(x).startswith("node-a committed step 6") for x in lost), lost
+
+
+def test_the_timeline_of_a_failure_tells_who_committed_what_around_it() -> None:
+    c = cut_off_leader(discard_at=None)
+    lost = lost_steps(c, [isolated("a", started=10.0, whole=20.0)])
+    text = timeline(c, lost[0].t, span_s=2.0).splitlines()
+    assert text[0] == f"what the daemons logged around {T0 + 12.0:.1f}:"
+    assert f"{T0 + 12.0:.1f} node-a.0   steps 60..64 (participants None) to {T0 + 12.4:.1f}" in text
+    assert any(line.split()[1:4] == ["node-b.0", "steps", "60..90"] for line in text), text
 
 
 def test_a_discard_outside_the_faults_window_excuses_nothing() -> None:
