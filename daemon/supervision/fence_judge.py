@@ -112,14 +112,20 @@ class FenceJudge:
         if moved_on is not None:
             verdict, why = Fence.DISCARD, moved_on
         elif self.lease_lost:
+            epoch = job.leader_epoch if job else None
             verdict, why = after_fence(
                 node_id=self.node_id,
                 step=step,
                 trained_epoch=self.trained_epoch,
-                epoch=job.leader_epoch if job else None,
+                epoch=epoch,
                 nodes=job.nodes if job else {},
                 held_s=time.monotonic() - self.answered_at,
             )
+            if verdict == Fence.KEEP:
+                # The gap and the epoch it led to are judged: nobody committed under that
+                # epoch. Doubting them again when the view next shows it (follow_epoch)
+                # once restarted ranks this judgement had just resumed.
+                self.trained_epoch, self.epoch_step, self.gap_s = epoch, step, 0.0
         if verdict == Fence.HOLD:
             if why != shown:
                 logs.get().info("fence_holding", reason=why, step=step)

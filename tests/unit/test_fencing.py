@@ -167,3 +167,22 @@ def test_a_leader_elected_after_the_view_caught_up_is_no_doubt() -> None:
         judge.follow_epoch(seen_after_gap, running=True, step=2, doubt_s=2.0)
         judge.follow_epoch(6, running=True, step=3, doubt_s=2.0)
         assert not judge.must_pause() and judge.trained_epoch == 6
+
+
+def test_an_epoch_the_lost_lease_judgement_kept_is_not_doubted_again() -> None:
+    """A lost lease judged KEEP against the view's new epoch (here the node's own, elected
+    when it came back: nobody committed under it) leaves nothing to doubt: the view that
+    shows that epoch next does not restart the ranks the judgement resumed. A CI run saw
+    `group_resumed` ("nobody went on without us") and, a round later, `epoch_doubt` for
+    the same 4.2 s gap and epoch."""
+    judge = FenceJudge("me")
+    judge.follow_epoch(14, running=True, step=4, doubt_s=2.0)
+    judge.fence(4)
+    judge.renewed()
+    judge.out_of_touch(4.2)
+    judge.answered()
+    job = JobView({"me": {"step": 4}}, {}, "me", None, None, None, None, 21)
+    verdict, why = judge.verdict(job, 4, snapshot_at=time.monotonic() + 1, shown=None)
+    assert verdict == Fence.KEEP, why
+    judge.follow_epoch(21, running=True, step=4, doubt_s=2.0)
+    assert not judge.must_pause() and judge.trained_epoch == 21
