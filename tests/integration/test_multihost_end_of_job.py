@@ -28,8 +28,8 @@ from trainer.checkpoint.files import MARKER
 pytestmark = [pytest.mark.integration, NEEDS_NAMESPACES]
 
 # The first 110 steps only bring the job to its steady pace before the cut. The cut
-# must not come at a checkpoint step (interval 100): a save launched just before it may
-# land just after it, and the test asserts that the cut-off host saves nothing after.
+# must not come before the save of step 100 (interval 100) has landed: the test asserts
+# that the cut-off host saves nothing after the cut.
 STEPS = 360
 # Steps left at the cut (about 0.075 s each here): the leader fences about 3 s after it,
 # the other two give up on its paused ranks after ft.timeout_s (8 s) and go on with a
@@ -63,6 +63,12 @@ def test_a_host_fenced_near_the_end_neither_trains_nor_saves_after_the_job_compl
         host, leader = next((h, d) for h, d in daemons if d.require_status()["leader"])
         rest = [d for _, d in daemons if d is not leader]
         wait_for(lambda: leader.step() >= STEPS - CUT_BEFORE_END, 120, "the last steps")
+        # And the save of step 100 landed: ten steps (0.75 s) were once too few for it.
+        wait_for(
+            lambda: any(e["step"] == 100 for _, d in daemons for e in d.events("checkpoint_saved")),
+            60,
+            "the checkpoint of step 100 before the cut",
+        )
         cut_at = time.time()
         network.cut(host, etcd_host)
         try:
