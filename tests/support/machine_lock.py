@@ -1,8 +1,8 @@
 """One machine, two pytest-xdist workers: a test marked ``alone`` runs with no other.
 
-``make test TEST_WORKERS=2`` runs the suite in two workers: in one, its processes keep
-about one of the two cores busy on average (docs/benchmarks.md), so a second worker
-fills the idle half. The default is still one process (see the Makefile).
+``make test`` runs the suite in two workers (``TEST_WORKERS``, see the Makefile): in one,
+its processes keep about one of the two cores busy on average (docs/benchmarks.md), so
+a second worker fills the idle half.
 A test whose checks are timings (the random-fault test's pause bounds) must not share
 the machine. Every test holds a shared lock while it runs, an ``alone`` test the
 exclusive one; a turnstile lets a waiting ``alone`` test in after the running test
