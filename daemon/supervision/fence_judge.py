@@ -123,8 +123,8 @@ class FenceJudge:
             )
             if verdict == Fence.KEEP:
                 # The gap and the epoch it led to are judged: nobody committed under that
-                # epoch. Doubting them again when the view next shows it (follow_epoch)
-                # once restarted ranks this judgement had just resumed.
+                # epoch. Doubted again when the view next showed it (follow_epoch), they
+                # once restarted the ranks this judgement had just resumed.
                 self.trained_epoch, self.epoch_step, self.gap_s = epoch, step, 0.0
         if verdict == Fence.HOLD:
             if why != shown:

@@ -30,11 +30,8 @@ BOUNDS_S = {
     "etcd_cut": 15.0,  # it fences itself; its peers' collective times out
 }
 QUIET_S = 5.0  # the longest pause while no fault is under way
-SLACK_S = 2.0
-QUIET_EVENTS = (
-    "rank_output",
-    "library_log",
-)  # a timeline leaves them out  # a fault's window, widened: its effect may show a little before it ends
+SLACK_S = 2.0  # a fault's window, widened: its effect may show a little before it ends
+QUIET_EVENTS = ("rank_output", "library_log")  # a timeline leaves them out
 
 
 def commits(c: Cluster) -> list[tuple[float, int, str]]:
