@@ -133,7 +133,7 @@ def speed_rows(name: str) -> list[Row]:
 
 def stall_row() -> Row:
     """bench/checkpoint_stall.py's blocked-time ratio, on this machine's GPU. Its model
-    steps far faster on an H100 than a save takes: unpaced, its asynchronous run timed no
+    likely steps far faster on an H100 than a save takes: unpaced, its asynchronous run timed no
     save (the H100 run of 2026-11-27; a save that falls due while the one before is still
     being written is skipped), so both modes sleep 0.5 s a step and save every 6 steps."""
     argv = [sys.executable, "-m", "bench.checkpoint_stall"]
