@@ -212,11 +212,11 @@ def cpu_rows() -> list[Row]:
     return rows
 
 
-def guarded(label: str, check: Callable[[str], list[Row]], name: str) -> list[Row]:
+def guarded(label: str, check: Callable[[], list[Row]]) -> list[Row]:
     """A check's rows, or one failed row naming what it raised: one check's failure (a
     timed-out wait, say) must not cost the table the others' figures."""
     try:
-        return check(name)
+        return check()
     except Exception as exc:
         return [Row(label, f"{type(exc).__name__}: {exc}", False)]
 
@@ -258,14 +258,14 @@ def main(argv: list[str] | None = None) -> int:
         )
     else:
         print(f"CUDA device: {name}")
-        checks: list[tuple[str, Callable[[str], list[Row]]]] = [
-            ("937M tokens/s", speed_rows),
-            ("async checkpoint stall", lambda _: [stall_row()]),
-            ("two groups healing on the GPU", lambda _: [heal_row()]),
-            ("phalanx demo on the GPU", lambda _: [demo_row()]),
+        checks: list[tuple[str, Callable[[], list[Row]]]] = [
+            ("937M tokens/s", lambda: speed_rows(name)),
+            ("async checkpoint stall", lambda: [stall_row()]),
+            ("two groups healing on the GPU", lambda: [heal_row()]),
+            ("phalanx demo on the GPU", lambda: [demo_row()]),
         ]
         for label, check in checks:
-            done = guarded(label, check, name)
+            done = guarded(label, check)
             print(table(done), flush=True)  # each as it ends: a later one may hang
             rows += done
     print(table(rows))

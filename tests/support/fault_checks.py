@@ -71,6 +71,16 @@ def losing_sides(c: Cluster, faults: list[Fault]) -> list[tuple[str, float, floa
     return sides
 
 
+def job_commits(c: Cluster, faults: list[Fault]) -> list[tuple[float, int, str]]:
+    """`commits`, less those a partition's losing side made (`losing_sides`)."""
+    losing = losing_sides(c, faults)
+    return [
+        (t, step, node)
+        for t, step, node in commits(c)
+        if not any(n == node and a <= t <= b for n, a, b in losing)
+    ]
+
+
 class Lost(NamedTuple):
     """A commit below the job's top step, outside any window that explains it."""
 
@@ -89,12 +99,9 @@ def lost_steps(c: Cluster, faults: list[Fault]) -> list[Lost]:
     losing side committed (`losing_sides`) are not the job's: they are left out here,
     and `healed_from_losing_side` checks that no group ever took them."""
     cold = [(f.started, f.whole + SLACK_S) for f in faults if f.kind in COLD]
-    losing = losing_sides(c, faults)
     problems: list[Lost] = []
     top = -1
-    for t, step, node in commits(c):
-        if any(n == node and a <= t <= b for n, a, b in losing):
-            continue
+    for t, step, node in job_commits(c, faults):
         if step < top - 2:
             if any(a <= t <= b for a, b in cold):
                 top = step
@@ -107,17 +114,12 @@ def lost_steps(c: Cluster, faults: list[Fault]) -> list[Lost]:
 def healed_from_losing_side(c: Cluster, faults: list[Fault]) -> list[str]:
     """Heals, at any time, to a step that no group outside a losing side had committed by
     then: the cut-off side's history winning over the majority's."""
-    losing = losing_sides(c, faults)
-    kept = [
-        (t, step)
-        for t, step, node in commits(c)
-        if not any(n == node and a <= t <= b for n, a, b in losing)
-    ]
+    kept = job_commits(c, faults)
     problems = []
     for d in c.every_life():
         for e in d.events("heal_done"):
             t, step = event_time(e), int(e["step"])
-            known = max((s for ts, s in kept if ts <= t + 1.0), default=-1)
+            known = max((s for ts, s, _ in kept if ts <= t + 1.0), default=-1)
             if step > known + 1:
                 problems.append(
                     f"{d.node_id} healed to step {step} at {t:.1f}; the majority had {known}"
