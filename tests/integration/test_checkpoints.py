@@ -64,7 +64,9 @@ def run_torchrun(tmp_path: Path, name: str, nproc: int, overrides: list[str]) ->
 def test_corrupt_newest_checkpoint_is_skipped_and_the_previous_used(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     common = ["train.steps=40", f'checkpoint.dir="{ckpt}"', "checkpoint.interval_steps=10"]
-    first = run_single(tmp_path, "first", [*common, "train.steps=30"])
+    # Synchronous saves in the run that writes them: an async save still running when the
+    # next falls due skips it (a loaded machine once skipped step 20's).
+    first = run_single(tmp_path, "first", [*common, "train.steps=30", "checkpoint.async=false"])
     assert {e["step"] for e in first if e["event"] == "checkpoint_saved"} == {10, 20, 30}
     shard = run_dir(ckpt) / "step-30" / "__0_0.distcp"
     with shard.open("r+b") as f:  # truncate a shard file
@@ -88,8 +90,10 @@ def test_a_flipped_byte_is_caught_by_its_checksum_and_never_counted_by_retention
     first = run_single(
         tmp_path,
         "first",
-        ["train.steps=30", f'checkpoint.dir="{ckpt}"', "checkpoint.interval_steps=10"],
-    )
+        # Synchronous: an async save still running when the next falls due skips it.
+        ["train.steps=30", f'checkpoint.dir="{ckpt}"', "checkpoint.interval_steps=10",
+         "checkpoint.async=false"],
+    )  # fmt: skip
     assert {e["step"] for e in first if e["event"] == "checkpoint_saved"} == {10, 20, 30}
     run = run_dir(ckpt)
     shard = run / "step-30" / "__0_0.distcp"
