@@ -71,6 +71,11 @@ class TrainMetrics:
             "Time from the quorum that needed a heal to the state being applied.",
             HEAL_BUCKETS,
         )
+        self.join_timeouts = counter(
+            "phalanx_ft_quorum_join_timeouts",
+            "Quorums that waited out lighthouse.join_timeout_ms for members of the quorum "
+            "before (a stall every group paid; event quorum_join_timeout).",
+        )
         self.commit_failures = counter(
             "phalanx_ft_commit_failures", "Steps the quorum did not commit (retried)."
         )
@@ -175,6 +180,10 @@ class TrainMetrics:
         if self.enabled:
             self.heals.inc()
             self.heal_seconds.observe(seconds)
+
+    def observe_join_timeouts(self, count: int) -> None:
+        if self.enabled and count:
+            self.join_timeouts.inc(count)
 
     def observe_checkpoint(self, step: int, blocked_s: float, total_s: float) -> None:
         if self.enabled:

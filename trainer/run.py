@@ -210,6 +210,7 @@ def train(b: Built) -> int:
         b.metrics.observe_rank(report.seconds, b.loop.compute_s, watch.flagged, watch.last_ratio)
         for seconds in b.replication.take_heals():
             b.metrics.observe_heal(seconds)
+        b.metrics.observe_join_timeouts(b.replication.take_join_timeouts())
         if b.step_log is not None:
             b.step_log(report)
         if b.evaluator is not None and b.evaluator.due(report):

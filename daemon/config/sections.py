@@ -177,6 +177,13 @@ class NodeConfig(Section):
         "from one warm zygote per node) that replaces a failed rank at once; false saves their "
         "memory (a few hundred MB).",
     )
+    announce_failures: bool = Field(
+        True,
+        description="When this node's ranks fail or hang, say so through etcd (failed/<group>) "
+        "so every other group's ranks abandon the step at once, instead of the next quorum "
+        "waiting lighthouse.join_timeout_ms for a group blocked further round the ring; false "
+        "only to measure the job without it (bench/ring_failover.py).",
+    )
     hang_timeout_s: float = Field(
         300.0,
         ge=5,

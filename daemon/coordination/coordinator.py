@@ -299,6 +299,12 @@ class Coordinator:
         if not self._leader.publish(self._txn, self._key("leader"), self._key("lost"), value):
             raise NotLeader(f"node '{self.node_id}' is not the leader of job '{self.job}'.")
 
+    def announce_failed(self, gid: int, value: dict[str, Any]) -> None:
+        """Put ``failed/<gid>``: group `gid`'s ranks failed in a quorum (its daemon's word,
+        ``daemon.ranks.failure_notice``), bound to this node's lease."""
+        lease = self._lease()
+        self._call(lambda c: c.put(self._key(f"failed/{gid}"), dump(value), lease=lease))
+
     # ---------------------------------------------------------- persistent keys
 
     def snapshot(self) -> JobView:

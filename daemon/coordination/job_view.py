@@ -36,6 +36,7 @@ class JobView:
     revision: int = 0  # etcd's revision when this was read
     progress_asked: Any = None  # asks/progress: a node wants everyone's progress now
     lost: Any = None  # quorum members the leader's lighthouse stopped hearing from
+    failed: dict[int, Any] = field(default_factory=dict)  # gid -> its daemon's failure word
     # Groups that span nodes (job.nodes_per_group > 1): gid -> node rank -> node id of
     # each held seat; gid -> the group's generation; gid -> its first node's store record.
     seats: dict[int, dict[int, str]] = field(default_factory=dict)
@@ -108,6 +109,7 @@ def assemble(entries: Iterable[tuple[str, Any, int]], revision: int = 0) -> JobV
     seats: dict[int, dict[int, str]] = {}
     generations: dict[int, int] = {}
     stores: dict[int, dict[str, Any]] = {}
+    failed: dict[int, Any] = {}
     single: dict[str, Any] = {}
     epoch: int | None = None
     for name, value, created in entries:
@@ -124,6 +126,8 @@ def assemble(entries: Iterable[tuple[str, Any, int]], revision: int = 0) -> JobV
                 generations[int(name.split("/")[1])] = carried
         elif name.startswith("stores/") and _digits(name, 1) and isinstance(value, dict):
             stores[int(name.split("/")[1])] = value
+        elif name.startswith("failed/") and _digits(name, 1):
+            failed[int(name.split("/")[1])] = value
         else:
             single[name] = value
             if name == "leader":
@@ -143,6 +147,7 @@ def assemble(entries: Iterable[tuple[str, Any, int]], revision: int = 0) -> JobV
         revision=revision,
         progress_asked=single.get(ASK_KEY),
         lost=single.get("lost"),
+        failed=dict(sorted(failed.items())),
         seats={g: dict(sorted(held.items())) for g, held in sorted(seats.items())},
         generations=generations,
         stores=stores,

@@ -30,11 +30,12 @@ WINDOW = 512  # the step times the learned timeout is drawn from (the newest)
 
 @dataclass(frozen=True)
 class Beat:
-    """What a heartbeat file says: the phase entered, and the seconds the step before it
-    took where it is a step's end (None otherwise)."""
+    """What a heartbeat file says: the phase entered, the seconds the step before it
+    took where it is a step's end (None otherwise), and the rank's last quorum."""
 
     phase: str = "start"
     step_s: float | None = None
+    quorum_id: int | None = None  # the rank's last torchft quorum, once it had one
 
 
 def read_beat(path: Path) -> Beat:
@@ -48,9 +49,11 @@ def read_beat(path: Path) -> Beat:
         return Beat()
     phase = data.get("phase")
     step_s = data.get("step_s")
+    quorum_id = data.get("quorum_id")
     return Beat(
         phase if phase in PHASES else "start",
         float(step_s) if isinstance(step_s, int | float) and math.isfinite(step_s) else None,
+        quorum_id if isinstance(quorum_id, int) and not isinstance(quorum_id, bool) else None,
     )
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from daemon.config import DaemonConfig
 from daemon.node_state.view import NodeView
+from daemon.ranks.failure_notice import failure_word
 from daemon.ranks.hang import HangLimits, StepTimes, Timeouts, timeouts
 from daemon.ranks.spec import GroupPart, GroupSpec
 from daemon.ranks.standby import REFILL_DELAY_S, StandbyPool
@@ -140,6 +141,13 @@ class NodeGroup:
         if outcome is not None and outcome.kind == ExitKind.COMPLETED:
             self.kill()  # every rank has exited 0: this only reaps
         return outcome
+
+    def failure_word(self, kind: ExitKind, lighthouse: str | None) -> dict[str, Any] | None:
+        """What to announce for the group that just ended with `kind` (daemon/ranks/failure_notice.py)."""
+        if self.current is None:
+            return None
+        spec, beats = self.current.spec, [r.heartbeat for r in self.current.ranks]
+        return failure_word(kind, spec.slot, spec.replica_uuid, beats, lighthouse)
 
     def finishing(self) -> bool:
         """The ranks have begun to leave by themselves (see WorkerGroup.finishing)."""

@@ -68,6 +68,9 @@ class GroupSpec:
     # group's restarts by NodeGroup; "" lets torchft pick one per process.
     replica_uuid: str = ""
     seat: Seat = Seat()  # this node's place in a group of several nodes
+    # lighthouse.join_timeout_ms (PHALANX_JOIN_TIMEOUT_MS): a rank says when a quorum
+    # waited it out (trainer.ft.quorum_watch); 0 leaves it unset.
+    join_timeout_ms: int = 0
 
     @classmethod
     def for_node(
@@ -99,6 +102,7 @@ class GroupSpec:
             python_path=[str(Path(p).resolve()) for p in cfg.workload.python_path],
             replica_uuid=replica_uuid,
             seat=seat or Seat(0, cfg.job.nodes_per_group),
+            join_timeout_ms=cfg.lighthouse.join_timeout_ms,
         )
 
 
@@ -137,6 +141,8 @@ def rank_env(spec: GroupSpec, rank: int, master_port: int, attempt: int) -> dict
         "PHALANX_ATTEMPT": str(attempt),
         "PYTHONUNBUFFERED": "1",
     }
+    if s.join_timeout_ms:
+        env["PHALANX_JOIN_TIMEOUT_MS"] = str(s.join_timeout_ms)
     if s.replica_uuid:
         env["PHALANX_REPLICA_UUID"] = s.replica_uuid
     else:

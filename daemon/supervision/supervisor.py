@@ -290,6 +290,8 @@ class Supervisor:
             return self._done("training completed")
         fields = {"kind": outcome.kind.value, "reason": outcome.reason, "codes": outcome.codes}
         self.log.warning("group_failed", **fields)
+        lighthouse = self.view.job.lighthouse if self.view.job else None
+        self.upkeep.announce_failure(self.group.failure_word(outcome.kind, lighthouse))
         return self._stop(outcome)
 
     def _unhealthy_leaves(self) -> bool:

@@ -255,6 +255,7 @@ class EtcdUpkeep:
         self.judge.follow_epoch(job.leader_epoch, running, self.view.step, self._epoch_doubt_s)
         self._follow_lighthouse(job.lighthouse)
         self.notice.follow_lost(job.lost, job.lighthouse)
+        self.notice.follow_failed(job.failed, job.lighthouse)
         self._publish_checkpoint()
         self._attempt("record", self._update_record)
 
@@ -352,6 +353,14 @@ class EtcdUpkeep:
             self.log.info("checkpoint_published", step=record["step"], path=record["path"])
 
     # ----------------------------------------------------------------- the job
+
+    def announce_failure(self, word: dict[str, Any] | None) -> None:
+        """Tell every daemon that this node's group failed (daemon/ranks/failure_notice.py)."""
+        gid = self.view.slot
+        if word is None or gid is None or not self.cfg.node.announce_failures:
+            return
+        self._attempt("failed", lambda: self.coord.announce_failed(gid, word))
+        self.log.info("failure_announced", quorum_id=word["quorum_id"], slot=gid)
 
     def set_state(self, state: str, **extra: object) -> None:
         """The job's persistent state (running, completed, failed); best effort."""

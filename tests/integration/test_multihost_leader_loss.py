@@ -42,7 +42,6 @@ steps = 300
 # Paced at HOLD_PACE_S from the cut until the cut-off host healed (about 30 s), the job
 # spends under 130 of its 300 steps there, wherever it runs.
 CUT_S = 20.0
-FT_TIMEOUT_S = 30.0  # ft.timeout_s's default, which the job below leaves alone
 
 
 def test_a_cut_off_leaders_host_leaves_the_others_training_during_the_cut(
@@ -91,7 +90,14 @@ def test_a_cut_off_leaders_host_leaves_the_others_training_during_the_cut(
                 told = [e for e in d.events("lighthouse_moved") if event_time(e) > cut_at]
                 assert told, f"{d.node_id}'s ranks were not told the lighthouse moved"
             time.sleep(max(0.0, CUT_S - (time.time() - cut_at)))
-            assert gap < FT_TIMEOUT_S
+            # The mechanism, not a wall time: through the whole cut no survivor's ranks were
+            # restarted (a rank left waiting out ft.timeout_s on the cut-off group would
+            # end its quorum and be restarted), and no quorum waited out its join timeout
+            # for anyone but the cut-off group.
+            for d in rest:
+                assert not [e for e in d.events("group_restarted") if event_time(e) > cut_at]
+                waits = [e for e in d.events("quorum_join_timeout") if event_time(e) > cut_at]
+                assert all(len(e["left_out"]) <= 1 for e in waits), waits
         finally:
             network.rejoin(host)
         back_at = time.time()

@@ -40,6 +40,9 @@ class RankEnv:
     # PHALANX_REPLICA_UUID: the uuid of the group's torchft replica id, kept by the daemon
     # across the group's restarts; unset: torchft's fresh one per process.
     replica_uuid: str | None = None
+    # PHALANX_JOIN_TIMEOUT_MS: the lighthouse's lighthouse.join_timeout_ms, so a rank can
+    # say when a quorum waited it out (trainer.ft.quorum_watch); unset: it cannot tell.
+    join_timeout_ms: int | None = None
 
     @property
     def fault_tolerant(self) -> bool:
@@ -100,7 +103,18 @@ class RankEnv:
             notice=Path(env["PHALANX_NOTICE"]) if env.get("PHALANX_NOTICE") else None,
             torchelastic=bool(env.get("TORCHELASTIC_RUN_ID")),
             replica_uuid=replica_uuid(env.get("PHALANX_REPLICA_UUID")),
+            join_timeout_ms=(
+                integer("PHALANX_JOIN_TIMEOUT_MS", 0)
+                if env.get("PHALANX_JOIN_TIMEOUT_MS")
+                else None
+            ),
         )
+
+
+def replica_id(group: int) -> str:
+    """The torchft replica id of replica group `group` (zero-padded: torchft orders a
+    quorum's groups by it, so the lowest id sorts first); torchft appends ``:<uuid>``."""
+    return f"phalanx_group_{group:05d}"
 
 
 def replica_uuid(raw: str | None) -> str | None:

@@ -45,6 +45,11 @@ class StepLifecycle(Protocol):
         the peer's state applied (an empty list when none came)."""
         ...
 
+    def take_join_timeouts(self) -> int:
+        """Returns: the quorums since the last call that waited out the lighthouse's join
+        timeout for members of the quorum before (trainer.ft.quorum_watch)."""
+        ...
+
     def take_waited(self) -> float:
         """Returns: the seconds this rank spent waiting on other groups (a quorum not yet
         formed, a cross-group collective) since the last call (see trainer/ft/straggler.py)."""
@@ -224,6 +229,9 @@ class SingleGroup:
 
     def take_heals(self) -> list[float]:
         return []
+
+    def take_join_timeouts(self) -> int:
+        return 0
 
     def take_waited(self) -> float:
         return 0.0

@@ -87,6 +87,8 @@ class QuorumRecorder:
         self._manager = manager
         self.last: Any = None  # torchft._torchft.QuorumResult
         self.renumbered = 0  # quorums whose reused id was not taken for the same quorum
+        # Called with (the last result, this one, seconds the call took) on each quorum.
+        self.observer: Callable[[Any, Any, float], None] | None = None
 
     # ManagerClient._quorum: the RPC the manager's quorum thread calls (with keywords)
     # to get each quorum from the lighthouse. The manager keeps the result's
@@ -94,6 +96,7 @@ class QuorumRecorder:
     # Its deadline is ft.quorum_timeout_s: a TimeoutError means the lighthouse formed no
     # quorum in that time, which the rank's exit code tells its daemon (NoQuorum).
     def _quorum(self, *args: Any, **kwargs: Any) -> Any:
+        began = time.monotonic()
         try:
             result = self._client._quorum(*args, **kwargs)
         except TimeoutError as e:
@@ -104,6 +107,8 @@ class QuorumRecorder:
             # Manager._quorum_id: the id the quorum thread compares this result's with,
             # right after this call returns, to decide whether to reconfigure.
             self._manager._quorum_id = -1
+        if self.observer is not None:
+            self.observer(last, result, time.monotonic() - began)
         return result
 
     @property

@@ -40,11 +40,12 @@ from torch.distributed.fsdp import FSDPModule
 from trainer import logs
 from trainer.chaos import Chaos
 from trainer.config import FaultToleranceConfig
-from trainer.config.env import RankEnv
+from trainer.config.env import RankEnv, replica_id
 from trainer.data.shares import Quorum
 from trainer.ft import torchft_adapter as ft
 from trainer.ft.grad_buckets import buckets
 from trainer.ft.notice import Told
+from trainer.ft.quorum_watch import QuorumWatch
 from trainer.ft.replication import DRAIN_QUORUM_WAIT_S, NonFiniteStep, leave_unless_formed
 from trainer.ft.state import TrainState
 from trainer.ft.step_notices import StepNotices
@@ -121,9 +122,8 @@ class TorchFTGroup:
                 store_addr=env.master_addr,
                 store_port=env.master_port,
                 lighthouse_addr=env.lighthouse,
-                # Zero-padded: torchft orders a quorum's groups by this string, so the
-                # lowest id sorts first (the checkpoint writer, see is_writer).
-                replica_id=f"phalanx_group_{env.replica_group:05d}",
+                # The lowest id sorts first in a quorum (the checkpoint writer, see is_writer).
+                replica_id=replica_id(env.replica_group),
                 hostname=advertise_host(),
                 checkpoint_transport=self.transport,
                 # Every group initialises identical weights from train.seed.
@@ -140,6 +140,9 @@ class TorchFTGroup:
             ft.count_as_new(self.manager)
         self.pg = pg  # configured by each quorum for this rank's peers in every group
         self.recorder = recorder = ft.record_quorums(self.manager)
+        # Each quorum's id into the heartbeat; a quorum that waited out the join timeout said.
+        self.quorum_watch = QuorumWatch(self.beat, env.join_timeout_ms)
+        recorder.observer = self.quorum_watch.observe
         pg.membership = lambda: (
             membership_token(recorder.replica_ids, step=recorder.max_step)
             if recorder.replica_ids is not None
@@ -180,6 +183,9 @@ class TorchFTGroup:
     def take_heals(self) -> list[float]:
         heals, self._heal_seconds = self._heal_seconds, []
         return heals
+
+    def take_join_timeouts(self) -> int:
+        return self.quorum_watch.take_join_timeouts()
 
     def start_step(self) -> None:
         self._step_started = time.monotonic()

@@ -1,0 +1,167 @@
+"""A rank SIGKILLed at every ring position, with and without failure announcements (issue 49).
+
+N daemons on this machine (one rank each, a standby each) share one etcd on loopback and
+train one job with every setting at its default but the job's size; nothing paces the
+ranks (``PHALANX_CHAOS_DELAY=0``). Once all N commit a step together, the rank of the
+group in slot p (ring position p: torchft orders a quorum by replica id) is SIGKILLed,
+for p = 0 .. N-1 in turn. For each kill it records the survivors' longest pause between
+committed steps that spans the kill, the killed group's time from the kill to its first
+commit after the restart, and how many quorums waited out ``lighthouse.join_timeout_ms``.
+
+Each group count runs twice in the same invocation: with ``node.announce_failures``
+(the default) and without it (the job as it was), and the table gives the ratio of the
+medians. Run: ``python -m bench.ring_failover [--groups 2 3 4] [--json FILE]`` (it needs
+this checkout's virtual environment, ``make venv``, and leaves nothing running).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+import json
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from daemon.coordination.etcd_server import EmbeddedEtcd
+from tests.support.harness import Daemon, event_time, job_groups, start_daemon, wait_for
+
+JOB = """\
+# bench/ring_failover.py: every setting at its default but the job's size.
+[job]
+name = "itest"
+max_replicas = {groups}
+
+[train]
+steps = 1000000
+"""
+
+
+def commit_times(d: Daemon) -> list[float]:
+    return [event_time(e) for e in d.events("train_step")]
+
+
+def together(daemons: list[Daemon], n: int, after: float) -> bool:
+    return all(
+        any(e["participants"] == n and event_time(e) > after for e in d.events("train_step"))
+        for d in daemons
+    )
+
+
+def pause_over(times: list[float], t: float) -> float:
+    """The longest gap between consecutive commits among those that end after `t` and
+    begin before the first commit a second past it: the pause the kill at `t` caused."""
+    gaps = [(a, b) for a, b in itertools.pairwise(times) if b > t]
+    longest = 0.0
+    for a, b in gaps:
+        longest = max(longest, b - a)
+        if a > t + 1.0 and b - a < 1.0:
+            break
+    return longest
+
+
+def run(groups: int, announce: bool, work: Path) -> list[dict[str, Any]]:
+    """One cluster of `groups` daemons: a kill at every ring position; a row per kill."""
+    work.mkdir(parents=True)
+    job = work / "job.toml"
+    job.write_text(JOB.format(groups=groups))
+    etcd = EmbeddedEtcd(work / "etcd")
+    etcd.start()
+    daemons: list[Daemon] = []
+    rows: list[dict[str, Any]] = []
+    try:
+        setting = [f"node.announce_failures={'true' if announce else 'false'}"]
+        daemons = [
+            start_daemon(
+                work, f"node-{i}", [etcd.endpoint], config=job, overrides=setting,
+                env={"PHALANX_CHAOS_DELAY": "0"},
+            )
+            for i in range(groups)
+        ]  # fmt: skip
+        wait_for(lambda: together(daemons, groups, 0.0), 300, "every group to train together")
+        slots = job_groups(etcd.endpoint)
+        by_node = {d.node_id: d for d in daemons}
+        ready = time.time()
+        for position in range(groups):
+            wait_for(functools.partial(together, daemons, groups, ready), 120, "all together")
+            victim = by_node[slots[position]]
+            killed_at = time.time()
+            os.kill(victim.rank_pids()[0], signal.SIGKILL)
+            back_together = functools.partial(together, daemons, groups, killed_at + 1.0)
+            wait_for(back_together, 180, "all groups back together")
+            ready = time.time()
+            survivors = [d for d in daemons if d is not victim]
+            back = [t for t in commit_times(victim) if t > killed_at]
+            rows.append(
+                {
+                    "groups": groups,
+                    "announce": announce,
+                    "position": position,
+                    "survivors_longest_pause_s": round(
+                        max(pause_over(commit_times(d), killed_at) for d in survivors), 3
+                    ),
+                    "killed_group_commits_again_s": round(back[0] - killed_at, 3),
+                    "join_timeouts": sum(
+                        1
+                        for d in daemons
+                        for e in d.events("quorum_join_timeout")
+                        if event_time(e) > killed_at
+                    ),
+                }
+            )
+            print(json.dumps(rows[-1]), flush=True)
+    finally:
+        for d in daemons:
+            d.stop()
+        etcd.stop()
+    return rows
+
+
+def spread(values: list[float]) -> str:
+    return f"{min(values):.2f} / {statistics.median(values):.2f} / {max(values):.2f}"
+
+
+def report(rows: list[dict[str, Any]]) -> None:
+    print("\n| groups | announcements | survivors' longest pause min/med/max s | "
+          "killed group commits again s | quorums that waited out the join |")  # fmt: skip
+    print("|---|---|---|---|---|")
+    for n in sorted({r["groups"] for r in rows}):
+        medians = {}
+        for announce in (True, False):
+            mine = [r for r in rows if r["groups"] == n and r["announce"] == announce]
+            if not mine:
+                continue
+            pauses = [r["survivors_longest_pause_s"] for r in mine]
+            medians[announce] = statistics.median(pauses)
+            back = [r["killed_group_commits_again_s"] for r in mine]
+            joins = sum(r["join_timeouts"] for r in mine)
+            label = "on (default)" if announce else "off"
+            print(f"| {n} | {label} | {spread(pauses)} | {spread(back)} | {joins} |")
+        if len(medians) == 2 and medians[True] > 0:
+            print(f"| {n} | off/on pause ratio | {medians[False] / medians[True]:.1f}x | | |")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--groups", type=int, nargs="+", default=[2, 3, 4])
+    parser.add_argument("--json", type=Path, help="write every row here")
+    args = parser.parse_args()
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="phalanx-ring-") as tmp:
+        for n in args.groups:
+            for announce in (True, False):
+                rows += run(n, announce, Path(tmp) / f"{n}-{announce}")
+    report(rows)
+    if args.json is not None:
+        args.json.write_text(json.dumps({"argv": sys.argv[1:], "rows": rows}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
