@@ -31,6 +31,7 @@ from tests.support.harness import (
     wait_for,
 )
 from tests.support.job_queries import digest
+from trainer.config.env import replica_id
 
 pytestmark = pytest.mark.integration
 
@@ -80,7 +81,7 @@ def test_a_rank_killed_at_every_ring_position_is_announced_and_nobody_waits_out_
             victim = by_node[groups[position]]
             killed_at = time.time()
             os.kill(victim.rank_pids()[0], signal.SIGKILL)
-            kills.append((f"phalanx_group_{position:05d}", victim, killed_at))
+            kills.append((replica_id(position), victim, killed_at))
             wait_for(
                 functools.partial(healed_since, victim, killed_at),
                 120,

@@ -18,6 +18,7 @@ from torchft.manager import Manager
 from torchft.process_group import ProcessGroupGloo
 
 from tests.support.ports import free_port
+from trainer.config.env import replica_id
 from trainer.ft import torchft_adapter as ft
 from trainer.ft.transport import checkpoint_transport
 
@@ -84,7 +85,7 @@ def one_rank_manager(
             store_addr="127.0.0.1",
             store_port=store.port,
             lighthouse_addr=lighthouse,
-            replica_id=f"phalanx_group_{group:05d}",
+            replica_id=replica_id(group),
             hostname="127.0.0.1",
             checkpoint_transport=checkpoint_transport(timeout),
             init_sync=False,
