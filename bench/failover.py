@@ -17,7 +17,11 @@ below sets only the job's size). The same cluster then meets, ``--repeats`` time
 For each it prints the survivors' longest pause between commits (a pause that spans
 the fault), the time to a new leader, the time until every live group commits again,
 and for (c) the restarted node's daemon-start-to-first-commit; min/median/max over
-the repeats. Run as root (namespaces): ``python -m bench.failover [--repeats 3]``.
+the repeats, and how many groups that were not hit announced a failure of their own
+(``failure_announced``: in the quiet run any is false). Nothing paces the ranks
+(``PHALANX_CHAOS_DELAY=0``, said in the output's first line): they step as fast as the
+job lets them. Run as root (namespaces): ``python -m bench.failover [--repeats 3]
+[--out FILE]``, FILE getting the raw rows as JSON.
 It needs this checkout's virtual environment (``make venv``) and leaves nothing
 running. The hosts and the daemon launcher are the multi-host tests' own.
 """
@@ -52,6 +56,7 @@ steps = 1000000
 """
 
 
+UNPACED = {"PHALANX_CHAOS_DELAY": "0"}  # the ranks step at their own speed, as users run them
 SETTLE_S = 5.0  # between faults: each one's figures end where the next begins
 
 
@@ -81,6 +86,7 @@ class Cluster:
             config=self.job,
             host=self.hosts[name],
             name=f"node-{name}-{self.starts[name]}",
+            env=UNPACED,
         )
         self.daemons[name] = d
         return d
@@ -216,8 +222,10 @@ def main(argv: list[str] | None = None) -> int:
         "--quiet-s", type=float, default=0.0, help="first, this long without a fault (0: none)"
     )
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.add_argument("--out", type=Path, help="also write the raw rows to this JSON file")
     p.add_argument("--keep", action="store_true", help="keep the logs (printed path)")
     args = p.parse_args(argv)
+    print("pacing: none (PHALANX_CHAOS_DELAY=0); every setting at its default", flush=True)
     work = Path(tempfile.mkdtemp(prefix="phalanx-failover-"))
     net = Network()
     faults: list[Fault] = []
@@ -250,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
         f.next_at = after.at
     rows = [measure(f) for f in faults]
     print(json.dumps(rows, indent=1) if args.json else report(rows))
+    if args.out is not None:
+        args.out.write_text(json.dumps(rows, indent=1) + "\n")
     if args.keep:
         print(f"logs: {work}", file=sys.stderr)
     else:

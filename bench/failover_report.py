@@ -61,6 +61,11 @@ def measure(f: Fault) -> dict[str, Any]:
     row["group_restarts"] = sum(
         f.at < event_time(e) < last for d in f.survivors for e in d.events("group_restarted")
     )
+    # A survivor that announced a failure of its own group (daemon/ranks/failure_notice.py):
+    # none is due, so in the quiet run any is a false announcement.
+    row["survivor_failures_announced"] = sum(
+        f.at < event_time(e) < last for d in f.survivors for e in d.events("failure_announced")
+    )
     row["new_leader_s"] = round(min(elected) - f.at, 3) if elected else None
     if f.restarted is not None:
         started, first = f.restarted
@@ -79,6 +84,7 @@ METRICS = (
     "survivors_pause_at_return_s",
     "group_commits_again_s",
     "group_restarts",
+    "survivor_failures_announced",
 )
 
 
