@@ -184,9 +184,11 @@ def test_standbys_replace_killed_ranks_and_are_replaced_when_they_die(
 
 
 def test_sigterm_takes_the_standbys_along(tmp_path: Path, etcd_endpoint: str) -> None:
-    steps = ["train.steps=120"]  # at HOLD_PACE_S until hurried: under 60 are spent waiting
-    a = start_daemon(tmp_path, "node-a", [etcd_endpoint], overrides=steps, pace_s=HOLD_PACE_S)
-    b = start_daemon(tmp_path, "node-b", [etcd_endpoint], overrides=steps, pace_s=HOLD_PACE_S)
+    # 120 steps at 1 s a step outlast ready_standby's 90 s wait (at HOLD_PACE_S the job ended
+    # in under 40 s, before a loaded machine had warmed node-a's idle-priority standby).
+    steps, pace_s = ["train.steps=120"], 1.0
+    a = start_daemon(tmp_path, "node-a", [etcd_endpoint], overrides=steps, pace_s=pace_s)
+    b = start_daemon(tmp_path, "node-b", [etcd_endpoint], overrides=steps, pace_s=pace_s)
     try:
         wait_for(lambda: a.step() > 3 and b.step() > 3, 120, "both groups to train")
         spare = ready_standby(a)
