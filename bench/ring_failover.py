@@ -6,7 +6,9 @@ ranks (``PHALANX_CHAOS_DELAY=0``). Once all N commit a step together, the rank o
 group in slot p (ring position p: torchft orders a quorum by replica id) is SIGKILLed,
 for p = 0 .. N-1 in turn. For each kill it records the survivors' longest pause between
 committed steps that spans the kill, the killed group's time from the kill to its first
-commit after the restart, and how many quorums waited out ``lighthouse.join_timeout_ms``.
+commit after the restart (and to its restart, its new rank's start and its heal, and
+whether its standby had warmed before the kill), and how many quorums waited out
+``lighthouse.join_timeout_ms``.
 
 Each group count runs twice in the same invocation: with ``node.announce_failures``
 (the default) and without it (the job as it was), and the table gives the ratio of the
@@ -66,6 +68,32 @@ def pause_over(times: list[float], t: float) -> float:
     return longest
 
 
+def restart_phases(victim: Daemon, killed_at: float) -> dict[str, Any]:
+    """Where the killed group's way back went: seconds from the kill to its restart, its
+    new rank's start and its heal, and whether the standby it started from had finished
+    warming (importing torch at idle priority) before the kill."""
+
+    def first_after(name: str) -> dict[str, Any] | None:
+        return next((e for e in victim.events(name) if event_time(e) >= killed_at), None)
+
+    restarted, started, healed = (
+        first_after(n) for n in ("group_restarted", "rank_started", "heal_done")
+    )
+    ready_at = {e.get("pid"): event_time(e) for e in victim.events("standby_ready")}
+    pids = (restarted or {}).get("pids") or []
+    warm = bool(pids) and all(ready_at.get(p, float("inf")) < killed_at for p in pids)
+
+    def since(e: dict[str, Any] | None) -> float | None:
+        return None if e is None else round(event_time(e) - killed_at, 3)
+
+    return {
+        "restarted_s": since(restarted),
+        "rank_started_s": since(started),
+        "healed_s": since(healed),
+        "standby_warm_at_kill": warm,
+    }
+
+
 def run(groups: int, announce: bool, work: Path) -> list[dict[str, Any]]:
     """One cluster of `groups` daemons: a kill at every ring position; a row per kill."""
     work.mkdir(parents=True)
@@ -107,6 +135,7 @@ def run(groups: int, announce: bool, work: Path) -> list[dict[str, Any]]:
                         max(pause_over(commit_times(d), killed_at) for d in survivors), 3
                     ),
                     "killed_group_commits_again_s": round(back[0] - killed_at, 3),
+                    **restart_phases(victim, killed_at),
                     "join_timeouts": sum(
                         1
                         for d in daemons
@@ -129,8 +158,9 @@ def spread(values: list[float]) -> str:
 
 def report(rows: list[dict[str, Any]]) -> None:
     print("\n| groups | announcements | survivors' longest pause min/med/max s | "
-          "killed group commits again s | quorums that waited out the join |")  # fmt: skip
-    print("|---|---|---|---|---|")
+          "killed group commits again s | its standby warm at the kill | "
+          "quorums that waited out the join |")  # fmt: skip
+    print("|---|---|---|---|---|---|")
     for n in sorted({r["groups"] for r in rows}):
         medians = {}
         for announce in (True, False):
@@ -141,10 +171,12 @@ def report(rows: list[dict[str, Any]]) -> None:
             medians[announce] = statistics.median(pauses)
             back = [r["killed_group_commits_again_s"] for r in mine]
             joins = sum(r["join_timeouts"] for r in mine)
+            warm = f"{sum(bool(r.get('standby_warm_at_kill')) for r in mine)} of {len(mine)}"
             label = "on (default)" if announce else "off"
-            print(f"| {n} | {label} | {spread(pauses)} | {spread(back)} | {joins} |")
+            print(f"| {n} | {label} | {spread(pauses)} | {spread(back)} | {warm} | {joins} |")
         if len(medians) == 2 and medians[True] > 0:
-            print(f"| {n} | off/on pause ratio | {medians[False] / medians[True]:.1f}x | | |")
+            ratio = medians[False] / medians[True]
+            print(f"| {n} | off/on pause ratio | {ratio:.1f}x | | | |")
 
 
 def main() -> int:
