@@ -27,6 +27,8 @@ from tests.support.harness import (
     Event,
     hurry,
     read_events,
+    ready_standby,
+    slow,
     start_daemon,
     wait_for,
 )
@@ -103,8 +105,13 @@ def kill_b_twice(pair: list[Daemon]) -> None:
             int(e["participants"]) == 2 and str(e["time"]) > since for e in accounting(b.events())
         )
 
+    # Paced at HOLD_PACE_S from here, and each kill waits for node-b's warm standby: a CI
+    # run killed while the standby still warmed at idle priority, its restarts took 11-13 s,
+    # and node-a trained the rest of the job alone meanwhile.
+    slow(*pair)
     wait_for(partial(together, 0), 120, "node-b to train together with node-a")
     for kill in (1, 2):
+        ready_standby(b)
         os.kill(b.rank_pids()[0], signal.SIGKILL)
         wait_for(partial(together, kill), 120, f"node-b to train again after kill {kill}")
 

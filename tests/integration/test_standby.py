@@ -28,6 +28,7 @@ from tests.support.harness import (
     event_time,
     free_port,
     hurry,
+    ready_standby,
     start_daemon,
     wait_for,
 )
@@ -36,18 +37,6 @@ from trainer.spares.scheduling import IDLE_AUTOGROUP_NICE, autogroup_nice, may_l
 pytestmark = pytest.mark.integration
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "single.toml"
-
-
-def ready_standby(d: Daemon, timeout: float = 90) -> int:
-    """The pid of a standby of `d` that has said standby_ready."""
-
-    def ready() -> int | None:
-        pids = (d.status() or {}).get("standby_pids") or []
-        said = {e.get("pid") for e in d.events("standby_ready")}
-        return next((p for p in pids if p in said), None)
-
-    pid: int = wait_for(ready, timeout, f"a ready standby on {d.node_id}")
-    return pid
 
 
 def restart_after(d: Daemon, count: int, timeout: float = 60) -> Event:

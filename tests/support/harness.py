@@ -355,6 +355,18 @@ def slow(*daemons: Daemon) -> None:
         d.slow()
 
 
+def ready_standby(d: Daemon, timeout: float = 90) -> int:
+    """The pid of a standby of `d` that has said standby_ready."""
+
+    def ready() -> int | None:
+        pids = (d.status() or {}).get("standby_pids") or []
+        said = {e.get("pid") for e in d.events("standby_ready")}
+        return next((p for p in pids if p in said), None)
+
+    pid: int = wait_for(ready, timeout, f"a ready standby on {d.node_id}")
+    return pid
+
+
 def write_pace(path: Path, seconds: float) -> Path:
     """`seconds` into the PHALANX_CHAOS_DELAY file `path`, replaced whole (a rank reads it
     when its modification time changes)."""
