@@ -41,7 +41,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.alone]
 GROUPS = 4
 # Paced at HOLD_PACE_S while the kills go on (each waits on a restart and a heal), then
 # hurried: the job finishes by itself and every group reports its parameters' digest.
-# The four kills took about 40 steps at 2825158 (alone, as in the suite); the rest of
+# The four kills took about 40 steps at 5cc95b2 (alone, as in the suite); the rest of
 # the job runs unpaced only for the digests.
 STEPS = 240
 
