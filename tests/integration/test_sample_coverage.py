@@ -27,7 +27,6 @@ from tests.support.harness import (
     Event,
     hurry,
     read_events,
-    ready_standby,
     slow,
     start_daemon,
     wait_for,
@@ -41,6 +40,7 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
 STEPS = 150
+KILL_PACE_S = 1.0  # slept at each step while node-b's rank is killed and restarted
 BATCH = 10  # global; a micro-batch is 4, so a group runs 2 (5 items) or 3 (10 items)
 
 
@@ -105,13 +105,13 @@ def kill_b_twice(pair: list[Daemon]) -> None:
             int(e["participants"]) == 2 and str(e["time"]) > since for e in accounting(b.events())
         )
 
-    # Paced at HOLD_PACE_S from here, and each kill waits for node-b's warm standby: a CI
-    # run killed while the standby still warmed at idle priority, its restarts took 11-13 s,
-    # and node-a trained the rest of the job alone meanwhile.
-    slow(*pair)
+    # A step a second while the kills go on (until hurried): under CI's load a restart from
+    # a standby that still warms took 11-13 s, and a standby 37 s to warm, while the job
+    # must reach the step-40 checkpoint after the kills and before it is retired (step 100)
+    # and the job's end. At HOLD_PACE_S node-a trained the rest of the job alone meanwhile.
+    slow(*pair, pace_s=KILL_PACE_S)
     wait_for(partial(together, 0), 120, "node-b to train together with node-a")
     for kill in (1, 2):
-        ready_standby(b)
         os.kill(b.rank_pids()[0], signal.SIGKILL)
         wait_for(partial(together, kill), 120, f"node-b to train again after kill {kill}")
 

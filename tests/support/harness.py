@@ -252,10 +252,10 @@ class Daemon:
         if self.pace is not None:
             write_pace(self.pace, 0.0)
 
-    def slow(self) -> None:
-        """Its ranks sleep HOLD_PACE_S at every forward, until hurried."""
+    def slow(self, pace_s: float = HOLD_PACE_S) -> None:
+        """Its ranks sleep `pace_s` (HOLD_PACE_S) at every forward, until hurried."""
         if self.pace is not None:
-            write_pace(self.pace, HOLD_PACE_S)
+            write_pace(self.pace, pace_s)
 
     def events(self, name: str | None = None) -> list[Event]:
         return self.proc.events(name)
@@ -349,10 +349,10 @@ def hurry(*daemons: Daemon) -> None:
         d.hurry()
 
 
-def slow(*daemons: Daemon) -> None:
+def slow(*daemons: Daemon, pace_s: float = HOLD_PACE_S) -> None:
     """Daemon.slow for each: while a test holds a fault for a fixed time."""
     for d in daemons:
-        d.slow()
+        d.slow(pace_s)
 
 
 def ready_standby(d: Daemon, timeout: float = 90) -> int:
