@@ -108,7 +108,7 @@ def kill_b_twice(pair: list[Daemon]) -> None:
     # A step a second while the kills go on (until hurried): under CI's load a restart from
     # a standby that still warms took 11-13 s, and a standby 37 s to warm, while the job
     # must reach the step-40 checkpoint after the kills and before it is retired (step 100)
-    # and the job's end. At HOLD_PACE_S node-a trained the rest of the job alone meanwhile.
+    # and the job's end. At PACE_S node-a trained the rest of the job alone meanwhile.
     slow(*pair, pace_s=KILL_PACE_S)
     wait_for(partial(together, 0), 120, "node-b to train together with node-a")
     for kill in (1, 2):
