@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 
 from bench.failover_report import Fault, measure, report
+from bench.pacing import PACING_LINE, UNPACED
 from tests.support.harness import Daemon, event_time, start_daemon, wait_for
 from tests.support.multihost import etcd_on
 from tests.support.netns import Host, Network
@@ -56,7 +57,6 @@ steps = 1000000
 """
 
 
-UNPACED = {"PHALANX_CHAOS_DELAY": "0"}  # the ranks step at their own speed, as users run them
 SETTLE_S = 5.0  # between faults: each one's figures end where the next begins
 
 
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help="also write the raw rows to this JSON file")
     p.add_argument("--keep", action="store_true", help="keep the logs (printed path)")
     args = p.parse_args(argv)
-    print("pacing: none (PHALANX_CHAOS_DELAY=0); every setting at its default", flush=True)
+    print(PACING_LINE, flush=True)
     work = Path(tempfile.mkdtemp(prefix="phalanx-failover-"))
     net = Network()
     faults: list[Fault] = []

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.pacing import UNPACED
 from daemon.coordination.etcd_server import EmbeddedEtcd
 from tests.support.harness import Daemon, event_time, job_groups, start_daemon, wait_for
 
@@ -108,7 +109,7 @@ def run(groups: int, announce: bool, work: Path) -> list[dict[str, Any]]:
         daemons = [
             start_daemon(
                 work, f"node-{i}", [etcd.endpoint], config=job, overrides=setting,
-                env={"PHALANX_CHAOS_DELAY": "0"},
+                env=UNPACED,
             )
             for i in range(groups)
         ]  # fmt: skip

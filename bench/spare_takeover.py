@@ -32,6 +32,7 @@ import time
 from functools import partial
 from pathlib import Path
 
+from bench.pacing import PACING_LINE, UNPACED
 from tests.support.harness import Daemon, event_time, start_daemon, wait_for
 from tests.support.multihost import etcd_on
 from tests.support.netns import Host, Network
@@ -49,9 +50,6 @@ dp_shard = {nodes}
 [train]
 steps = 1000000
 """
-
-
-UNPACED = {"PHALANX_CHAOS_DELAY": "0"}  # the ranks step at their own speed, as users run them
 
 
 def seat_of(d: Daemon) -> tuple[int, int] | None:
@@ -156,7 +154,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, help="also write the raw figures to this JSON file")
     args = parser.parse_args()
-    print("pacing: none (PHALANX_CHAOS_DELAY=0); every setting at its default", flush=True)
+    print(PACING_LINE, flush=True)
     with tempfile.TemporaryDirectory(prefix="spare-takeover-") as tmp:
         one = layout(1, args.repeats, Path(tmp) / "one")
         two = layout(2, args.repeats, Path(tmp) / "two")
