@@ -28,8 +28,9 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,11 +54,16 @@ PEAKS = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12, "L40S": 362.05e12}
 SKIP_STEPS = 10  # the first steps (allocation, compile) are left out of tokens/s
 
 
+RESULTS = ROOT / "bench" / "results"
+CHECKS = ("cpu", "speed", "stall", "heal", "demo")  # --rows picks from these
+
+
 @dataclass
 class Row:
     what: str
     result: str
     ok: bool = True
+    data: dict[str, Any] = field(default_factory=dict)  # the row's figures, for the JSON
 
 
 def trainer(sets: dict[str, str], timeout: float) -> tuple[int, list[dict[str, Any]], str]:
@@ -108,11 +114,20 @@ def peak(name: str) -> float | None:
 
 
 def speed_rows(name: str) -> list[Row]:
-    """bf16, bf16 + compile, bf16 + FP8: tokens/s and MFU; FP8's ratio to bf16."""
+    """bf16, bf16 + compile, and FP8 with compile in both recipes: tokens/s and MFU; each
+    FP8 run's ratio to bf16 + compile. (FP8 without compile ran at 0.48x of eager bf16 on
+    an H100 on 2026-11-27: its casts run as separate eager kernels.)"""
+    bf16 = {"parallel.param_dtype": "bfloat16"}
+    compiled = {**bf16, "parallel.compile": "true"}
     runs = {
-        "bf16": {"parallel.param_dtype": "bfloat16"},
-        "bf16 + compile": {"parallel.param_dtype": "bfloat16", "parallel.compile": "true"},
-        "bf16 + fp8": {"parallel.param_dtype": "bfloat16", "parallel.fp8": "true"},
+        "bf16": bf16,
+        "bf16 + compile": compiled,
+        "fp8 tensorwise + compile": {**compiled, "parallel.fp8": "true"},
+        "fp8 rowwise + compile": {
+            **compiled,
+            "parallel.fp8": "true",
+            "parallel.fp8_recipe": '"rowwise"',
+        },
     }
     rows, rates = [], {}
     for label, extra in runs.items():
@@ -124,10 +139,14 @@ def speed_rows(name: str) -> list[Row]:
             )
             continue
         rates[label] = rate
-        mfu = f", MFU {rate * per_token / top:.3f}" if per_token and top else ", MFU n/a"
-        rows.append(Row(f"937M {label}: tokens/s", f"{rate:,.0f}{mfu}"))
-    if "bf16" in rates and "bf16 + fp8" in rates:
-        rows.append(Row("fp8 / bf16 tokens/s", f"{rates['bf16 + fp8'] / rates['bf16']:.2f}"))
+        mfu = rate * per_token / top if per_token and top else None
+        said = f", MFU {mfu:.3f}" if mfu is not None else ", MFU n/a"
+        data = {"tokens_per_s": rate, "mfu": mfu, "sets": extra}
+        rows.append(Row(f"937M {label}: tokens/s", f"{rate:,.0f}{said}", data=data))
+    for label in ("fp8 tensorwise + compile", "fp8 rowwise + compile"):
+        if "bf16 + compile" in rates and label in rates:
+            ratio = rates[label] / rates["bf16 + compile"]
+            rows.append(Row(f"{label} / bf16 + compile", f"{ratio:.2f}", data={"ratio": ratio}))
     return rows
 
 
@@ -142,14 +161,16 @@ def stall_row() -> Row:
     ratio = [line for line in proc.stdout.splitlines() if line.startswith("ratio")]
     if proc.returncode != 0 or not ratio:
         return Row("async checkpoint stall", f"failed: {proc.stderr[-300:]}", False)
-    return Row("async checkpoint stall (blocked async / sync)", ratio[0].removeprefix("ratio "))
+    said = ratio[0].removeprefix("ratio ")
+    return Row("async checkpoint stall (blocked async / sync)", said, data={"stdout": proc.stdout})
 
 
 def heal_row() -> Row:
     from bench.gpu_heal import measure
 
     line, ok = measure("cuda")
-    return Row("two groups of one rank on the GPU, a rank SIGKILLed and relaunched", line, ok)
+    what = "two groups of one rank on the GPU, a rank SIGKILLed and relaunched"
+    return Row(what, line, ok, data={"line": line})
 
 
 def demo_row() -> Row:
@@ -159,7 +180,10 @@ def demo_row() -> Row:
     summary = [line.strip() for line in proc.stdout.splitlines() if "heal" in line.lower()]
     result = "; ".join(summary[-3:]) or proc.stdout[-300:]
     return Row(
-        "phalanx demo on the GPU (two groups, a rank SIGKILLed)", result, proc.returncode == 0
+        "phalanx demo on the GPU (two groups, a rank SIGKILLed)",
+        result,
+        proc.returncode == 0,
+        data={"exit": proc.returncode, "stdout_tail": proc.stdout[-3000:]},
     )
 
 
@@ -236,6 +260,49 @@ def write(name: str, rows: list[Row]) -> None:
     DOCS.write_text(DOCS.read_text() + section + table(rows) + "\n")
 
 
+def machine(name: str | None) -> dict[str, Any]:
+    """What the figures were measured on: card, driver, versions, commit."""
+    import torch
+
+    def out(argv: list[str]) -> str:
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+        return done.stdout.strip()
+
+    try:
+        from importlib.metadata import version
+
+        torchft = version("torchft")
+    except Exception:
+        torchft = "absent"
+    return {
+        "card": name,
+        "driver": out(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "torchft": torchft,
+        "python": sys.version.split()[0],
+        # A copy of the tree without .git (a lent machine's) names its commit in the env.
+        "commit": os.environ.get("PHALANX_COMMIT")
+        or out(["git", "rev-parse", "HEAD"])
+        or "unknown",
+        "dirty": bool(out(["git", "status", "--porcelain", "--untracked-files=no"])),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+
+
+def write_json(meta: dict[str, Any], rows: list[Row], seconds: dict[str, float]) -> Path:
+    """The raw results beside the table: bench/results/gpu-check-<date>-<commit>.json."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stem = f"gpu-check-{meta['date'][:10]}-{str(meta['commit'])[:7]}"
+    path = RESULTS / f"{stem}.json"
+    body = {"machine": meta, "seconds": seconds, "rows": [asdict(r) for r in rows]}
+    path.write_text(json.dumps(body, indent=2) + "\n")
+    return path
+
+
 def cuda_device() -> str | None:
     import torch
 
@@ -244,11 +311,31 @@ def cuda_device() -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--no-write", action="store_true", help="leave docs/benchmarks.md alone")
+    parser.add_argument(
+        "--no-write", action="store_true", help="leave docs/benchmarks.md and bench/results alone"
+    )
+    parser.add_argument(
+        "--rows",
+        default=",".join(CHECKS),
+        help=f"which checks to run, comma-separated from {', '.join(CHECKS)} (default: all)",
+    )
     args = parser.parse_args(argv)
+    picked = [r.strip() for r in args.rows.split(",") if r.strip()]
+    unknown = sorted(set(picked) - set(CHECKS))
+    if unknown or not picked:
+        print(
+            f"error: --rows takes names from {', '.join(CHECKS)}; got {args.rows!r}.",
+            file=sys.stderr,
+        )
+        return 2
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     name = cuda_device()
-    rows = cpu_rows()
+    seconds: dict[str, float] = {}
+    rows: list[Row] = []
+    if "cpu" in picked:
+        began = time.monotonic()
+        rows += guarded("cpu", cpu_rows)
+        seconds["cpu"] = round(time.monotonic() - began, 1)
     if name is None:
         print(
             "no CUDA device here: skipping the GPU rows (937M tokens/s and MFU in bf16, with "
@@ -258,20 +345,27 @@ def main(argv: list[str] | None = None) -> int:
         )
     else:
         print(f"CUDA device: {name}")
-        checks: list[tuple[str, Callable[[], list[Row]]]] = [
-            ("937M tokens/s", lambda: speed_rows(name)),
-            ("async checkpoint stall", lambda: [stall_row()]),
-            ("two groups healing on the GPU", lambda: [heal_row()]),
-            ("phalanx demo on the GPU", lambda: [demo_row()]),
-        ]
-        for label, check in checks:
+        checks: dict[str, Callable[[], list[Row]]] = {
+            "speed": lambda: speed_rows(name),
+            "stall": lambda: [stall_row()],
+            "heal": lambda: [heal_row()],
+            "demo": lambda: [demo_row()],
+        }
+        for label, check in checks.items():
+            if label not in picked:
+                continue
+            began = time.monotonic()
             done = guarded(label, check)
-            print(table(done), flush=True)  # each as it ends: a later one may hang
+            seconds[label] = round(time.monotonic() - began, 1)
+            print(
+                table(done), f"\n({label}: {seconds[label]:.0f} s)", flush=True
+            )  # a later one may hang
             rows += done
     print(table(rows))
     if name is not None and not args.no_write:
         write(name, rows)
         print(f"appended to {DOCS.relative_to(ROOT)}")
+        print(f"raw results: {write_json(machine(name), rows, seconds).relative_to(ROOT)}")
     return 0 if all(r.ok for r in rows) else 1
 
 
