@@ -56,14 +56,20 @@ def run(mode: str, args: argparse.Namespace, workdir: Path) -> list[dict[str, fl
     proc = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=env)
     if proc.returncode != 0:
         sys.exit(f"{mode} run failed:\n{proc.stderr[-2000:]}")
-    events = [json.loads(line) for line in proc.stderr.splitlines() if line.startswith("{")]
+    lines = (proc.stdout + proc.stderr).splitlines()
+    events = [json.loads(line) for line in lines if line.startswith("{")]
     saves = [e for e in events if e["event"] == "checkpoint_saved"]
     if len(saves) < 2:
-        skipped = sum(e["event"] == "checkpoint_skipped" for e in events)
+        counts = {
+            name: sum(e["event"] == f"checkpoint_{name}" for e in events)
+            for name in ("saved", "skipped", "failed", "exists")
+        }
+        failed = [e.get("error", "") for e in events if e["event"] == "checkpoint_failed"]
         sys.exit(
-            f"the {mode} run timed no save: {skipped} fell due while the previous one was "
-            "still being written and were skipped (steps shorter than a save, as on a fast "
-            "GPU); give the saves more time with --step-delay or --interval"
+            f"the {mode} run timed no save ({counts}; a skipped save fell due while the "
+            "previous one was still being written: steps shorter than a save, so give the "
+            "saves more time with --step-delay or --interval)"
+            + (f"; the first failure: {failed[0]}" if failed else "")
         )
     # The last save is the final one at the end of training, which nothing overlaps.
     return [
