@@ -95,7 +95,10 @@ class Checkpointer:
         self.distributed = dist.is_initialized()
         # Background saves run collectives from another thread: give them their own group.
         self.pg = dist.new_group(backend="gloo") if self.distributed else None
-        self.stager = DefaultStager(StagingOptions(False, False, cfg.async_save, False))
+        # One stager per save (_write): torch 2.11's async_save closes the stager it is given
+        # once the upload is done, which empties its copy table, and the next save's staging
+        # then failed with KeyError (<class 'type'>) on an H200.
+        self.stager: DefaultStager | None = None
         self.staging: Future[None] | None = None
         self.upload: Future[Any] | None = None
         self.pending: dict[str, Any] | None = None
@@ -243,6 +246,9 @@ class Checkpointer:
         """Hand the state to DCP: asynchronously (upload pending) or at once."""
         writer = FileSystemWriter(str(path), sync_files=True)
         if self.cfg.async_save:
+            if self.stager is not None:
+                self.stager.close()  # its save is finished: save() waited for it
+            self.stager = DefaultStager(StagingOptions(False, False, True, False))
             response = async_save(
                 self.tensors(),
                 storage_writer=writer,
@@ -262,9 +268,13 @@ class Checkpointer:
     def wait_staged(self) -> None:
         """Block until the background copy of the state is done (before anything mutates it)."""
         if self.staging is not None:
-            started = time.monotonic()
-            self.staging.result()
-            self.staging = None
+            started, staging, self.staging = time.monotonic(), self.staging, None
+            try:
+                staging.result()
+            except BaseException as e:  # a failed save, never a crashed rank: finish() says so
+                if isinstance(e, INTERRUPTS) or self.pending is None:
+                    raise
+                self.pending["error"] = e
             if self.pending is not None:
                 self.pending["blocked"] += time.monotonic() - started
 
@@ -283,6 +293,8 @@ class Checkpointer:
         path: Path = pending["path"]
         try:
             self.wait_staged()
+            if "error" in pending:
+                raise pending["error"]
             if self.upload is not None:
                 self.upload.result()
             if self.rank == 0 and "files" not in pending:  # a sync save: written just now
@@ -370,7 +382,8 @@ class Checkpointer:
         self.finish(block=True)
         if self.hasher is not None:
             self.hasher.shutdown(wait=True)  # the last retention
-        self.stager.close()
+        if self.stager is not None:
+            self.stager.close()
 
 
 def _describe_once_written(upload: Future[Any] | None, path: Path) -> dict[str, Any]:
