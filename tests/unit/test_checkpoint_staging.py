@@ -6,8 +6,10 @@ thread's wait for the copy raised it, which ended the rank."""
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -15,7 +17,7 @@ from tests.support.checkpointers import linear_checkpointer
 from trainer.checkpoint.files import MARKER
 
 
-def checkpoint_events(events: list[dict[str, object]]) -> list[str]:
+def checkpoint_events(events: Sequence[Mapping[str, Any]]) -> list[str]:
     return [str(e["event"]) for e in events if str(e["event"]).startswith("checkpoint_")]
 
 
