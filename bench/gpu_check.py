@@ -251,13 +251,12 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def write(name: str, rows: list[Row]) -> None:
-    sha = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip()
-    day = datetime.date.today().isoformat()
-    section = f"\n## `make gpu-check` on {name} ({day}, commit {sha or 'unknown'})\n\n"
-    DOCS.write_text(DOCS.read_text() + section + table(rows) + "\n")
+def write(meta: dict[str, Any], rows: list[Row], results: Path) -> None:
+    """The table under a heading naming the card, the day, the commit and the JSON."""
+    day, sha = str(meta["date"])[:10], str(meta["commit"])[:7]
+    section = f"\n## `make gpu-check` on {meta['card']} ({day}, commit {sha})\n\n"
+    source = f"Raw results: `{results.relative_to(ROOT)}`.\n\n"
+    DOCS.write_text(DOCS.read_text() + section + source + table(rows) + "\n")
 
 
 def machine(name: str | None) -> dict[str, Any]:
@@ -363,9 +362,10 @@ def main(argv: list[str] | None = None) -> int:
             rows += done
     print(table(rows))
     if name is not None and not args.no_write:
-        write(name, rows)
-        print(f"appended to {DOCS.relative_to(ROOT)}")
-        print(f"raw results: {write_json(machine(name), rows, seconds).relative_to(ROOT)}")
+        meta = machine(name)
+        results = write_json(meta, rows, seconds)
+        write(meta, rows, results)
+        print(f"appended to {DOCS.relative_to(ROOT)}; raw results: {results.relative_to(ROOT)}")
     return 0 if all(r.ok for r in rows) else 1
 
 
