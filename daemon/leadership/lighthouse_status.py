@@ -59,11 +59,21 @@ def lost_members(page: str, heartbeat_timeout_s: float) -> Lost | None:
     if quorum is None:
         return None
     members = _MEMBER.findall(page[start:end])
+    seen = heard(page)
+    lost = sorted({m for m in members if seen.get(m, math.inf) > heartbeat_timeout_s})
+    return Lost(int(quorum.group(1)), tuple(lost)) if lost else None
+
+
+def heard(page: str) -> dict[str, float]:
+    """Each replica id on the page's heartbeat list, with seconds since the lighthouse last
+    heard it; empty for a page without that list."""
+    end = page.find("Heartbeats")
+    if end < 0:
+        return {}
     seen: dict[str, float] = {}
     for replica, age in _SEEN.findall(page[end:]):
         try:
             seen[replica] = float(age)
         except ValueError:
             continue
-    lost = sorted({m for m in members if seen.get(m, math.inf) > heartbeat_timeout_s})
-    return Lost(int(quorum.group(1)), tuple(lost)) if lost else None
+    return seen

@@ -8,7 +8,7 @@ a real torchft lighthouse killed and started again on its address, real Gloo.
 
 from __future__ import annotations
 
-import time
+import math
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
@@ -18,7 +18,9 @@ import torch
 from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, not re-exported in stubs
 from torchft.process_group import ProcessGroupGloo
 
+from daemon.leadership.lighthouse_status import heard, read_status
 from tests.support.ft_managers import one_rank_manager, running_lighthouse
+from tests.support.harness import wait_for
 from tests.support.ports import free_port
 from trainer.ft import torchft_adapter as ft
 from trainer.ft.torchft_group import membership_token
@@ -48,6 +50,11 @@ class Group:
             recorder.replica_ids or [], step=recorder.max_step
         )
 
+    @property
+    def replica(self) -> str:
+        """The group's replica id; the lighthouse lists it with the manager's uuid after it."""
+        return str(self.manager._replica_id)
+
     def close(self) -> None:
         """Stop the manager and drop the store at once: a later test in this process
         counts the listeners it finds."""
@@ -60,6 +67,18 @@ class Group:
         t = torch.full((1,), value)
         self.manager.allreduce(t).wait()
         return float(t.item()), self.manager.should_commit()
+
+
+def heard_recently(port: int, replicas: list[str]) -> bool:
+    """The lighthouse on `port` heard each of `replicas` (a group's id, before the
+    manager's uuid) within the last second."""
+    page = read_status(port)
+    seen = heard(page) if page is not None else {}
+    ages = {
+        r: min((a for i, a in seen.items() if i.startswith(f"{r}:")), default=math.inf)
+        for r in replicas
+    }
+    return all(age < 1.0 for age in ages.values())
 
 
 def test_a_quorum_renumbered_by_a_restarted_lighthouse_rebuilds_the_process_group() -> None:
@@ -75,9 +94,15 @@ def test_a_quorum_renumbered_by_a_restarted_lighthouse_rebuilds_the_process_grou
         with running_lighthouse(port=port):
             b = Group(1, address)
             groups.append(b)
-            # b's manager heartbeats from its start: once the lighthouse has heard it, a
-            # alone cannot make a quorum (b counts as a healthy group not yet joined).
-            time.sleep(1.0)
+            # Both managers must be heard by the new lighthouse before either asks: b's
+            # heartbeats from its start, a's once its client reconnects (which took over
+            # 1 s on a loaded CI machine, so b made quorum 1 alone and a's request waited
+            # out its timeout). Heard, a alone cannot make a quorum, nor b.
+            wait_for(
+                lambda: heard_recently(port, [a.replica, b.replica]),
+                30,
+                "the restarted lighthouse to hear both groups' heartbeats",
+            )
             with ThreadPoolExecutor(2) as pool:
                 results = list(pool.map(Group.step, [a, b], [1.0, 3.0]))
             # Its first quorum, a and b, is numbered 1 again: a's last id, other members.
