@@ -23,6 +23,7 @@ from daemon.config import LighthouseConfig
 from tests.support.coverage import accounting, check_step
 from tests.support.harness import (
     HOLD_PACE_S,
+    PACE_S,
     Daemon,
     Event,
     hurry,
@@ -214,6 +215,14 @@ def stopped(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] == "T"
 
 
+JOIN_PACE_S = 0.5  # a step's pace while a third group starts and joins
+
+
+def shares(d: Daemon) -> list[Event]:
+    """`d`'s train_step events of steps in which it trained a share of the batch."""
+    return [e for e in d.events("train_step") if e["items"][0] != e["items"][1]]
+
+
 def test_a_third_group_joins_a_running_job_and_takes_a_third(
     tmp_path: Path, etcd_endpoint: str
 ) -> None:
@@ -250,8 +259,14 @@ def test_a_third_group_joins_a_running_job_and_takes_a_third(
             120,
             "node-a and node-b to train together",
         )
+        # node-a and node-b step slowly while node-c starts, heals and joins, so that it
+        # trains with them well before the stop at step 120 however loaded the machine is
+        # (CI at 15acf25: its first share came only at step 116 at the usual pace).
+        slow(a, b, pace_s=JOIN_PACE_S)
         c = start_daemon(tmp_path, "c", [etcd_endpoint], overrides=spec)
         daemons.append(c)
+        wait_for(lambda: shares(c), 180, "node-c to train its first share")
+        slow(*daemons, pace_s=PACE_S)
         (rank,) = a.rank_pids()
         try:
             wait_for(lambda: stopped(rank), 120, "node-a's rank to stop after step 120")
@@ -276,7 +291,7 @@ def test_a_third_group_joins_a_running_job_and_takes_a_third(
     assert sum(missing for _, missing in checked) == 0, "a share unlogged without a kill"
     assert seen == list(range(steps * batch))
     # Once node-c trained a share, every later step had all three groups in its quorum.
-    joined = min(int(e["step"]) for e in c.events("train_step") if e["items"][0] != e["items"][1])
+    joined = min(int(e["step"]) for e in shares(c))
     after = {s: {int(e["participants"]) for e in es} for s, es in by_step.items() if s >= joined}
     assert set().union(*after.values()) == {3}, {s: p for s, p in after.items() if p != {3}}
     assert joined < 110, f"node-c took its first share only at step {joined}"
