@@ -37,7 +37,9 @@ from tests.support.netns import Network
 pytestmark = [pytest.mark.integration, pytest.mark.alone, NEEDS_NAMESPACES]
 
 COUNT = int(os.environ.get("PHALANX_FAULTS", str(len(KINDS))))
-STEPS = int(os.environ.get("PHALANX_FAULT_STEPS", "1500"))
+# The eleven faults were over by step 509-669 in four seeds (11, 222, 3333 and one at
+# 2370638); the steps after the last only end the job for the digests, unpaced.
+STEPS = int(os.environ.get("PHALANX_FAULT_STEPS", "1050"))
 MARGIN_STEPS = 150  # a fault is injected only while this many steps are left
 
 

@@ -2,7 +2,9 @@
 
 ``make test`` runs the suite in two workers (``TEST_WORKERS``, see the Makefile): in one,
 its processes keep about one of the two cores busy on average (docs/benchmarks.md), so
-a second worker fills the idle half.
+a second worker fills the idle half. It runs the ``alone`` tests afterwards in a pytest
+process of their own, so this lock is contended only where both kinds share one run
+(a plain ``pytest -n 2``).
 A test whose checks are timings (the random-fault test's pause bounds) must not share
 the machine. Every test holds a shared lock while it runs, an ``alone`` test the
 exclusive one; a turnstile lets a waiting ``alone`` test in after the running test
