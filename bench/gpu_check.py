@@ -276,8 +276,16 @@ def machine(name: str | None) -> dict[str, Any]:
         torchft = version("torchft")
     except Exception:
         torchft = "absent"
+    import torch.distributed as dist
+
+    from trainer.parallel.mesh import group_backend
+
     return {
         "card": name,
+        # What a group of several ranks on this torch asks for (its checks here run groups
+        # of one rank, which make no process group of their own).
+        "group_backend_cuda": group_backend("cuda", dist.Backend.backend_list),
+        "backends_registered": list(dist.Backend.backend_list),
         "driver": out(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,

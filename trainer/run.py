@@ -188,6 +188,7 @@ def train(b: Built) -> int:
             pid=os.getpid(),
             device=str(b.layout.device),
             layout=b.layout.degrees(),
+            backend=b.layout.backend,  # the group's own process group's; None without one
             params=sum(p.numel() for p in b.params.values()),
             fault_tolerant=b.env.fault_tolerant,
             workload=b.cfg.workload.spec or b.work.name,

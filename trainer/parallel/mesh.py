@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -48,6 +49,7 @@ class Layout:
     tp_rank: int = 0
     cp_rank: int = 0
     fsdp: DeviceMesh | None = None  # what FSDP shards over (see fsdp_mesh)
+    backend: str | None = None  # the group's process group's (group_backend); None without one
 
     def sub(self, axis: str) -> DeviceMesh | None:
         """The 1-D mesh of one axis, or None when that axis has degree 1."""
@@ -104,11 +106,23 @@ def group_store(env: RankEnv, timeout: timedelta) -> TCPStore:
     )
 
 
+def group_backend(device_type: str, registered: Sequence[str]) -> str:
+    """The backend of a group's own process group. On CUDA, NCCL by an explicit name where
+    torch has one: from torch 2.15 plain "nccl" means the new nccl2 implementation, which
+    Phalanx has not run with (its GPU runs were on torch 2.11's ProcessGroupNCCL), so a
+    torch that registers "nccl-legacy" gets that; an older torch's "nccl" is the same one."""
+    if device_type != "cuda":
+        return "gloo"
+    nccl = "nccl-legacy" if "nccl-legacy" in registered else "nccl"
+    return f"cpu:gloo,cuda:{nccl}"
+
+
 def init_distributed(cfg: ParallelConfig, env: RankEnv, timeout_s: float) -> Layout:
     """Join the group's process group (rank 0 hosts its TCPStore) and build the mesh."""
     device = pick_device(cfg, env)
+    backend: str | None = None
     if env.world_size > 1 or env.master_addr:
-        backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+        backend = group_backend(device.type, dist.Backend.backend_list)
         timeout = timedelta(seconds=timeout_s)
         if env.master_addr and env.master_port and not env.torchelastic:
             dist.init_process_group(
@@ -130,7 +144,7 @@ def init_distributed(cfg: ParallelConfig, env: RankEnv, timeout_s: float) -> Lay
                 timeout=timeout,
             )
     if env.world_size == 1:
-        return Layout(device=device, mesh=None)
+        return Layout(device=device, mesh=None, backend=backend)
     shape = (cfg.pp, cfg.dp_shard, cfg.cp, cfg.tp)
     mesh = init_device_mesh(device.type, shape, mesh_dim_names=AXES)
     coords = mesh.get_coordinate()
@@ -147,4 +161,5 @@ def init_distributed(cfg: ParallelConfig, env: RankEnv, timeout_s: float) -> Lay
         cp_rank=coords[2],
         tp_rank=coords[3],
         fsdp=fsdp_mesh(mesh, cfg.dp_shard, cfg.cp),
+        backend=backend,
     )
