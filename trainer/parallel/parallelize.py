@@ -24,8 +24,9 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.utils.checkpoint import checkpoint
 
+from trainer import logs
 from trainer.config import ParallelConfig
-from trainer.parallel.fp8 import apply_fp8
+from trainer.parallel.fp8 import FP8_COMPILES, apply_fp8
 from trainer.parallel.fp8 import check_device as check_fp8_device
 from trainer.parallel.mesh import Layout
 from trainer.workloads import Workload, matching, units
@@ -84,18 +85,25 @@ def apply_fsdp(
     fully_shard(model, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=reshard)
 
 
+def compiles(cfg: ParallelConfig) -> bool:
+    """Whether the blocks are compiled: parallel.compile, or parallel.fp8 (FP8_COMPILES)."""
+    return cfg.compile or cfg.fp8
+
+
 def parallelize(
     model: nn.Module, workload: Workload, cfg: ParallelConfig, layout: Layout
 ) -> nn.Module:
     if cfg.fp8:
         check_fp8_device(layout.device)
+        if not cfg.compile:
+            logs.get().warning("fp8_compiles", reason=FP8_COMPILES)
         apply_fp8(model, cfg, sharded=layout.fsdp is not None)
     tp_mesh = layout.sub("tp")
     if tp_mesh is not None:
         apply_tp(model, workload, tp_mesh)
     if cfg.activation_checkpointing == "full":
         apply_ac(model, workload)
-    if cfg.compile:
+    if compiles(cfg):
         apply_compile(model, workload)
     if layout.fsdp is not None:  # dp_shard x cp (mesh.py)
         apply_fsdp(model, workload, layout.fsdp, cfg)
