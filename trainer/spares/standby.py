@@ -28,6 +28,7 @@ from typing import Any
 
 from trainer import logs
 from trainer.config import TrainerConfig, load_trainer_config
+from trainer.spares.device_warmup import warm_device
 from trainer.spares.scheduling import (
     IDLE_AUTOGROUP_NICE,
     Lowered,
@@ -147,16 +148,20 @@ def wait_for_start(
         lowered = Lowered()
     assignment = _Assignment(lowered)
     prepared = None
+    world = int(os.environ.get("WORLD_SIZE", "1"))
     try:
-        world = int(os.environ.get("WORLD_SIZE", "1"))
         prepared = prepare(config_path, world)
     except Exception as e:  # the rank will meet it again and report it properly
         log.warning("standby_warmup_failed", error=f"{type(e).__name__}: {e}")
+    device_began = time.monotonic()
+    device = warm_device(config_path, prepared[0] if prepared else None, world)
     seconds = round(time.monotonic() - started, 3)
     log.info(
         "standby_ready",
         pid=os.getpid(),
         seconds=seconds,
+        device=device,  # "cuda:N" warmed (trainer/spares/device_warmup.py), else None
+        device_seconds=round(time.monotonic() - device_began, 3),
         idle_priority=lowered.idle,
         forked=prepare is not warm,
         group_nice=IDLE_AUTOGROUP_NICE if lowered.group_nice is not None else autogroup_nice(),
