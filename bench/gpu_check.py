@@ -7,7 +7,8 @@ On CUDA:
 * the asynchronous checkpoint's stall on the GPU (blocked time / a synchronous save's,
   bench/checkpoint_stall.py);
 * two replica groups of one rank on the GPU (gloo across groups), one rank SIGKILLed
-  and started again: its heal and the survivor's longest pause (bench/gpu_heal.py);
+  and started again: its heal and the survivor's longest pause (bench/gpu_heal.py), cold
+  and through two daemons with a standby that warmed the GPU (bench/gpu_heal_warm.py);
 * `phalanx demo` on the GPU: the same through the daemons (the device in the spec, the
   demo job's `ft.backend = "gloo"`); its summary gives the heal.
 
@@ -55,7 +56,7 @@ SKIP_STEPS = 10  # the first steps (allocation, compile) are left out of tokens/
 
 
 RESULTS = ROOT / "bench" / "results"
-CHECKS = ("cpu", "speed", "stall", "heal", "demo")  # --rows picks from these
+CHECKS = ("cpu", "speed", "stall", "heal", "standby", "demo")  # --rows picks from these
 
 
 @dataclass
@@ -171,6 +172,14 @@ def heal_row() -> Row:
     line, ok = measure("cuda")
     what = "two groups of one rank on the GPU, a rank SIGKILLed and relaunched"
     return Row(what, line, ok, data={"line": line})
+
+
+def standby_row() -> Row:
+    """The same kill through two daemons: node-b's warm standby takes the rank's place."""
+    from bench.gpu_heal_warm import measure_warm
+
+    line, ok, figures = measure_warm("cuda")
+    return Row("the same kill through two daemons, healed by a warm standby", line, ok, figures)
 
 
 def demo_row() -> Row:
@@ -346,7 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     if name is None:
         print(
             "no CUDA device here: skipping the GPU rows (937M tokens/s and MFU in bf16, with "
-            "compile and with fp8; the async checkpoint stall; two groups healing on the GPU; "
+            "compile and with fp8; the async checkpoint stall; two groups healing on the GPU, cold "
+            "and from a warm standby; "
             "the demo on the GPU); "
             "checking the CPU-runnable parts"
         )
@@ -356,6 +366,7 @@ def main(argv: list[str] | None = None) -> int:
             "speed": lambda: speed_rows(name),
             "stall": lambda: [stall_row()],
             "heal": lambda: [heal_row()],
+            "standby": lambda: [standby_row()],
             "demo": lambda: [demo_row()],
         }
         for label, check in checks.items():

@@ -1,13 +1,20 @@
-"""`make gpu-check`'s heal row: two replica groups of one rank on one device, the real
-torchft lighthouse, one group's rank SIGKILLed mid-run and started again cold.
+"""`make gpu-check`'s heal rows: two replica groups of one rank on one device, one
+group's rank SIGKILLed mid-run, healed two ways side by side:
 
-Reported: the relaunched group's heal (from its start, and from the kill), the
-survivor's longest pause between commits after the kill, and whether both groups end
-with equal parameters. The groups exchange over gloo (``ft.backend``): NCCL refuses two
-ranks of one communicator on one GPU. Runs on the CPU too (``--device cpu``), which is
-how its code is checked on machines without a GPU:
+* cold: the groups started by hand (the real torchft lighthouse, no daemon), the killed
+  group launched again as a new process;
+* warm: two `phalanx run` daemons on a real etcd with the demo's job file (its
+  defaults), the killed rank replaced by its node's standby, which warmed its device
+  while it waited (trainer/spares/device_warmup.py).
 
-    .venv/bin/python -m bench.gpu_heal --device cpu
+Reported: the healed group's heal and first commit after the kill, the survivor's
+longest pause between commits after it, and whether both groups end with equal
+parameters. Every step sleeps 0.05 s (``PHALANX_CHAOS_DELAY``, said in the output) so
+that the kill lands mid-run. The groups exchange over gloo (``ft.backend``): NCCL
+refuses two ranks of one communicator on one GPU. Runs on the CPU too (``--device
+cpu``), which is how its code is checked on machines without a GPU:
+
+    .venv/bin/python -m bench.gpu_heal --device cpu [--mode cold|warm|both]
 """
 
 from __future__ import annotations
@@ -90,9 +97,20 @@ def measure(device: str) -> tuple[str, bool]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--mode", default="both", choices=["cold", "warm", "both"])
     args = parser.parse_args(argv)
-    line, ok = measure(args.device)
-    print(line)
+    print("pacing: every step sleeps 0.05 s (PHALANX_CHAOS_DELAY), so the kill lands mid-run")
+    ok = True
+    if args.mode in ("cold", "both"):
+        line, healed = measure(args.device)
+        print(f"cold: {line}")
+        ok = ok and healed
+    if args.mode in ("warm", "both"):
+        from bench.gpu_heal_warm import measure_warm
+
+        line, healed, _ = measure_warm(args.device)
+        print(f"warm: {line}")
+        ok = ok and healed
     return 0 if ok else 1
 
 
