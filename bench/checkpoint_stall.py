@@ -21,6 +21,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -102,7 +103,13 @@ def main() -> None:
     if n < 50_000_000:
         sys.exit(f"the model has {n / 1e6:.1f}M parameters; the benchmark needs at least 50M")
     with tempfile.TemporaryDirectory(prefix="phalanx-bench-") as tmp:
-        results = {mode: run(mode, args, Path(tmp)) for mode in ("async", "sync")}
+        results = {}
+        for mode in ("async", "sync"):  # each said as it ends: a time limit may cut the next
+            began = time.monotonic()
+            results[mode] = run(mode, args, Path(tmp))
+            said = ", ".join(f"{s['blocked']:.3f}" for s in results[mode])
+            took = time.monotonic() - began
+            print(f"{mode}: run took {took:.0f} s; blocked s per timed save: {said}", flush=True)
     cpus = os.cpu_count()
     print(
         f"machine: {platform.node()} {platform.machine()}, {cpus} CPUs, Python {platform.python_version()}"
