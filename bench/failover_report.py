@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import itertools
 import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench.pauses import longest_gap
 from tests.support.harness import Daemon, event_time
 
 NO_PAUSE_S = 0.25  # a longest gap this short is a step, not a pause
@@ -32,16 +32,10 @@ def _commits(d: Daemon, start: float, end: float) -> list[float]:
     return [t for e in d.events("train_step") if start <= (t := event_time(e)) <= end]
 
 
-def _longest_gap(times: list[float], at: float) -> tuple[float, float]:
-    """(length, end) of the longest gap between commits that ends after `at`."""
-    gaps = [(b - a, b) for a, b in itertools.pairwise(times) if b >= at]
-    return max(gaps, default=(0.0, at))
-
-
 def measure(f: Fault) -> dict[str, Any]:
     row: dict[str, Any] = {"fault": f.name}
     until = min(f.until or f.at + WINDOW_S, f.next_at or math.inf)
-    pauses = [_longest_gap(_commits(d, f.at - 10.0, until), f.at) for d in f.survivors]
+    pauses = [longest_gap(_commits(d, f.at - 10.0, until), f.at) for d in f.survivors]
     row["survivors_longest_pause_s"] = round(max(p for p, _ in pauses), 3)
     longest = max(p for p, _ in pauses)
     # Without a pause (an etcd pause) there is nothing to come back from.
@@ -49,7 +43,7 @@ def measure(f: Fault) -> dict[str, Any]:
     row["every_live_group_commits_again_s"] = None if back_at is None else round(back_at, 3)
     if f.until:  # the node back (restarted, rejoined) joins the quorum: what that cost
         end = min(f.until + 30.0, f.next_at or math.inf)
-        back = [_longest_gap(_commits(d, f.until - 10.0, end), f.until) for d in f.survivors]
+        back = [longest_gap(_commits(d, f.until - 10.0, end), f.until) for d in f.survivors]
         row["survivors_pause_at_return_s"] = round(max(p for p, _ in back), 3)
     last = min(f.until or f.at + WINDOW_S, f.next_at or math.inf)
     elected = [

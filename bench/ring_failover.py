@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import itertools
 import json
 import os
 import signal
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.pacing import UNPACED
+from bench.pauses import longest_gap, settled
 from daemon.coordination.etcd_server import EmbeddedEtcd
 from tests.support.harness import Daemon, event_time, job_groups, start_daemon, wait_for
 
@@ -59,14 +59,9 @@ def together(daemons: list[Daemon], n: int, after: float) -> bool:
 
 def pause_over(times: list[float], t: float) -> float:
     """The longest gap between consecutive commits among those that end after `t` and
-    begin before the first commit a second past it: the pause the kill at `t` caused."""
-    gaps = [(a, b) for a, b in itertools.pairwise(times) if b > t]
-    longest = 0.0
-    for a, b in gaps:
-        longest = max(longest, b - a)
-        if a > t + 1.0 and b - a < 1.0:
-            break
-    return longest
+    begin no later than the steps are back to normal (bench/pauses.py:settled): the pause
+    the kill at `t` caused."""
+    return longest_gap(times, t, settled(times, t) + 1e-9)[0]
 
 
 def restart_phases(victim: Daemon, killed_at: float) -> dict[str, Any]:

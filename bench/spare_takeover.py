@@ -24,7 +24,6 @@ and leaves nothing running.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import statistics
 import tempfile
@@ -33,6 +32,7 @@ from functools import partial
 from pathlib import Path
 
 from bench.pacing import PACING_LINE, UNPACED
+from bench.pauses import longest_gap
 from tests.support.harness import Daemon, event_time, start_daemon, wait_for
 from tests.support.multihost import etcd_on
 from tests.support.netns import Host, Network
@@ -78,12 +78,14 @@ def together_after(daemons: list[Daemon], group: int, after: float) -> float | N
 def longest_pause(daemons: list[Daemon], group: int, start: float, end: float) -> float:
     """The longest gap between consecutive commits of `group` that one daemon logged,
     among those that end after `start` and begin before `end`."""
-    longest = 0.0
-    for d in daemons:
-        times = [event_time(e) for e in d.events("train_step") if e.get("replica_group") == group]
-        gaps = [b - a for a, b in itertools.pairwise(times) if b > start and a < end]
-        longest = max([longest, *gaps])
-    return longest
+    return max(
+        longest_gap(
+            [event_time(e) for e in d.events("train_step") if e.get("replica_group") == group],
+            start,
+            end,
+        )[0]
+        for d in daemons
+    )
 
 
 def layout(nodes: int, repeats: int, work: Path) -> list[dict[str, float]]:
