@@ -15,6 +15,7 @@ import structlog
 
 from tests.support.checkpointers import linear_checkpointer
 from trainer.checkpoint.files import MARKER
+from trainer.checkpoint.pending import PendingSave
 
 
 def checkpoint_events(events: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -44,8 +45,7 @@ def test_a_failed_staging_is_a_failed_save_and_the_rank_trains_on(tmp_path: Path
     upload: Future[None] = Future()
     upload.set_exception(KeyError(type))  # DCP's upload fails with its staging
     saver.staging, saver.upload = broken, upload
-    saver.pending = {"step": 3, "path": tmp_path / "step-3", "started": time.monotonic()}
-    saver.pending["blocked"] = 0.0
+    saver.pending = PendingSave(3, tmp_path / "step-3", time.monotonic(), blocked=0.0)
     with structlog.testing.capture_logs() as events:
         saver.wait_staged()  # the training thread, before the optimizer step: no raise
         saver.finish(block=True)

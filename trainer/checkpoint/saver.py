@@ -58,6 +58,7 @@ from trainer.checkpoint.files import (
     write_json_atomic,
 )
 from trainer.checkpoint.lease_fence import Confirmation, LeaseFence
+from trainer.checkpoint.pending import PendingSave
 from trainer.checkpoint.space import INTERRUPTS, describe, no_room
 from trainer.config import CheckpointConfig
 from trainer.ft.replication import Checkpointing
@@ -101,7 +102,7 @@ class Checkpointer:
         self.stager: DefaultStager | None = None
         self.staging: Future[None] | None = None
         self.upload: Future[Any] | None = None
-        self.pending: dict[str, Any] | None = None
+        self.pending: PendingSave | None = None
         self.skipped = 0
         self.last_saved: int | None = None
         # Rank 0: checksums of written files, then retention, off the training thread.
@@ -208,9 +209,8 @@ class Checkpointer:
         if self.chaos is not None and self.cfg.async_save:
             self.chaos.at("checkpoint", step)
         blocked = time.monotonic() - started
-        self.pending = {"step": step, "path": path, "started": started, "blocked": blocked}
-        if self.fence is not None and self.rank == 0:
-            self.pending["stamp"] = self.fence.stamp()
+        stamp = self.fence.stamp() if self.fence is not None and self.rank == 0 else None
+        self.pending = PendingSave(step, path, started, blocked, stamp)
         if not self.cfg.async_save:
             self.finish(block=True)
 
@@ -274,9 +274,9 @@ class Checkpointer:
             except BaseException as e:  # a failed save, never a crashed rank: finish() says so
                 if isinstance(e, INTERRUPTS) or self.pending is None:
                     raise
-                self.pending["error"] = e
+                self.pending.error = e
             if self.pending is not None:
-                self.pending["blocked"] += time.monotonic() - started
+                self.pending.blocked += time.monotonic() - started
 
     def poll(self) -> None:
         self.finish(block=False)
@@ -290,56 +290,56 @@ class Checkpointer:
             return
         pending, self.pending = self.pending, None
         hashing, self.hashing = self.hashing, None
-        path: Path = pending["path"]
+        path = pending.path
         try:
             self.wait_staged()
-            if "error" in pending:
-                raise pending["error"]
+            if pending.error is not None:
+                raise pending.error
             if self.upload is not None:
                 self.upload.result()
-            if self.rank == 0 and "files" not in pending:  # a sync save: written just now
-                pending["files"] = hashing.result() if hashing else describe_files(path)
+            if self.rank == 0 and pending.files is None:  # a sync save: written just now
+                pending.files = hashing.result() if hashing else describe_files(path)
         except BaseException as e:
             if isinstance(e, INTERRUPTS):
                 raise
-            self._failed(pending["step"], describe(e, self.root, self.needed), path)
+            self._failed(pending.step, describe(e, self.root, self.needed), path)
             return
         finally:
             self.upload = None
         if not self._fence_allows(pending, block):
             return
-        total = time.monotonic() - pending["started"]
+        total = time.monotonic() - pending.started
         if self.rank == 0:
-            files: dict[str, Any] = pending["files"]
+            files = pending.files or {}
             marker = {
-                "step": pending["step"],
+                "step": pending.step,
                 "layout": self.layout,
                 "model_hash": self.model_hash,
                 "time": time.time(),
                 "files": files,
-                "seconds_blocked": round(pending["blocked"], 4),
+                "seconds_blocked": round(pending.blocked, 4),
                 "seconds_total": round(total, 4),
             }
             try:
                 write_json_atomic(path / MARKER, marker)
                 fsync_dir(self.root)  # the run directory's new step-<N> entry, too
             except OSError as e:
-                self._failed(pending["step"], f"{path / MARKER}: {e.strerror or e}", path)
+                self._failed(pending.step, f"{path / MARKER}: {e.strerror or e}", path)
                 return
             self.needed = sum(f["size"] for f in files.values())
             self.log.info(
                 "checkpoint_saved",
-                step=pending["step"],
+                step=pending.step,
                 path=str(path),
-                seconds_blocked=round(pending["blocked"], 4),
+                seconds_blocked=round(pending.blocked, 4),
                 seconds_total=round(total, 4),
                 bytes=sum(f["size"] for f in files.values()),
             )
             assert self.hasher is not None
             # With this thread's log context (job, node, group, rank) on its events.
             self.hasher.submit(contextvars.copy_context().run, self._retain, path)
-        self.last_saved = pending["step"]  # only now: a failed save leaves it where it was
-        self.metrics.observe_checkpoint(pending["step"], pending["blocked"], total)
+        self.last_saved = pending.step  # only now: a failed save leaves it where it was
+        self.metrics.observe_checkpoint(pending.step, pending.blocked, total)
 
     def _retain(self, written: Path) -> None:
         """Retention, in the hasher thread: counts valid checkpoints only (checkpoint_files)."""
@@ -359,9 +359,9 @@ class Checkpointer:
                 self.reported.add(path)
                 self.log.warning("checkpoint_invalid", path=str(path), reason=why, deleted=False)
 
-    def _fence_allows(self, pending: dict[str, Any], block: bool) -> bool:
+    def _fence_allows(self, pending: PendingSave, block: bool) -> bool:
         """The marker waits for the lease to be confirmed after the step (trainer.checkpoint.lease_fence)."""
-        stamp = pending.get("stamp")
+        stamp = pending.stamp
         if self.fence is None or stamp is None:
             return True
         verdict = self.fence.wait(stamp) if block else self.fence.verdict(stamp)
@@ -375,7 +375,7 @@ class Checkpointer:
                 if verdict == Confirmation.LOST
                 else "the lease was not confirmed"
             )
-            self.log.error("checkpoint_fenced", step=pending["step"], reason=why)
+            self.log.error("checkpoint_fenced", step=pending.step, reason=why)
         return verdict == Confirmation.OK
 
     def close(self) -> None:
