@@ -48,6 +48,7 @@ from trainer.config import ConfigError
 from trainer.ft.divergence import compare_groups
 from trainer.ft.replication import Checkpointing
 from trainer.ft.state import local
+from trainer.parallel.group_ops import on_any_rank
 
 NONE = -1
 REFUSED = -2  # rank 0 found checkpoint.resume_from unusable: every rank exits 2
@@ -199,7 +200,7 @@ def _compare_digests(
         *(local(p) for p in ckpt.state.params.values()),
         *ckpt.state.buffers.committed.values(),
     ]
-    seen = compare_groups(shards, replication, lambda flags: [not ckpt.agree(not f) for f in flags])
+    seen = compare_groups(shards, replication, on_any_rank)
     if seen is None:  # one group: nothing to compare with
         return
     if not seen.diverged:

@@ -64,6 +64,7 @@ from trainer.config import CheckpointConfig
 from trainer.ft.replication import Checkpointing
 from trainer.ft.state import TrainState, local
 from trainer.metrics import TrainMetrics
+from trainer.parallel.group_ops import on_every_rank
 
 # ------------------------------------------------------------------ the saver
 
@@ -159,11 +160,7 @@ class Checkpointer:
 
     def agree(self, mine: bool) -> bool:
         """Every rank of the group must take the same decision (a save is collective)."""
-        if not self.distributed:
-            return mine
-        flag = torch.tensor([1 if mine else 0])
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-        return bool(flag.item())
+        return on_every_rank([mine])[0]
 
     def save(self, step: int, final: bool = False) -> None:
         """Start a save of the live state at `step` (the writer group only; collective in the

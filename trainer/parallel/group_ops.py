@@ -28,13 +28,25 @@ def group_sum(
     return float(t[0]), [bool(v > 0) for v in t[1:].tolist()]
 
 
-def group_any(layout: Layout, flags: list[bool]) -> list[bool]:
-    """Each flag, true if it is true on any rank of the group."""
-    if layout.mesh is None:
-        return flags
+def on_any_rank(flags: list[bool]) -> list[bool]:
+    """Each flag, true if it is true on any rank of the group (its default process group;
+    as given where there is none). The one spelling of "any rank" and, through
+    :func:`on_every_rank`, of "every rank"."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return list(flags)
     t = torch.tensor([1.0 if f else 0.0 for f in flags], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return [bool(v > 0) for v in t.tolist()]
+
+
+def on_every_rank(flags: list[bool]) -> list[bool]:
+    """Each flag, true if it is true on every rank of the group."""
+    return [not f for f in on_any_rank([not f for f in flags])]
+
+
+def group_any(layout: Layout, flags: list[bool]) -> list[bool]:
+    """Each flag, true if it is true on any rank of the group."""
+    return list(flags) if layout.mesh is None else on_any_rank(flags)
 
 
 def run_schedule(call: Callable[..., object], batch: StepData, first: bool, last: bool) -> float:
