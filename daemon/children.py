@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import os
 import signal
 import socket
 import threading
 from collections.abc import Callable, Iterable
+from logging.handlers import RotatingFileHandler
 from pathlib import Path
 from typing import IO
 
@@ -74,20 +76,20 @@ def kill_tree(pids: Iterable[int], sig: signal.Signals = signal.SIGKILL) -> None
 def capped_log(stream: IO[bytes], path: Path, max_bytes: int) -> threading.Thread:
     """Copy a child's output to `path` until it closes, in a thread: when the file would
     pass `max_bytes` it becomes ``<path>.1`` (replacing the one before), so the child's
-    log never takes more than twice that on disk, however long it runs."""
+    log never takes more than twice that on disk, however long it runs (the standard
+    library's RotatingFileHandler, one backup)."""
 
     def pump() -> None:
-        out = path.open("ab")
+        out = RotatingFileHandler(
+            path, maxBytes=max_bytes, backupCount=1, encoding="utf-8", errors="replace"
+        )
+        out.terminator = ""  # each line keeps its own newline
+        # The volume is gone or full: say nothing, and go on reading, so the child never
+        # blocks on a full pipe.
+        out.handleError = lambda record: None  # type: ignore[method-assign]
         try:
             for line in iter(stream.readline, b""):
-                if out.tell() + len(line) > max_bytes and out.tell() > 0:
-                    out.close()
-                    os.replace(path, path.with_name(path.name + ".1"))
-                    out = path.open("ab")
-                out.write(line)
-                out.flush()
-        except OSError:
-            pass  # the volume is gone or full: the child must not block on a full pipe
+                out.emit(logging.makeLogRecord({"msg": line.decode("utf-8", "replace")}))
         finally:
             out.close()
             with contextlib.suppress(OSError, ValueError):

@@ -59,10 +59,9 @@ def free_bytes(directory: Path) -> int | None:
     nearest existing ancestor); None when none can be read."""
     for d in (directory, *directory.parents):
         try:
-            st = os.statvfs(d)
+            return shutil.disk_usage(d).free  # f_bavail: what an unprivileged writer gets
         except OSError:
             continue
-        return st.f_bavail * st.f_frsize
     return None
 
 
