@@ -17,12 +17,8 @@ import subprocess
 from pathlib import Path
 
 from daemon.health.checks import DeviceFigures, DirFigures
+from trainer.contracts.checkpoint_names import MARKER, MARKERS_GLOB, STEPS_GLOB
 
-# trainer/checkpoint/files.py's names (that package imports torch, so not imported here;
-# a unit test keeps them equal): <checkpoint.dir>/<job>/run-<id>/step-<N>/COMPLETE.json.
-MARKER = "COMPLETE.json"
-STEPS_GLOB = "run-*/step-*"
-MARKERS_GLOB = f"{STEPS_GLOB}/{MARKER}"
 NEWEST_TRIED = 3  # markers looked at, newest first, before giving up on a size
 SMI_TIMEOUT_S = 10.0
 # Lines of `nvidia-smi -L` that mean a GPU is in trouble (it lists the others as "GPU n: ...").

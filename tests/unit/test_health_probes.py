@@ -21,7 +21,6 @@ from daemon.health import CHAOS_CLOCK, CHECKS, HealthMonitor, HealthSettings, ru
 from daemon.health.checks import CheckResult
 from daemon.health.etcd_clock import EtcdAccess, read_clock
 from daemon.health.probes import (
-    MARKER,
     available_memory,
     count_cpus,
     count_gpus,
@@ -31,7 +30,7 @@ from daemon.health.probes import (
     unmarked_bytes,
 )
 from tests.support.volumes import tmpfs
-from trainer.checkpoint.files import MARKER as TRAINERS_MARKER
+from trainer.contracts.checkpoint_names import MARKER
 
 JOB = Path(__file__).parents[1] / "integration" / "daemon_job.toml"
 
@@ -41,10 +40,6 @@ def marker(step_dir: Path, sizes: list[int], mtime: float) -> None:
     files = {f"f{i}": {"size": n, "sha256": "0"} for i, n in enumerate(sizes)}
     (step_dir / MARKER).write_text(json.dumps({"step": 1, "files": files}))
     os.utime(step_dir / MARKER, (mtime, mtime))
-
-
-def test_the_marker_name_is_the_trainers() -> None:
-    assert MARKER == TRAINERS_MARKER
 
 
 def test_a_writable_directory_is_created_probed_and_left_clean(tmp_path: Path) -> None:

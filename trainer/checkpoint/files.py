@@ -21,9 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-MARKER = "COMPLETE.json"
-SCALARS = "train_state.json"
-PREFIX = "step-"
+from trainer.contracts.checkpoint_names import MARKER as MARKER  # re-exported
+from trainer.contracts.checkpoint_names import RUN_PREFIX, STEP_PREFIX
+from trainer.contracts.checkpoint_names import SCALARS as SCALARS  # re-exported
+
+PREFIX = STEP_PREFIX
 CHECKSUM = "sha256"  # about 1.3 GB/s on this machine's CPUs (SHA extensions)
 FOREIGN = "saved for a different model configuration"
 LOCAL_JOB = "local"  # the job directory of a run outside a daemon (torchrun, python -m trainer)
@@ -45,7 +47,7 @@ def run_identity(config: dict[str, Any]) -> str:
     if workload.get("spec"):  # a user's workload; the built-in's ids are unchanged
         picked["workload"] = {"spec": workload["spec"], "options": workload.get("options")}
     blob = json.dumps(picked, sort_keys=True, separators=(",", ":"))
-    return "run-" + hashlib.sha256(blob.encode()).hexdigest()[:12]
+    return RUN_PREFIX + hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
 def run_root(base: Path, job: str | None, config: dict[str, Any]) -> Path:
