@@ -31,6 +31,7 @@ from trainer.checkpoint.lease_fence import LeaseFence
 from trainer.checkpoint.saver import Checkpointer
 from trainer.config import TrainerConfig, spec_hash
 from trainer.config.env import RankEnv
+from trainer.contracts.heartbeat import Heartbeat
 from trainer.data.sources import Sampler
 from trainer.evaluate import Evaluator
 from trainer.exits import EXIT_DRAINED
@@ -39,7 +40,6 @@ from trainer.ft.replication import Replication, SingleGroup
 from trainer.ft.state import TrainState
 from trainer.ft.step_report import StepReport
 from trainer.ft.torchft_group import TorchFTGroup
-from trainer.heartbeat import Heartbeat
 from trainer.loop import Loop
 from trainer.metrics import TrainMetrics
 from trainer.optim import build_optimizer, build_scheduler, init_optimizer_state

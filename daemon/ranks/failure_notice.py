@@ -8,7 +8,7 @@ heartbeating, until ``lighthouse.join_timeout_ms`` (10 s by default): with three
 more groups, half the ring positions of a failure used to cost the whole job that long.
 
 The daemon of the failed group sees its rank exit (or kills a hung one) first. It reads
-the quorum its ranks were in from their heartbeats (``trainer.heartbeat``), and puts
+the quorum its ranks were in from their heartbeats (``trainer.contracts.heartbeat``), and puts
 ``failed/<gid>`` in etcd (on its node lease): the group's torchft replica id, that
 quorum's id and the lighthouse that numbered it. Every daemon's watch sees the put and
 tells its ranks (``daemon.supervision.rank_notice``, ``PHALANX_NOTICE``), and a rank
@@ -24,9 +24,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from daemon.ranks.hang import read_beat
 from daemon.ranks.workers import ExitKind
 from trainer.config.env import replica_id
+from trainer.contracts.heartbeat import read_beat
 
 # Outcomes of a group whose ranks may have left peers inside a collective: a rank that
 # exited with an error or a signal, or a group the daemon killed as hung. A completed,

@@ -1,7 +1,7 @@
 """Hang timeouts per phase: what each rank's heartbeat says, and how long each phase may
 stay silent before the rank counts as hung.
 
-A rank writes the phase it enters into its heartbeat file (``trainer/heartbeat.py``):
+A rank writes the phase it enters into its heartbeat file (``trainer/contracts/heartbeat.py``):
 ``start`` (the daemon's empty file at spawn, then the build), ``load``, ``step``
 (after each step, with the seconds it spent in the step), ``quorum`` (waiting for a
 quorum that has not formed), ``heal``, ``save``, ``eval`` and ``finish``. Each write
@@ -17,44 +17,12 @@ so a group's restart keeps what its predecessors learned (``NodeGroup`` holds it
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from daemon.config import DaemonConfig
 
-PHASES = ("start", "load", "step", "quorum", "heal", "save", "eval", "finish")
 WINDOW = 512  # the step times the learned timeout is drawn from (the newest)
-
-
-@dataclass(frozen=True)
-class Beat:
-    """What a heartbeat file says: the phase entered, the seconds the step before it
-    took where it is a step's end (None otherwise), and the rank's last quorum."""
-
-    phase: str = "start"
-    step_s: float | None = None
-    quorum_id: int | None = None  # the rank's last torchft quorum, once it had one
-
-
-def read_beat(path: Path) -> Beat:
-    """The beat in `path`; an empty file (the daemon's at spawn) or one being rewritten
-    reads as the start."""
-    try:
-        data = json.loads(path.read_text() or "{}")
-    except (OSError, ValueError):
-        return Beat()
-    if not isinstance(data, dict):
-        return Beat()
-    phase = data.get("phase")
-    step_s = data.get("step_s")
-    quorum_id = data.get("quorum_id")
-    return Beat(
-        phase if phase in PHASES else "start",
-        float(step_s) if isinstance(step_s, int | float) and math.isfinite(step_s) else None,
-        quorum_id if isinstance(quorum_id, int) and not isinstance(quorum_id, bool) else None,
-    )
 
 
 @dataclass(frozen=True)

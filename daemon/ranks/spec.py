@@ -13,6 +13,7 @@ from pathlib import Path
 from daemon.config import DaemonConfig
 from daemon.config.netif import interface_for
 from daemon.coordination.fencing import LEASE_FILE, NOTICE_FILE
+from trainer.contracts import heartbeat as heartbeat_file
 
 RANK_ARGV = [sys.executable, "-m", "trainer"]
 
@@ -107,7 +108,7 @@ class GroupSpec:
 
 
 def heartbeat_path(spec: GroupSpec, rank: int) -> Path:
-    return spec.run_dir / "heartbeat" / f"rank-{rank}"
+    return heartbeat_file.path(spec.run_dir, rank)
 
 
 def rank_env(spec: GroupSpec, rank: int, master_port: int, attempt: int) -> dict[str, str]:

@@ -26,9 +26,11 @@ from typing import TYPE_CHECKING
 
 from daemon.children import free_port, kill_tree
 from daemon.exits import RANK_BAD_INPUT, RANK_DRAINED, RANK_NO_QUORUM
-from daemon.ranks.hang import Beat, Timeouts, read_beat
+from daemon.ranks.hang import Timeouts
 from daemon.ranks.rank_process import ChildProcess, Output, RankEvent, spawn
 from daemon.ranks.spec import RANK_ARGV, GroupSpec, heartbeat_path, rank_env
+from trainer.contracts import heartbeat as heartbeat_file
+from trainer.contracts.heartbeat import Beat, read_beat
 
 if TYPE_CHECKING:
     from daemon.ranks.standby import Standby
@@ -122,7 +124,7 @@ class WorkerGroup:
         where another node (or this one, before publishing it) chose it."""
         s = self.spec
         self.master_port = master_port or free_port(self.spec.bind_host)
-        (s.run_dir / "heartbeat").mkdir(parents=True, exist_ok=True)
+        (s.run_dir / heartbeat_file.DIRECTORY).mkdir(parents=True, exist_ok=True)
         self.started_at = time.monotonic()
         for rank in range(s.nproc):
             heartbeat = heartbeat_path(s, rank)

@@ -9,12 +9,11 @@ from pathlib import Path
 
 from daemon.coordination.job_view import assemble
 from daemon.ranks.failure_notice import failure_word
-from daemon.ranks.hang import read_beat
 from daemon.ranks.workers import ExitKind
 from daemon.supervision.rank_notice import RankNotice
+from trainer.contracts.heartbeat import Heartbeat, read_beat
 from trainer.ft.quorum_watch import QuorumWatch, left_out
 from trainer.ft.step_notices import StepNotices
-from trainer.heartbeat import Heartbeat
 
 LH = "10.0.0.1:29510"
 

@@ -1,5 +1,5 @@
 """Hang timeouts per phase: the heartbeat's format both halves share, the resolved
-settings, and the learned step timeout (daemon/ranks/hang.py, trainer/heartbeat.py)."""
+settings, and the learned step timeout (daemon/ranks/hang.py, trainer/contracts/heartbeat.py)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import time
 from pathlib import Path
 
 from daemon.config import DaemonConfig
-from daemon.ranks.hang import WINDOW, Beat, HangLimits, StepTimes, read_beat, timeouts
+from daemon.ranks.hang import WINDOW, HangLimits, StepTimes, timeouts
 from trainer.config import validate
-from trainer.heartbeat import Heartbeat
+from trainer.contracts.heartbeat import Beat, Heartbeat, read_beat
 
 
 def _limits(**sections: dict[str, object]) -> HangLimits:

@@ -1,6 +1,6 @@
 """What each quorum the lighthouse hands this rank says beyond its members.
 
-* Its id goes into the rank's heartbeat (:meth:`~trainer.heartbeat.Heartbeat.note_quorum`):
+* Its id goes into the rank's heartbeat (:meth:`~trainer.contracts.heartbeat.Heartbeat.note_quorum`):
   when the rank dies, its daemon reads it there and announces the failure, with that
   id, to every other group's ranks (``daemon.ranks.failure_notice``), so those
   blocked in a collective of that quorum give the step up at once instead of waiting
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from trainer import logs
-from trainer.heartbeat import Heartbeat
+from trainer.contracts.heartbeat import Heartbeat
 
 # A member's own wait is the lighthouse's join timeout less how long after the first
 # joiner it asked; the survivors of a failed step ask within milliseconds of each other,

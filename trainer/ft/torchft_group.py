@@ -41,6 +41,7 @@ from trainer import logs
 from trainer.chaos import Chaos
 from trainer.config import FaultToleranceConfig
 from trainer.config.env import RankEnv, replica_id
+from trainer.contracts.heartbeat import Heartbeat
 from trainer.data.shares import Quorum
 from trainer.ft import torchft_adapter as ft
 from trainer.ft.grad_buckets import buckets
@@ -55,7 +56,6 @@ from trainer.ft.transport import (
     checkpoint_transport,
     cross_group_nccl,
 )
-from trainer.heartbeat import Heartbeat
 
 
 class LighthouseMoved(RuntimeError):
