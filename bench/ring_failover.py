@@ -4,7 +4,9 @@ N daemons on this machine (one rank each, a standby each) share one etcd on loop
 train one job with every setting at its default but the job's size; nothing paces the
 ranks (``PHALANX_CHAOS_DELAY=0``). Once all N commit a step together, the rank of the
 group in slot p (ring position p: torchft orders a quorum by replica id) is SIGKILLed,
-for p = 0 .. N-1 in turn. For each kill it records the survivors' longest pause between
+for p = 0 .. N-1 in turn, ``--repeats`` rounds (3 by default). Before each kill it waits
+for the victim's standby to have warmed, as a job's have long before its first failure
+(the wait is in each row; ``--cold`` kills without it). For each kill it records the survivors' longest pause between
 committed steps that spans the kill, the killed group's time from the kill to its first
 commit after the restart (and to its restart, its new rank's start and its heal, and
 whether its standby had warmed before the kill), and how many quorums waited out
@@ -12,7 +14,8 @@ whether its standby had warmed before the kill), and how many quorums waited out
 
 Each group count runs twice in the same invocation: with ``node.announce_failures``
 (the default) and without it (the job as it was), and the table gives the ratio of the
-medians. Run: ``python -m bench.ring_failover [--groups 2 3 4] [--json FILE]`` (it needs
+medians. Run: ``python -m bench.ring_failover [--groups 2 3 4] [--repeats 3] [--cold]
+[--json FILE]`` (it needs
 this checkout's virtual environment, ``make venv``, and leaves nothing running).
 """
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import os
 import signal
@@ -33,7 +37,14 @@ from typing import Any
 from bench.pacing import UNPACED
 from bench.pauses import longest_gap, settled
 from daemon.coordination.etcd_server import EmbeddedEtcd
-from tests.support.harness import Daemon, event_time, job_groups, start_daemon, wait_for
+from tests.support.harness import (
+    Daemon,
+    event_time,
+    job_groups,
+    ready_standby,
+    start_daemon,
+    wait_for,
+)
 
 JOB = """\
 # bench/ring_failover.py: every setting at its default but the job's size.
@@ -90,8 +101,11 @@ def restart_phases(victim: Daemon, killed_at: float) -> dict[str, Any]:
     }
 
 
-def run(groups: int, announce: bool, work: Path) -> list[dict[str, Any]]:
-    """One cluster of `groups` daemons: a kill at every ring position; a row per kill."""
+def run(
+    groups: int, announce: bool, work: Path, warm_first: bool = True, repeats: int = 1
+) -> list[dict[str, Any]]:
+    """One cluster of `groups` daemons: `repeats` rounds of a kill at every ring position;
+    a row per kill."""
     work.mkdir(parents=True)
     job = work / "job.toml"
     job.write_text(JOB.format(groups=groups))
@@ -112,26 +126,39 @@ def run(groups: int, announce: bool, work: Path) -> list[dict[str, Any]]:
         slots = job_groups(etcd.endpoint)
         by_node = {d.node_id: d for d in daemons}
         ready = time.time()
-        for position in range(groups):
+        for repeat, position in itertools.product(range(repeats), range(groups)):
             wait_for(functools.partial(together, daemons, groups, ready), 120, "all together")
             victim = by_node[slots[position]]
+            # A job's standbys are warm long before its first failure; here the kills
+            # follow the start, so wait for the victim's (warming at idle priority
+            # beside unpaced ranks on two cores takes tens of seconds) and say so.
+            waited = time.time()
+            if warm_first:
+                ready_standby(victim, 300)
+            standby_wait_s = round(time.time() - waited, 1)
             killed_at = time.time()
             os.kill(victim.rank_pids()[0], signal.SIGKILL)
             back_together = functools.partial(together, daemons, groups, killed_at + 1.0)
             wait_for(back_together, 180, "all groups back together")
             ready = time.time()
             survivors = [d for d in daemons if d is not victim]
-            back = [t for t in commit_times(victim) if t > killed_at]
+            phases = restart_phases(victim, killed_at)
+            # The rank may commit once more between the clock read and the signal: the
+            # group is back at its first commit after the daemon restarted it.
+            restarted_at = killed_at + (phases["restarted_s"] or 0.0)
+            back = [t for t in commit_times(victim) if t > restarted_at]
             rows.append(
                 {
                     "groups": groups,
                     "announce": announce,
                     "position": position,
+                    "repeat": repeat,
                     "survivors_longest_pause_s": round(
                         max(pause_over(commit_times(d), killed_at) for d in survivors), 3
                     ),
                     "killed_group_commits_again_s": round(back[0] - killed_at, 3),
-                    **restart_phases(victim, killed_at),
+                    **phases,
+                    "standby_wait_s": standby_wait_s,
                     "join_timeouts": sum(
                         1
                         for d in daemons
@@ -179,12 +206,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--groups", type=int, nargs="+", default=[2, 3, 4])
     parser.add_argument("--json", type=Path, help="write every row here")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds of kills per cluster")
+    parser.add_argument(
+        "--cold",
+        action="store_true",
+        help="kill without waiting for the victim's standby to finish warming",
+    )
     args = parser.parse_args()
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="phalanx-ring-") as tmp:
         for n in args.groups:
             for announce in (True, False):
-                rows += run(n, announce, Path(tmp) / f"{n}-{announce}")
+                rows += run(n, announce, Path(tmp) / f"{n}-{announce}", not args.cold, args.repeats)
     report(rows)
     if args.json is not None:
         args.json.write_text(json.dumps({"argv": sys.argv[1:], "rows": rows}, indent=1) + "\n")
