@@ -9,8 +9,8 @@ lighthouse-proxy ports are free, the etcd credential files are
 readable, CUDA is present when the ranks are told to use it, and the chaos
 variables the ranks inherit are well-formed. Each problem is a ConfigError whose
 message is one sentence naming the field or file and the fix (exit code 2). The
-checks create nothing: only when all pass is the run directory created and its
-lock taken.
+checks leave nothing behind (a directory's write probe removes what it made): only
+when all pass is the run directory created and its lock taken.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from daemon.config.etcd_settings import read_password
+from daemon.config.mounts import pseudo_fs
 from daemon.config.sections import DaemonConfig
 from trainer import chaos
 from trainer.config import ConfigError
@@ -139,6 +140,12 @@ def check_writable_dir(field: str, directory: Path, read_only_mount_ok: bool = F
                 f"{field} {directory} {what} a file, not a directory; "
                 f"point {field} at a directory or remove the file."
             )
+        kind = pseudo_fs(path)
+        if kind is not None:
+            raise ConfigError(
+                f"{field} {directory} is on the {kind} pseudo file system ({path}), where "
+                f"nothing is stored; point {field} at a directory on a disk or a volume."
+            )
         if read_only_mount_ok and os.statvfs(path).f_flag & os.ST_RDONLY:
             return
         if not os.access(path, os.W_OK | os.X_OK):
@@ -147,7 +154,49 @@ def check_writable_dir(field: str, directory: Path, read_only_mount_ok: bool = F
                 f"{field} {directory} {what} (permission denied); "
                 f"point {field} at a directory this user can write."
             )
+        _probe_create(field, directory, path)
         return
+
+
+# A create that fails with these may work later by itself (a full or remounted volume,
+# a file server away): the node starts and waits, reporting it, instead of refusing.
+MAY_HEAL = frozenset(
+    {
+        errno.EROFS,
+        errno.ENOSPC,
+        errno.EDQUOT,
+        errno.EIO,
+        errno.ESTALE,
+        errno.ETIMEDOUT,
+        errno.EAGAIN,
+        errno.EBUSY,
+        errno.EINTR,
+        errno.ENOMEM,
+        errno.EHOSTDOWN,
+        errno.EHOSTUNREACH,
+    }
+)
+
+
+def _probe_create(field: str, directory: Path, parent: Path) -> None:
+    """Create and remove an empty directory in `parent` (the nearest existing directory
+    of `directory`): as root the access check says yes to almost anything, so only a
+    create tells. A failure that will not go away by itself is bad input; one that may
+    (MAY_HEAL) is left to the node's health check, which waits and reports it."""
+    probe = parent / f".phalanx-preflight-{os.getpid()}"
+    try:
+        os.mkdir(probe)
+    except FileExistsError:
+        return  # a leftover of a daemon with this pid: the directory is writable
+    except OSError as e:
+        if e.errno in MAY_HEAL:
+            return
+        raise ConfigError(
+            f"{field} {directory} cannot be created ({e.strerror} creating a directory in "
+            f"{parent}); point {field} at a directory this user can write."
+        ) from None
+    with contextlib.suppress(OSError):
+        os.rmdir(probe)
 
 
 def check_run_dir_writable(run_dir: Path) -> None:

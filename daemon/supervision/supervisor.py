@@ -207,6 +207,7 @@ class Supervisor:
             return self._done("job completed")
         blocked = claim_blocked(self.view.health)  # an unhealthy node claims no seat
         if blocked is not None:
+            self.waiting.say(blocked, since=self.entered_at, shown=self.view.waiting_for)
             self.view.waiting_for = blocked
             return State.CLAIMING
         # None: every slot is taken (stand by) or etcd is away
@@ -221,6 +222,7 @@ class Supervisor:
             return State.CLAIMING if self.upkeep.seats.give_back() else State.WAITING
         blocked = claim_blocked(self.view.health)  # no ranks start on an unhealthy node
         if blocked is not None:
+            self.waiting.say(blocked, since=self.entered_at, shown=self.view.waiting_for)
             self.view.waiting_for = blocked
             return State.WAITING
         lighthouse = self.upkept.lighthouse

@@ -47,13 +47,19 @@ class Waiting:
             timeout_s = self.cfg.lighthouse.heartbeat_timeout_ms / 1000
             self.quiet_until = now + timeout_s + QUIET_MARGIN_S
 
-    def report(self, missing: str, since: float, shown: str | None) -> str | None:
+    def say(self, missing: str, since: float, shown: str | None) -> float:
         """Log what is missing when it differs from `shown` (what the node shows now) and
-        every 30 s; the error once the wait is over node.wait_timeout_s, else None."""
+        every 30 s, so a wait that may end by itself (a full volume, a remount) is in
+        the log and not only on /status; the seconds waited."""
         now = time.monotonic()
         waited = now - since
         if missing != shown or now - self.reported_at > REPORT_EVERY_S:
             self.log.info("waiting", waiting_for=missing, waited_s=round(waited, 1))
             self.reported_at = now
+        return waited
+
+    def report(self, missing: str, since: float, shown: str | None) -> str | None:
+        """:meth:`say` it; the error once the wait is over node.wait_timeout_s, else None."""
+        waited = self.say(missing, since, shown)
         timeout = self.cfg.node.wait_timeout_s
         return f"waited {timeout:.0f}s for {missing}" if timeout and waited > timeout else None

@@ -55,6 +55,8 @@ def assert_out(d: Daemon, endpoint: str, reasons: dict[str, str]) -> None:
         "the waiting reason to name the health checks",
     )
     assert doc["state"] == "claiming" and doc["replica_group"] is None, doc
+    said = [str(e.get("waiting_for")) for e in d.events("waiting")]  # in the log, too
+    assert any(w.startswith("the node to be healthy (failing: ") for w in said), said
     code, body = d.get("/readyz")
     assert code == 503 and body.startswith("claiming\n"), body
     for name, reason in reasons.items():

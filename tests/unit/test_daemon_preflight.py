@@ -69,7 +69,8 @@ def test_run_dir_in_the_way_or_unwritable(tmp_path: Path) -> None:
         pf.check_run_dir_writable(blocker / "run" / "deeper")
     pf.check_run_dir_writable(tmp_path / "new" / "run")
     assert not (tmp_path / "new").exists()  # checked, not created
-    with pytest.raises(ConfigError, match=r"node\.run_dir /sys/.* cannot be created or written"):
+    sysfs = r"node\.run_dir /sys/.* is on the sysfs pseudo file system \(/sys\)"
+    with pytest.raises(ConfigError, match=sysfs):
         pf.preflight(config(Path("/sys/phalanx-preflight-test/run")))  # root may not either
 
 
@@ -167,3 +168,66 @@ def test_wellformed_chaos_variables_pass() -> None:
     pf.check_chaos({"PHALANX_CHAOS": "start@0:crash", "PHALANX_CHAOS_DELAY": "0.05"}, {})
     pf.check_chaos({"PHALANX_CHAOS": "bad"}, {"PHALANX_CHAOS": ""})  # node.env overrides it
     pf.check_chaos({}, {})
+
+
+@pytest.mark.parametrize(
+    ("field", "path", "kind"),
+    [
+        ("checkpoint.dir", "/proc/phalanx-ckpt", "proc"),
+        ("checkpoint.dir", "/sys/phalanx-ckpt/run", "sysfs"),
+        ("node.run_dir", "/proc/self/phalanx", "proc"),
+        ("node.run_dir", "/sys/kernel/phalanx", "sysfs"),
+    ],
+)
+def test_a_directory_on_a_pseudo_file_system_is_refused(
+    tmp_path: Path, field: str, path: str, kind: str
+) -> None:
+    """Root passes the access checks there; the mount's type is what refuses it."""
+    run_dir = Path(path) if field == "node.run_dir" else tmp_path / "run"
+    extra = [f'checkpoint.dir="{path}"'] if field == "checkpoint.dir" else []
+    message = rf"{field} {path} is on the {kind} pseudo file system .*, where nothing is stored"
+    with pytest.raises(ConfigError, match=message):
+        pf.preflight(config(run_dir, *extra))
+    assert not (tmp_path / "run").exists()  # refused before anything was made
+
+
+def test_a_create_that_fails_for_good_is_refused_one_that_may_heal_is_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The write probe's error decides: EPERM (an immutable directory, a policy) is bad
+    input; ENOSPC or EROFS (a full or remounted volume) is waited out by the node."""
+    target = tmp_path / "ckpt"
+    real_mkdir = os.mkdir
+
+    def failing(code: int) -> object:
+        def mkdir(path: object, *args: object, **kwargs: object) -> None:
+            if str(path).startswith(str(tmp_path / ".phalanx-preflight-")):
+                raise OSError(code, os.strerror(code))
+            real_mkdir(path, *args, **kwargs)  # type: ignore[arg-type]
+
+        return mkdir
+
+    monkeypatch.setattr(os, "mkdir", failing(1))  # EPERM
+    with pytest.raises(ConfigError, match=r"checkpoint.dir .*/ckpt cannot be created \("):
+        pf.check_writable_dir("checkpoint.dir", target, read_only_mount_ok=True)
+    for code in (28, 30, 122):  # ENOSPC, EROFS, EDQUOT
+        monkeypatch.setattr(os, "mkdir", failing(code))
+        pf.check_writable_dir("checkpoint.dir", target, read_only_mount_ok=True)
+    monkeypatch.undo()
+    pf.check_writable_dir("checkpoint.dir", target)
+    assert list(tmp_path.iterdir()) == []  # the probe left nothing
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chattr +i needs root (CI runs as root)")
+def test_an_immutable_directory_is_refused_even_to_root(tmp_path: Path) -> None:
+    """A create that fails for good whoever asks (the kernel's access check knows the flag)."""
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    if subprocess.run(["chattr", "+i", str(locked)], capture_output=True).returncode != 0:
+        pytest.skip("this file system has no immutable flag")
+    try:
+        message = rf"checkpoint.dir {locked}/ckpt cannot be created in {locked} \(permission"
+        with pytest.raises(ConfigError, match=message):
+            pf.preflight(config(tmp_path / "run", f'checkpoint.dir="{locked}/ckpt"'))
+    finally:
+        subprocess.run(["chattr", "-i", str(locked)], check=True)

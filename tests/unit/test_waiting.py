@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+
+import pytest
 
 from daemon.config import load_daemon_config
 from daemon.coordination.job_view import JobView
 from daemon.node_state.view import NodeView
-from daemon.supervision.waiting import QUIET_MARGIN_S, Waiting
+from daemon.supervision.waiting import QUIET_MARGIN_S, REPORT_EVERY_S, Waiting
 
 JOB = Path(__file__).resolve().parents[2] / "tests" / "integration" / "daemon_job.toml"
 QUIET = "the failed ranks' quorum requests to expire at the lighthouse"
@@ -37,3 +40,24 @@ def test_killed_or_drained_ranks_restart_at_once() -> None:
     w.after_exit([-9, 1], now=100.0)  # rank 1 failed after rank 0, the lighthouse's client, died
     w.after_exit(None, now=100.0)
     assert w.missing(True, now=100.0) is None
+
+
+def test_a_wait_is_logged_when_it_changes_and_again_every_30_s(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A health wait (a full volume) is in the log, not only on /status."""
+    w = waiting()
+    said: list[dict[str, object]] = []
+    monkeypatch.setattr(w.log, "info", lambda event, **kw: said.append({"event": event, **kw}))
+    clock = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    full = "the node to be healthy (failing: checkpoint_dir; see /status)"
+    w.say(full, since=990.0, shown=None)  # new: logged
+    clock[0] += 10
+    w.say(full, since=990.0, shown=full)  # the same, 10 s later: not again
+    clock[0] += REPORT_EVERY_S
+    w.say(full, since=990.0, shown=full)  # 40 s after the first: again
+    assert said == [
+        {"event": "waiting", "waiting_for": full, "waited_s": 10.0},
+        {"event": "waiting", "waiting_for": full, "waited_s": 50.0},
+    ]
