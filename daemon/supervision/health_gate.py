@@ -13,6 +13,13 @@ acts on, each unit tested.
   disk under the writer group would fail every save) and the node claims again once
   healthy, healing from the others like any returning group.
 
+* A shared fault (:func:`shared_fault`): when every failing check of this node is one that
+  several nodes may share (the checkpoint volume) and no other live node of the job
+  passes it, no healthy node could take the seat, so the node claims and trains anyway:
+  its saves are refused (each a ``checkpoint_failed``), its health stays failing on every
+  surface, and ``PhalanxTrainingOnSharedFault`` fires. Without this a full shared volume
+  left every restarted node waiting for ever.
+
 A node's record carries its failing checks (``health``: name -> reason; empty when
 healthy), which is how the others read its health.
 """
@@ -27,11 +34,17 @@ from daemon.health import HealthReport
 FIRST_CHECK = "the first health check"
 
 
-def claim_blocked(report: HealthReport | None) -> str | None:
-    """Why the node may not claim a seat (or start ranks) now; None when it may."""
+# Checks about something several nodes may use at once: failed by every node, the fault
+# is the job's, not this node's (the other checks are each node's own).
+SHAREABLE = frozenset({"checkpoint_dir"})
+
+
+def claim_blocked(report: HealthReport | None, shared: bool = False) -> str | None:
+    """Why the node may not claim a seat (or start ranks) now; None when it may: healthy,
+    or failing only a fault every node shares (`shared`, :func:`shared_fault`)."""
     if report is None:
         return FIRST_CHECK
-    if report.ok:
+    if report.ok or shared:
         return None
     names = ", ".join(c.name for c in report.failing)
     return f"the node to be healthy (failing: {names}; see /status)"
@@ -79,3 +92,22 @@ def healthy_groups_besides(job: JobView | None, node_id: str, slot: int | None) 
 def _healthy(record: dict[str, Any]) -> bool:
     health = record.get("health", {})
     return isinstance(health, dict) and not health
+
+
+def shared_fault(report: HealthReport | None, job: JobView | None, node_id: str) -> bool:
+    """Whether this node fails only SHAREABLE checks that every other live node of the job
+    fails too, as their records say (alone, it is the only candidate): then no healthy
+    node could take its seat. A record without its first report yet (no ``health``) or a
+    malformed one counts as passing, so the node waits until the others have checked."""
+    if report is None or report.ok or job is None:
+        return False
+    names = {c.name for c in report.failing}
+    if not names <= SHAREABLE:
+        return False
+    for node, record in job.nodes.items():
+        if node == node_id:
+            continue
+        health = record.get("health") if isinstance(record, dict) else None
+        if not isinstance(health, dict) or not names <= set(health):
+            return False
+    return True

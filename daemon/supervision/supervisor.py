@@ -57,7 +57,12 @@ from daemon.ranks.stop_cause import (
 )
 from daemon.ranks.workers import ExitKind
 from daemon.supervision.after_stop import after_stop
-from daemon.supervision.health_gate import claim_blocked, healthy_groups_besides, must_leave
+from daemon.supervision.health_gate import (
+    claim_blocked,
+    healthy_groups_besides,
+    must_leave,
+    shared_fault,
+)
 from daemon.supervision.restarts import RestartBudget
 from daemon.supervision.spanning import SpanningGroup
 from daemon.supervision.systemd import Notifier
@@ -205,22 +210,38 @@ class Supervisor:
     def _claiming(self) -> State:
         if self.view.job_completed:
             return self._done("job completed")
-        blocked = claim_blocked(self.view.health)  # an unhealthy node claims no seat
+        shared = self._shared_fault()
+        blocked = claim_blocked(self.view.health, shared)  # an unhealthy node claims no seat
         if blocked is not None:
             self.waiting.say(blocked, since=self.entered_at, shown=self.view.waiting_for)
             self.view.waiting_for = blocked
             return State.CLAIMING
         # None: every slot is taken (stand by) or etcd is away
-        return State.CLAIMING if self.upkeep.seats.claim() is None else State.WAITING
+        if self.upkeep.seats.claim() is None:
+            return State.CLAIMING
+        if shared:
+            assert self.view.health is not None
+            self.log.warning(
+                "shared_fault_claim",
+                failing={c.name: c.reason for c in self.view.health.failing},
+                detail="every node of the job fails these checks, so none could take this "
+                "seat: the node trains, its checkpoint saves refused until fixed",
+            )
+        return State.WAITING
+
+    def _shared_fault(self) -> bool:
+        """This node's failing checks are a fault every node of the job shares (health_gate)."""
+        return shared_fault(self.view.health, self.view.job, self.cfg.node_id)
 
     def _waiting(self) -> State:
         if self.view.job_completed:
             return self._done("job completed")
         if self.view.slot is None:
             return State.CLAIMING
-        if must_leave(self.view.health, self.cfg.health.leave_after, False, 0, 0):
+        shared = self._shared_fault()
+        if not shared and must_leave(self.view.health, self.cfg.health.leave_after, False, 0, 0):
             return State.CLAIMING if self.upkeep.seats.give_back() else State.WAITING
-        blocked = claim_blocked(self.view.health)  # no ranks start on an unhealthy node
+        blocked = claim_blocked(self.view.health, shared)  # no ranks start on an unhealthy node
         if blocked is not None:
             self.waiting.say(blocked, since=self.entered_at, shown=self.view.waiting_for)
             self.view.waiting_for = blocked

@@ -20,6 +20,7 @@ from typing import Any
 from daemon.health import HealthReport
 from daemon.listener import Listener, bind
 from daemon.node_state.view import NodeView, State
+from daemon.supervision.health_gate import shared_fault
 from daemon.supervision.supervisor import Supervisor
 from trainer import logs
 
@@ -73,6 +74,8 @@ def status_document(sup: Supervisor) -> dict[str, Any]:
         "last_error": v.last_error,
         "waiting_for": v.waiting_for,
         "health": health_document(v.health),
+        # Failing only a check every node fails (a shared volume): it trains regardless.
+        "shared_fault": shared_fault(v.health, v.job, sup.cfg.node_id),
         "ticks": v.ticks,
         "view": job,
     }

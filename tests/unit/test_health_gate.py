@@ -14,6 +14,7 @@ from daemon.supervision.health_gate import (
     failing,
     healthy_groups_besides,
     must_leave,
+    shared_fault,
 )
 from daemon.surfaces.server import health_document, readiness
 from daemon.surfaces.status import status_json, status_table
@@ -110,3 +111,38 @@ def test_phalanx_status_prints_each_failing_check_of_each_node() -> None:
     table = status_table(doc)
     assert f"a is unhealthy: checkpoint_dir: {FULL.reason}" in table
     assert "b is unhealthy" not in table and "c is unhealthy" not in table
+
+
+CLOCK_OFF = CheckResult("clock", False, "clock is +3600.0 s off etcd's")
+
+
+def test_a_fault_every_node_shares_lets_a_node_claim_and_one_of_its_own_does_not() -> None:
+    """A full shared volume: every live node fails checkpoint_dir, so none could take the
+    seat and the node trains (saves refused) instead of waiting for ever."""
+    full = report(OK, FULL, in_a_row=4)
+    both_full = _job(
+        {"a": {"health": {"checkpoint_dir": "x"}}, "b": {"health": {"checkpoint_dir": "y"}}}
+    )
+    assert shared_fault(full, both_full, "a")
+    assert claim_blocked(full, shared_fault(full, both_full, "a")) is None
+    assert shared_fault(full, _job({"a": {"health": {}}}), "a")  # alone: no one else could
+    # b writes the volume (a local disk full on a alone): a waits, b takes the seat.
+    assert not shared_fault(full, _job({"a": {}, "b": {"health": {}}}), "a")
+    # b has not reported yet, or its record is malformed: wait for its first check.
+    assert not shared_fault(full, _job({"b": {"state": "claiming"}}), "a")
+    assert not shared_fault(full, _job({"b": "garbage"}), "a")
+    # b fails something else: it passes the volume check, so the volume is a's alone.
+    assert not shared_fault(full, _job({"b": {"health": {"clock": "off"}}}), "a")
+
+
+def test_a_nodes_own_fault_is_never_shared_even_when_every_node_has_it() -> None:
+    clock = report(OK, CLOCK_OFF)
+    everyone = _job({"b": {"health": {"clock": "off"}}})
+    assert not shared_fault(clock, everyone, "a")
+    both = report(FULL, CLOCK_OFF)  # a shared volume and its own clock: its own fault wins
+    assert not shared_fault(
+        both, _job({"b": {"health": {"checkpoint_dir": "x", "clock": "o"}}}), "a"
+    )
+    assert not shared_fault(report(OK), everyone, "a")  # healthy: nothing to share
+    assert not shared_fault(None, everyone, "a")
+    assert not shared_fault(report(FULL), None, "a")  # etcd not read yet
