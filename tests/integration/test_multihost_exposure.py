@@ -116,6 +116,9 @@ except OSError:
     pass
 print("ANSWERED" if b"HTTP/" in got else "REFUSED")
 """
+# Only a failure to reach the lighthouse counts as refused: a call this torchft does not
+# accept (a TypeError, say) would prove nothing, and says so. Against a port that accepts
+# and closes, torchft 0.2.0's client raises TimeoutError ("operation was canceled").
 FAKE_JOIN = """
 import sys
 from datetime import timedelta
@@ -125,8 +128,10 @@ try:
     client.quorum(replica_id="intruder", timeout=timedelta(seconds=5),
                   address="http://10.0.0.1:1", store_address="10.0.0.1:1", step=0, world_size=1)
     print("JOINED")
-except Exception as e:
+except (TimeoutError, ConnectionError, RuntimeError) as e:
     print("REFUSED", type(e).__name__)
+except Exception as e:
+    print("API_ERROR", type(e).__name__, e)
 """
 STATUS_PAGE = """
 import sys, urllib.request

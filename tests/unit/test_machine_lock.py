@@ -46,5 +46,31 @@ def test_an_alone_test_comes_in_after_the_running_test_and_before_later_ones(
 
 
 def test_tests_that_share_run_together(tmp_path: Path) -> None:
-    with machine(tmp_path, False), machine(tmp_path, False):
-        pass  # a second shared holder does not wait for the first
+    """A second shared holder gets in while the first still holds the lock."""
+    inside = threading.Event()
+
+    def second() -> None:
+        with machine(tmp_path, False):
+            inside.set()
+
+    with machine(tmp_path, False):
+        other = threading.Thread(target=second, daemon=True)
+        other.start()
+        assert inside.wait(10), "a second shared holder waited for the first"
+    other.join(10)
+
+
+def test_a_shared_holder_waits_while_an_alone_test_holds_the_machine(tmp_path: Path) -> None:
+    """The same check can fail: behind an exclusive holder, a shared one does wait."""
+    inside = threading.Event()
+
+    def shared() -> None:
+        with machine(tmp_path, False):
+            inside.set()
+
+    with machine(tmp_path, True):
+        other = threading.Thread(target=shared, daemon=True)
+        other.start()
+        assert not inside.wait(0.5)
+    assert inside.wait(10)
+    other.join(10)
