@@ -37,6 +37,10 @@ FIRST_CHECK = "the first health check"
 # Checks about something several nodes may use at once: failed by every node, the fault
 # is the job's, not this node's (the other checks are each node's own).
 SHAREABLE = frozenset({"checkpoint_dir"})
+SHARED = (
+    "every node of the job fails these checks, so none could take this seat: the node "
+    "trains, its checkpoint saves refused until fixed"
+)
 
 
 def claim_blocked(report: HealthReport | None, shared: bool = False) -> str | None:

@@ -56,13 +56,8 @@ from daemon.ranks.stop_cause import (
     Unhealthy,
 )
 from daemon.ranks.workers import ExitKind
+from daemon.supervision import health_gate as gate
 from daemon.supervision.after_stop import after_stop
-from daemon.supervision.health_gate import (
-    claim_blocked,
-    healthy_groups_besides,
-    must_leave,
-    shared_fault,
-)
 from daemon.supervision.restarts import RestartBudget
 from daemon.supervision.spanning import SpanningGroup
 from daemon.supervision.systemd import Notifier
@@ -211,7 +206,7 @@ class Supervisor:
         if self.view.job_completed:
             return self._done("job completed")
         shared = self._shared_fault()
-        blocked = claim_blocked(self.view.health, shared)  # an unhealthy node claims no seat
+        blocked = gate.claim_blocked(self.view.health, shared)  # an unhealthy node claims no seat
         if blocked is not None:
             self.waiting.say(blocked, since=self.entered_at, shown=self.view.waiting_for)
             self.view.waiting_for = blocked
@@ -220,18 +215,14 @@ class Supervisor:
         if self.upkeep.seats.claim() is None:
             return State.CLAIMING
         if shared:
-            assert self.view.health is not None
             self.log.warning(
-                "shared_fault_claim",
-                failing={c.name: c.reason for c in self.view.health.failing},
-                detail="every node of the job fails these checks, so none could take this "
-                "seat: the node trains, its checkpoint saves refused until fixed",
+                "shared_fault_claim", failing=gate.failing(self.view.health), detail=gate.SHARED
             )
         return State.WAITING
 
     def _shared_fault(self) -> bool:
         """This node's failing checks are a fault every node of the job shares (health_gate)."""
-        return shared_fault(self.view.health, self.view.job, self.cfg.node_id)
+        return gate.shared_fault(self.view.health, self.view.job, self.cfg.node_id)
 
     def _waiting(self) -> State:
         if self.view.job_completed:
@@ -239,9 +230,13 @@ class Supervisor:
         if self.view.slot is None:
             return State.CLAIMING
         shared = self._shared_fault()
-        if not shared and must_leave(self.view.health, self.cfg.health.leave_after, False, 0, 0):
+        if not shared and gate.must_leave(
+            self.view.health, self.cfg.health.leave_after, False, 0, 0
+        ):
             return State.CLAIMING if self.upkeep.seats.give_back() else State.WAITING
-        blocked = claim_blocked(self.view.health, shared)  # no ranks start on an unhealthy node
+        blocked = gate.claim_blocked(
+            self.view.health, shared
+        )  # no ranks start on an unhealthy node
         if blocked is not None:
             self.waiting.say(blocked, since=self.entered_at, shown=self.view.waiting_for)
             self.view.waiting_for = blocked
@@ -321,8 +316,8 @@ class Supervisor:
         """health.leave_after failed checks in a row, with job.min_replicas other groups
         training on healthy nodes (health_gate.py): this group makes way."""
         v, cfg = self.view, self.cfg
-        others = healthy_groups_besides(v.job, cfg.node_id, v.slot)
-        return must_leave(v.health, cfg.health.leave_after, True, others, cfg.job.min_replicas)
+        others = gate.healthy_groups_besides(v.job, cfg.node_id, v.slot)
+        return gate.must_leave(v.health, cfg.health.leave_after, True, others, cfg.job.min_replicas)
 
     def _fenced(self) -> State:
         """Ranks paused until etcd answers; then resume them or discard their state."""
