@@ -51,6 +51,7 @@ class NodeRecord:
         return {
             **(spanning if v.nodes_per_group > 1 else {}),
             "waiting_for": v.waiting_for,
+            "spare": v.spare,  # every seat was held when it last looked
             "health": failing(v.health),  # the failing checks' reasons; {} when healthy
             "host": self.cfg.advertise_host,
             "machine": self.machine,

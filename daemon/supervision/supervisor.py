@@ -66,6 +66,7 @@ from daemon.supervision.waiting import Waiting
 from trainer import logs
 
 TICK_S = 0.25
+SPARE = "a free seat (every seat is held: this node waits as a spare)"
 # States in which the node keeps standbys: it holds a slot or is on its way to one.
 STANDBY_STATES = (State.CLAIMING, State.WAITING, State.RUNNING, State.STOPPING, State.RESTARTING)
 STOP_GRACE_S = 5.0  # ranks of a failed group get this long after SIGTERM before SIGKILL
@@ -213,6 +214,7 @@ class Supervisor:
             return State.CLAIMING
         # None: every slot is taken (stand by) or etcd is away
         if self.upkeep.seats.claim() is None:
+            self.view.waiting_for = SPARE if self.view.spare else None  # not the health's
             return State.CLAIMING
         if shared:
             self.log.warning(

@@ -23,6 +23,7 @@ def status_json(job: str, view: JobView) -> dict[str, Any]:
             "node_rank": record.get("node_rank"),
             "generation": record.get("generation"),
             "waiting_for": record.get("waiting_for"),
+            "spare": record.get("spare") is True,  # claims a seat when one frees
             "health": _failing_checks(record.get("health")),
         }
         for node_id, record in sorted(view.nodes.items())

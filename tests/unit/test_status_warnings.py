@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from daemon.coordination.job_view import JobView
+from daemon.supervision.supervisor import SPARE
 from daemon.surfaces.status import status_json, status_table
 
 
@@ -33,3 +36,22 @@ def test_a_job_that_completed_unreplicated_is_a_warning() -> None:
     assert status_json("j", _job({}, replicated))["warnings"] == []
     alone_by_design = {**lonely, "groups": 1}
     assert status_json("j", _job({}, alone_by_design))["warnings"] == []
+
+
+def test_a_spare_shows_as_a_spare_waiting_for_a_free_seat() -> None:
+    """Issue 51: `phalanx status --json` showed a spare as claiming, waiting for "the first
+    health check" (a reason from before its first check, never cleared)."""
+    nodes: dict[str, dict[str, Any]] = {
+        "a": {"group": 0, "state": "running", "host": "10.0.0.1", "spare": False},
+        "s": {"group": None, "state": "claiming", "waiting_for": SPARE, "spare": True},
+        "old": {"group": None, "state": "claiming"},  # a record from before the field
+    }
+    doc = status_json("j", JobView(nodes, {0: "a"}, "a", None, None, None, None))
+    assert [(n["id"], n["spare"]) for n in doc["nodes"]] == [
+        ("a", False),
+        ("old", False),
+        ("s", True),
+    ]
+    assert "s waits for a free seat (every seat is held: this node waits as a spare)" in (
+        status_table(doc)
+    )
