@@ -38,7 +38,8 @@ test: $(STAMP)
 		&& [ $$shared$$alone != 55 ]
 
 # By hand, not in CI: 100 random faults (tests/integration/test_random_faults.py), about
-# 30 minutes; the seed is printed with the command that replays it.
+# 25 minutes on two cores (an hour's timeout); the seed is printed with the command that
+# replays it.
 soak: $(STAMP)
 	PHALANX_FAULTS=100 PHALANX_FAULT_STEPS=14000 PHALANX_FAULT_TIMEOUT=3600 \
 		$(BIN)/python -m pytest -s -p no:cacheprovider tests/integration/test_random_faults.py

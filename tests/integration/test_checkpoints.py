@@ -120,9 +120,9 @@ def test_a_flipped_byte_is_caught_by_its_checksum_and_never_counted_by_retention
 
 
 def test_checkpoint_reshards_across_layouts(tmp_path: Path) -> None:
-    """Saved by dp_shard=2 x tp=2; loaded by a single rank and by dp_shard=2 x cp=2 (FSDP
-    sharded four ways over dp_shard x cp, each rank attending over a slice of every
-    sequence)."""
+    """Saved by dp_shard=2 x tp=2; loaded by a single rank, by dp_shard=4 (FSDP alone,
+    four shards of each parameter) and by dp_shard=2 x cp=2 (FSDP sharded four ways over
+    dp_shard x cp, each rank attending over a slice of every sequence)."""
     ckpt = tmp_path / "ckpt"
     common = ["train.steps=20", f'checkpoint.dir="{ckpt}"', "checkpoint.interval_steps=10"]
     saved = run_torchrun(tmp_path, "fsdp_tp", 4, [*common, "parallel.dp_shard=2", "parallel.tp=2"])
@@ -131,6 +131,7 @@ def test_checkpoint_reshards_across_layouts(tmp_path: Path) -> None:
     before = losses(saved)
     for name, nproc, layout in [
         ("single", 1, []),
+        ("fsdp4", 4, ["parallel.dp_shard=4"]),
         ("fsdp2-cp2", 4, ["parallel.dp_shard=2", "parallel.cp=2"]),
     ]:
         for leftover in run_dir(ckpt).glob("step-2*"):  # make step 10 the newest again
