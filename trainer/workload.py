@@ -9,41 +9,8 @@ from __future__ import annotations
 
 import warnings
 
-from trainer.workloads import (
-    TP_STYLES,
-    Dataset,
-    InitFn,
-    Item,
-    LossFn,
-    Workload,
-    WorkloadContext,
-    WorkloadError,
-    add_python_path,
-    build_meta,
-    check_model,
-    load,
-    matching,
-    probe_data,
-    units,
-)
-
-__all__ = [
-    "TP_STYLES",
-    "Dataset",
-    "InitFn",
-    "Item",
-    "LossFn",
-    "Workload",
-    "WorkloadContext",
-    "WorkloadError",
-    "add_python_path",
-    "build_meta",
-    "check_model",
-    "load",
-    "matching",
-    "probe_data",
-    "units",
-]
+from trainer.workloads import *  # noqa: F403  (the same names, the same objects)
+from trainer.workloads import __all__ as __all__
 
 warnings.warn(
     "trainer.workload is deprecated and will be removed in Phalanx 0.3.0: import the "

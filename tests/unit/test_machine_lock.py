@@ -45,32 +45,28 @@ def test_an_alone_test_comes_in_after_the_running_test_and_before_later_ones(
     assert order == ["first", "alone", "later"], order
 
 
-def test_tests_that_share_run_together(tmp_path: Path) -> None:
-    """A second shared holder gets in while the first still holds the lock."""
-    inside = threading.Event()
-
-    def second() -> None:
-        with machine(tmp_path, False):
-            inside.set()
-
-    with machine(tmp_path, False):
-        other = threading.Thread(target=second, daemon=True)
-        other.start()
-        assert inside.wait(10), "a second shared holder waited for the first"
-    other.join(10)
-
-
-def test_a_shared_holder_waits_while_an_alone_test_holds_the_machine(tmp_path: Path) -> None:
-    """The same check can fail: behind an exclusive holder, a shared one does wait."""
+def shared_holder_enters(tmp_path: Path, first_alone: bool, wait_s: float) -> tuple[bool, bool]:
+    """Whether a shared holder got in while a first holder (alone or shared) held the
+    machine, within `wait_s`, and whether it had got in once the first let go."""
     inside = threading.Event()
 
     def shared() -> None:
         with machine(tmp_path, False):
             inside.set()
 
-    with machine(tmp_path, True):
+    with machine(tmp_path, first_alone):
         other = threading.Thread(target=shared, daemon=True)
         other.start()
-        assert not inside.wait(0.5)
-    assert inside.wait(10)
+        during = inside.wait(wait_s)
     other.join(10)
+    return during, inside.is_set()
+
+
+def test_tests_that_share_run_together(tmp_path: Path) -> None:
+    """A second shared holder gets in while the first still holds the lock."""
+    assert shared_holder_enters(tmp_path, False, 10) == (True, True)
+
+
+def test_a_shared_holder_waits_while_an_alone_test_holds_the_machine(tmp_path: Path) -> None:
+    """The same check can fail: behind an exclusive holder, a shared one does wait."""
+    assert shared_holder_enters(tmp_path, True, 0.5) == (False, True)
