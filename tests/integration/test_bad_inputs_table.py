@@ -146,14 +146,6 @@ CASES = [
         ),
         True,
     ),
-    case(
-        "run-dir-on-sysfs",
-        path_setting(
-            "node.run_dir",
-            lambda _: Path("/sys/phalanx-run"),
-            "node.run_dir /sys/phalanx-run is on the sysfs pseudo file system",
-        ),
-    ),
     case("job-file-fifo", config(fifo, "job file {path} is not a regular file")),
     case("job-file-dev-zero", config(lambda _: "/dev/zero", "job file /dev/zero is not a regular")),
     case("job-name-50-mb", config(huge_name, "job file {path} is 50000")),

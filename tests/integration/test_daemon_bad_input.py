@@ -81,7 +81,7 @@ def under_a_file(tmp: Path) -> Path:
 
 
 def on_sysfs(_: Path) -> Path:
-    return Path("/sys/phalanx-test/run")  # mkdir is refused there, even to root
+    return Path("/sys/phalanx-test/run")  # a pseudo file system: refused even to root
 
 
 def password_file(content: bytes, mode: int = 0o600) -> Setup:
@@ -142,7 +142,9 @@ CASES = [
     ),
     case(
         "run-dir-on-sysfs",
-        path_setting("node.run_dir", on_sysfs, "node.run_dir {path} cannot"),
+        path_setting(
+            "node.run_dir", on_sysfs, "node.run_dir {path} is on the sysfs pseudo file system"
+        ),
         False,
     ),
     case(
