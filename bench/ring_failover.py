@@ -6,17 +6,17 @@ ranks (``PHALANX_CHAOS_DELAY=0``). Once all N commit a step together, the rank o
 group in slot p (ring position p: torchft orders a quorum by replica id) is SIGKILLed,
 for p = 0 .. N-1 in turn, ``--repeats`` rounds (3 by default). Before each kill it waits
 for the victim's standby to have warmed, as a job's have long before its first failure
-(the wait is in each row; ``--cold`` kills without it). For each kill it records the survivors' longest pause between
-committed steps that spans the kill, the killed group's time from the kill to its first
-commit after the restart (and to its restart, its new rank's start and its heal, and
-whether its standby had warmed before the kill), and how many quorums waited out
-``lighthouse.join_timeout_ms``.
+(the wait is in each row; ``--cold`` kills without it). For each kill it records the
+survivors' longest pause between committed steps that spans the kill, the killed
+group's time from the kill to its first commit after the restart (and to its restart,
+its new rank's start and its heal, and whether its standby had warmed before the kill),
+and how many quorums waited out ``lighthouse.join_timeout_ms``.
 
 Each group count runs twice in the same invocation: with ``node.announce_failures``
 (the default) and without it (the job as it was), and the table gives the ratio of the
 medians. Run: ``python -m bench.ring_failover [--groups 2 3 4] [--repeats 3] [--cold]
-[--json FILE]`` (it needs
-this checkout's virtual environment, ``make venv``, and leaves nothing running).
+[--json FILE]`` (it needs this checkout's virtual environment, ``make venv``, and
+leaves nothing running).
 """
 
 from __future__ import annotations

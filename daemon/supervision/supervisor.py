@@ -207,7 +207,8 @@ class Supervisor:
         if self.view.job_completed:
             return self._done("job completed")
         shared = self._shared_fault()
-        blocked = gate.claim_blocked(self.view.health, shared)  # an unhealthy node claims no seat
+        # An unhealthy node claims no seat (but on a fault every node shares).
+        blocked = gate.claim_blocked(self.view.health, shared)
         if blocked is not None:
             self.waiting.say(blocked, since=self.entered_at, shown=self.view.waiting_for)
             self.view.waiting_for = blocked
@@ -236,9 +237,8 @@ class Supervisor:
             self.view.health, self.cfg.health.leave_after, False, 0, 0
         ):
             return State.CLAIMING if self.upkeep.seats.give_back() else State.WAITING
-        blocked = gate.claim_blocked(
-            self.view.health, shared
-        )  # no ranks start on an unhealthy node
+        # No ranks start on an unhealthy node (but on a fault every node shares).
+        blocked = gate.claim_blocked(self.view.health, shared)
         if blocked is not None:
             self.waiting.say(blocked, since=self.entered_at, shown=self.view.waiting_for)
             self.view.waiting_for = blocked
