@@ -128,7 +128,10 @@ class WorkerGroup:
         self.started_at = time.monotonic()
         for rank in range(s.nproc):
             heartbeat = heartbeat_path(s, rank)
-            heartbeat.touch()
+            # Emptied, not touched: a restart's file still holds the dead rank's last beat,
+            # whose phase (`step`, with its learned timeout) and quorum would otherwise be
+            # read as the new rank's while it imports and builds.
+            heartbeat.write_bytes(b"")
             env = rank_env(s, rank, self.master_port, self.attempt)
             standby = standbys[rank] if standbys and rank < len(standbys) else None
             if standby is not None and standby.assign(env, s.slot, self.on_event):
