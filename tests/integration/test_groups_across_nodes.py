@@ -360,13 +360,19 @@ def test_a_partition_between_a_groups_nodes_stops_that_group_on_both_sides(
     try:
         wait_for(lambda: len(seats(daemons)) == 4, 120, "four nodes to take the four seats")
         held = seats(daemons)
+        # The cut falls in steady steps, where a step's quorum takes milliseconds. Cut
+        # while group 1's ranks were still in their second step's quorum (its RPC to the
+        # group's manager across the cut), group 1 kept heartbeating without joining, and
+        # torchft's lighthouse, wanting a majority of the live groups, held group 0 until
+        # the cut healed (27 s; docs/failure-modes.md, "A group split during its quorum").
+        slow(*daemons)
         wait_for(
-            lambda: committed_with(held[(0, 0)], 2) and committed_with(held[(1, 0)], 2),
+            lambda: len(together_since([held[(0, 0)]], 0.0)) >= 4
+            and len(together_since([held[(1, 0)]], 0.0)) >= 4,
             240,
-            "both groups to commit a step together",
+            "both groups to commit four steps together",
         )
         one = (held[(1, 0)], held[(1, 1)])
-        slow(*daemons)
         network.cut(by_node[one[0].node_id], by_node[one[1].node_id])
         cut_at = time.time()
         time.sleep(20)

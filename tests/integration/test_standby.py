@@ -20,7 +20,6 @@ from daemon.ranks.spec import GroupSpec, rank_env
 from daemon.ranks.standby import REFILL_DELAY_S, Standby
 from daemon.ranks.zygote import parent_of
 from tests.support.harness import (
-    HOLD_PACE_S,
     Daemon,
     Event,
     alive,
@@ -66,7 +65,11 @@ def heals(d: Daemon) -> int:
 def test_standbys_replace_killed_ranks_and_are_replaced_when_they_die(
     tmp_path: Path, etcd_endpoint: str
 ) -> None:
-    steps = ["train.steps=200"]  # paced at HOLD_PACE_S until hurried: under 100 are spent
+    # Paced at 1 s a step until hurried. At HOLD_PACE_S a loaded machine (warming the
+    # idle-priority standbys for minutes) once spent 195 of 200 steps before node-b's
+    # kill: node-a finished, and node-b's new rank had no peer to heal from. About 130
+    # steps were spent there at this pace; the rest run unpaced.
+    steps, pace_s = ["train.steps=400"], 1.0
     # Two threads per rank, as the daemon sets by default here: numpy's OpenBLAS then runs a
     # thread of its own in the zygote when it forks (trainer/spares/zygote.py).
     a = start_daemon(
@@ -75,14 +78,14 @@ def test_standbys_replace_killed_ranks_and_are_replaced_when_they_die(
         [etcd_endpoint],
         overrides=steps,
         env={"OMP_NUM_THREADS": "2"},
-        pace_s=HOLD_PACE_S,
+        pace_s=pace_s,
     )
     b = start_daemon(
         tmp_path,
         "node-b",
         [etcd_endpoint],
         overrides=[*steps, "node.standby=false"],
-        pace_s=HOLD_PACE_S,
+        pace_s=pace_s,
     )
     try:
         wait_for(lambda: a.step() > 3 and b.step() > 3, 120, "both groups to train")
@@ -166,7 +169,7 @@ def test_standbys_replace_killed_ranks_and_are_replaced_when_they_die(
         b.stop()
     assert not b.events("standby_spawned") and not b.events("standby_ready")
     done = [d.events("train_done")[0] for d in (a, b)]
-    assert done[0]["step"] == done[1]["step"] == 200
+    assert done[0]["step"] == done[1]["step"] == 400
     assert done[0]["params_sha256"] == done[1]["params_sha256"]  # the takeover healed exactly
     # The standby's process is the rank that trained after the kill.
     assert [e for e in a.events("rank_started") if e["pid"] == replacement]
