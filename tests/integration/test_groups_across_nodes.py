@@ -367,8 +367,10 @@ def test_a_partition_between_a_groups_nodes_stops_that_group_on_both_sides(
         # the cut healed (27 s; docs/failure-modes.md, "A group split during its quorum").
         slow(*daemons)
         wait_for(
-            lambda: len(together_since([held[(0, 0)]], 0.0)) >= 4
-            and len(together_since([held[(1, 0)]], 0.0)) >= 4,
+            lambda: (
+                len(together_since([held[(0, 0)]], 0.0)) >= 4
+                and len(together_since([held[(1, 0)]], 0.0)) >= 4
+            ),
             240,
             "both groups to commit four steps together",
         )
