@@ -2,8 +2,9 @@
 
 The job file and the environment are validated before torch is imported, so bad
 input exits with code 2 and one sentence in well under a second.
-Exit codes (:mod:`trainer.exits`): 0 finished, 2 bad input, 75 no quorum in time,
-143 drained, 1 any other failure.
+Exit codes (:mod:`trainer.exits`): 0 finished, 2 bad input, 75 no quorum in time (or,
+in a group that spans nodes, its store on another node out of reach), 143 drained, 1
+any other failure.
 """
 
 from __future__ import annotations
@@ -91,8 +92,29 @@ def main(argv: list[str] | None = None, prepare: Callable[[str, int], Any] | Non
         log.error("rank_failed", error=f"{type(e).__name__}: {e}", no_quorum=True)
         return EXIT_NO_QUORUM
     except Exception as e:
+        if group_peers_unreachable(e, env):  # a split inside the group: waited out too
+            log.error("rank_failed", error=f"{type(e).__name__}: {e}", group_peers=True)
+            return EXIT_NO_QUORUM
         log.exception("rank_failed", error=f"{type(e).__name__}: {e}")
         return EXIT_FAILED
+
+
+def group_peers_unreachable(error: BaseException, env: RankEnv) -> bool:
+    """Whether `error` says this rank's group could not reach its own store on another
+    node (torch's DistStoreError or DistNetworkError, however wrapped): the group's other
+    nodes are cut off, gone or still starting. Nothing is wrong with this rank, so its
+    daemon waits for them rather than counting a crash (a group within one node has no
+    other node to wait for)."""
+    if env.world_size <= env.local_world_size:
+        return False
+    import torch.distributed as dist  # loaded already: the rank got as far as its group
+
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, dist.DistStoreError | dist.DistNetworkError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 if __name__ == "__main__":
