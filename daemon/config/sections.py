@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr
 
@@ -59,6 +59,14 @@ class JobConfig(Section):
         description="Nodes in each replica group: its world size is nodes_per_group x "
         "node.nproc, ranks numbered node by node as torchrun does. Every node needs the same "
         "node.nproc; a node that finds no free seat waits as a spare.",
+    )
+    on_no_state: Literal["restart", "stop"] = Field(
+        "restart",
+        description="When every group with state is gone and no checkpoint can be loaded, the "
+        "job can only train again from step 0 (it logs job_started_over and counts "
+        "phalanx_job_started_over_total). 'restart' trains again; 'stop' stops the node at its "
+        "first step 1 (nothing saved), exit 1, every start after that too, until the job's "
+        'reached step is cleared (docs/operations.md, "Starting over").',
     )
 
 

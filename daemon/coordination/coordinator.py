@@ -58,8 +58,10 @@ from daemon.coordination.progress import (
     ASK_KEY,
     Progress,
     parse_progress,
+    parse_reached,
     progress_key,
     progress_prefix,
+    reached_key,
 )
 from daemon.coordination.slots import claim_free, held_slots, mine, slot_prefix, slot_suffix
 from trainer import logs
@@ -333,12 +335,22 @@ class Coordinator:
 
     # ----------------------------------------------------------------- progress
 
-    def put_progress(self, progress: dict[str, Any]) -> None:
+    def put_progress(self, progress: dict[str, Any], reached: bool = False) -> None:
         """Put this node's progress (its step) outside the watched job prefix, bound to the
-        lease (``daemon.coordination.progress``)."""
+        lease (``daemon.coordination.progress``); `reached`: the job's reached step too, in
+        the same request."""
         lease = self._lease()
-        key = progress_key(self.job, self.node_id)
-        self._call(lambda c: c.put(key, dump(progress), lease=lease))
+        key, value = progress_key(self.job, self.node_id), dump(progress)
+        if not reached:
+            self._call(lambda c: c.put(key, value, lease=lease))
+            return
+        step = dump({"step": progress["step"], "node": self.node_id})
+        self._txn([], [txn.Put(key, value, lease), txn.Put(reached_key(self.job), step)], [])
+
+    def read_reached(self) -> int:
+        """The step the job last reached (0: none recorded)."""
+        value, _ = self._call(lambda c: c.get(reached_key(self.job)))
+        return parse_reached(self.job, value)
 
     def read_progress(self) -> dict[str, Progress]:
         """Every node's progress, by node id (one range read of the progress prefix)."""

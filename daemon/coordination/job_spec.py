@@ -2,8 +2,8 @@
 
 ``spec`` holds the hash of a job file's shared sections and the hash of each one,
 so a node with another job file is refused naming the sections that differ. A spec
-is replaced (a new run: ``state`` and ``checkpoints/latest`` go with it) only while
-no node is registered.
+is replaced (a new run: ``state``, ``checkpoints/latest`` and the job's reached step go
+with it) only while no node is registered.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from daemon.coordination.job_view import (
     mismatch_message,
     overall_spec_hash,
 )
+from daemon.coordination.progress import reached_key
 from trainer import logs
 
 log = logs.get()
@@ -53,6 +54,7 @@ def put_spec(job: str, sections: dict[str, str], do_txn: Txn, key_of: Callable[[
                 txn.Put(key, value),
                 txn.Delete(key_of("state")),
                 txn.Delete(key_of("checkpoints/latest")),
+                txn.Delete(reached_key(job)),
             ],
             [txn.Get(*all_nodes)],
         )

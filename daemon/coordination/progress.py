@@ -48,6 +48,24 @@ def progress_key(job: str, node_id: str) -> str:
     return progress_prefix(job) + node_id
 
 
+def reached_key(job: str) -> str:
+    """The step the job last reached, as the last progress written past step 1 said:
+    bound to no lease, so it outlives every node (a job that can only start over from
+    step 0 is told by it, docs/operations.md "Starting over"). Outside every watched
+    prefix, and written in the same request as the progress."""
+    return f"/phalanx/_reached/{job}"
+
+
+def parse_reached(job: str, value: bytes | None) -> int:
+    """The step in `job`'s :func:`reached_key` value; 0 when there is none or it is
+    unreadable."""
+    if value is None:
+        return 0
+    ok, doc = load_value(value, reached_key(job).encode())
+    step = doc.get("step") if ok and isinstance(doc, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) and step > 0 else 0
+
+
 def parse_progress(job: str, kvs: Iterable[Any]) -> dict[str, Progress]:
     """Progress by node id from one range read of :func:`progress_prefix`; unreadable
     keys and values are skipped (``daemon.coordination.records`` reports them)."""

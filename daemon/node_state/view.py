@@ -56,6 +56,9 @@ class NodeView:
     hang_learned: bool = False  # the step's timeout was learned from step times
     step_time_quantile_s: float | None = None  # the quantile of step times it came from
     step_time_median_s: float | None = None
+    # The job's reached step as etcd recorded it when this node's ranks last started: a
+    # start-over is seen after a restart of every node too (the upkeep's).
+    reached: int = 0
     # The rank output threads' (track).
     step: int = 0
     loss: float | None = None
@@ -63,6 +66,8 @@ class NodeView:
     largest_quorum: int = 0  # the most groups in any quorum this node's group committed in
     committed_steps: int = 0  # steps this node's group committed (every attempt's ranks)
     heals: int = 0
+    started_over: int = 0  # times this node's group committed step 1 again (no state)
+    started_over_from: int = 0  # the step the job had reached before the last of them
     last_heal_s: float | None = None
     rank_error: str | None = None  # the ranks' last rank_failed or bad_input error
     stragglers: dict[int, float] = field(default_factory=dict)  # rank -> ratio, while flagged
@@ -104,7 +109,14 @@ class NodeView:
                     self.largest_quorum = max(self.largest_quorum, joined)
             if name == "train_step":
                 step = int(event.get("step", self.step))
-                started_over_from = self.step if step == 1 and self.step > 1 else None
+                # Before this daemon saw any step (it restarted): what etcd recorded.
+                before = self.step or self.reached
+                started_over_from = before if step == 1 and before > 1 else None
+                if started_over_from is not None:
+                    self.started_over, self.started_over_from = (
+                        self.started_over + 1,
+                        started_over_from,
+                    )
                 self.step = step
                 self.loss = event.get("loss")
                 self.participants = event.get("participants")

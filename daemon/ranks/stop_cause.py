@@ -49,7 +49,23 @@ class Unhealthy:
     reason: str
 
 
-StopCause = GroupExit | SlotLost | FencedOut | JobEnded | GroupRestart | Unhealthy
+@dataclass(frozen=True)
+class NoState:
+    """The group committed step 1 again after the job had reached `from_step` (no group
+    with state, no checkpoint), and ``job.on_no_state = "stop"`` says not to retrain."""
+
+    from_step: int
+
+    @property
+    def reason(self) -> str:
+        return (
+            f"the job started over from step 0 after reaching step {self.from_step} (no group "
+            "with state, no checkpoint to load) and job.on_no_state is 'stop'; set "
+            "checkpoint.dir to keep state, or job.on_no_state = 'restart' to train again"
+        )
+
+
+StopCause = GroupExit | SlotLost | FencedOut | JobEnded | GroupRestart | Unhealthy | NoState
 
 SLOT_LOST = SlotLost()
 FENCED_OUT = FencedOut()

@@ -19,6 +19,7 @@ from daemon.ranks.stop_cause import (
     FencedOut,
     GroupRestart,
     JobEnded,
+    NoState,
     SlotLost,
     StopCause,
     Unhealthy,
@@ -67,6 +68,8 @@ def after_stop(
         return StopDecision(State.WAITING if slot_held else State.CLAIMING, detail=cause.reason)
     if isinstance(cause, JobEnded):  # the job completed elsewhere
         return StopDecision(State.DONE, reason=cause.reason)
+    if isinstance(cause, NoState):  # the user would rather stop than retrain
+        return StopDecision(State.FAILED, error=cause.reason, code=EXIT_FAILED)
     if cause.kind == ExitKind.DRAINED and spanning:  # the group agreed to stop after a
         # step because another of its nodes drains: this part waits for a node to take
         # that one's seat (it gives it back as it leaves)

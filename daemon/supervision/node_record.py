@@ -85,7 +85,7 @@ class NodeRecord:
         began = self._progress.get("step") == 0 and v.step > 0  # status: training has begun
         if not (ask or stale or began or not self._progress):
             return
-        self.coord.put_progress(progress)
+        self.coord.put_progress(progress, reached=v.step > 1)
         self._progress, self._progress_at = progress, now
         self._ask_answered = asked
 

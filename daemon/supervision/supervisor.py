@@ -52,6 +52,7 @@ from daemon.ranks.stop_cause import (
     SLOT_LOST,
     GroupRestart,
     JobEnded,
+    NoState,
     StopCause,
     Unhealthy,
 )
@@ -296,6 +297,8 @@ class Supervisor:
         if self._unhealthy_leaves():
             assert self.view.health is not None
             return self._stop(Unhealthy(self.view.health.summary()))
+        if self.view.started_over and self.cfg.job.on_no_state == "stop":
+            return self._stop(NoState(self.view.started_over_from))
         outcome = self.group.poll()
         if outcome is None:
             # Another node completed the job: this group gets drain_grace_s to finish too.

@@ -195,8 +195,12 @@ class EtcdUpkeep:
         return self.judge.must_pause()
 
     def ranks_started(self) -> None:
-        """Fresh ranks: nothing of theirs is left to judge after a lost lease."""
+        """Fresh ranks: nothing of theirs is left to judge after a lost lease; the job's
+        reached step is read for them to be compared with (a start-over)."""
         self.judge.ranks_started()
+        ok, reached = self._attempt("reached", self.coord.read_reached)
+        if ok and reached is not None:
+            self.view.reached = reached
 
     def fence_verdict(self) -> tuple[Fence, str]:
         """What paused ranks may do: see FenceJudge.verdict; after a lost lease, judged

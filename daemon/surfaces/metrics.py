@@ -128,6 +128,14 @@ class _NodeCollector(Collector):
         for reason in sorted({*RESTART_REASONS, *v.restarts}):
             restarts.add_metric([*values, reason], float(v.restarts.get(reason, 0)))
         yield restarts
+        over = CounterMetricFamily(
+            "phalanx_job_started_over",
+            "Times this node's group trained step 1 again after the job had reached a later "
+            "step: no group with state, no checkpoint to load (its steps since were lost).",
+            labels=names,
+        )
+        over.add_metric(values, float(v.started_over))
+        yield over
         errors = CounterMetricFamily("phalanx_etcd_errors", "Failed etcd requests.", labels=names)
         errors.add_metric(values, float(v.etcd_errors))
         yield errors

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from daemon.exits import EXIT_BAD_INPUT, EXIT_FAILED, RANK_BAD_INPUT, RANK_NO_QUORUM
 from daemon.node_state.states import State
-from daemon.ranks.stop_cause import JobEnded, StopCause, Unhealthy
+from daemon.ranks.stop_cause import JobEnded, NoState, StopCause, Unhealthy
 from daemon.ranks.workers import ExitKind, GroupExit, _failure_kind
 from daemon.supervision.after_stop import SLOT_LOST, StopDecision, after_stop
 from daemon.supervision.restarts import RestartBudget
@@ -34,6 +34,12 @@ def test_a_lost_slot_waits_with_its_new_slot_or_claims_again() -> None:
 def test_a_reason_given_by_the_node_ends_it() -> None:
     v = _decide(JobEnded("the job completed elsewhere"))
     assert (v.state, v.reason) == (State.DONE, "the job completed elsewhere")
+
+
+def test_a_start_over_the_user_would_rather_stop_fails_the_node_outside_the_budget() -> None:
+    v = _decide(NoState(from_step=412))
+    assert (v.state, v.code) == (State.FAILED, EXIT_FAILED)
+    assert "step 412" in v.error and "job.on_no_state" in v.error
 
 
 def test_ranks_stopped_from_outside_fail_the_node_with_exit_1() -> None:

@@ -103,3 +103,15 @@ def test_a_step_1_after_later_steps_says_the_job_started_over() -> None:
     # Step 1 again: no peer and no checkpoint, the job began anew (said once, not per rank).
     assert view.track({"event": "train_step", "step": 1, "participants": 2}, "n") == 3
     assert view.track({"event": "train_step", "step": 1, "participants": 2}, "n") is None
+    assert (view.started_over, view.started_over_from) == (1, 3)
+
+
+def test_a_restarted_daemon_sees_a_start_over_from_the_reached_step_in_etcd() -> None:
+    view = NodeView(reached=412)  # every node restarted; etcd kept the job's step
+    assert view.track({"event": "train_step", "step": 1, "participants": 2}, "n") == 412
+    assert view.track({"event": "train_step", "step": 1, "participants": 2}, "n") is None
+    assert view.track({"event": "train_step", "step": 2, "participants": 2}, "n") is None
+    assert view.started_over == 1
+    resumed = NodeView(reached=412)  # a checkpoint or a peer: it goes on past step 1
+    assert resumed.track({"event": "train_step", "step": 401, "participants": 2}, "n") is None
+    assert resumed.started_over == 0

@@ -21,7 +21,7 @@ OWNERS = {
         "state", "registered", "restarts", "failure", "last_tick", "ticks", "waiting_for",
         "generation", "health",
     },
-    "daemon/supervision/upkeep.py": {"lighthouse", "job", "most_groups"},
+    "daemon/supervision/upkeep.py": {"lighthouse", "job", "most_groups", "reached"},
     "daemon/supervision/seats.py": {"slot", "node_rank", "spare"},
     "daemon/supervision/attempts.py": {"etcd_up", "etcd_errors"},
     "daemon/leadership/election.py": {"leader"},
@@ -31,7 +31,7 @@ OWNERS = {
     },
     "daemon/node_state/view.py": {  # track (the rank output threads) and completed_for
         "step", "loss", "participants", "largest_quorum", "committed_steps", "heals",
-        "last_heal_s", "rank_error", "stragglers", "train_done", "latest_checkpoint", "completed_seen_at",
+        "started_over", "started_over_from", "last_heal_s", "rank_error", "stragglers", "train_done", "latest_checkpoint", "completed_seen_at",
     },
 }  # fmt: skip
 

@@ -52,7 +52,7 @@ def test_a_restarted_rank_starts_in_phase_start_whatever_the_dead_rank_last_said
     assert read_beat(beat_path).phase == "step" and read_beat(beat_path).quorum_id == 7
 
     monkeypatch.setattr(workers, "RANK_ARGV", [sys.executable, "-c", "import time; time.sleep(60)"])
-    group = workers.WorkerGroup(s, attempt=2, on_event=lambda _event: None)
+    group = workers.WorkerGroup(s, attempt=2, on_event=lambda _rank, _event: None)
     group.start()
     try:
         # A short learned step timeout, a long start timeout: the new rank, silent as it
