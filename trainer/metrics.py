@@ -63,7 +63,11 @@ class TrainMetrics:
         )
         self.eval_step = gauge("phalanx_eval_step", "Committed step of the last evaluation.")
         self.lr = gauge("phalanx_train_learning_rate", "Learning rate of the last committed step.")
-        self.participants = gauge("phalanx_ft_participants", "Replica groups in the last quorum.")
+        self.participants = gauge(
+            "phalanx_ft_participants",
+            "Replica groups whose gradients the last step attempt averaged (a healing "
+            "group is in the quorum but not among them).",
+        )
         self.quorum_id = gauge("phalanx_ft_quorum_id", "Identifier of the current torchft quorum.")
         self.heals = counter("phalanx_ft_heals", "Live heals of this group from a peer.")
         self.heal_seconds = histogram(
