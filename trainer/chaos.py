@@ -25,8 +25,11 @@
   first parameter shard, so its group's parameters silently differ from the
   other groups'; at ``buffers``: to its first floating-point buffer, such as a
   BatchNorm running mean), ``sleep`` (the rank sleeps ``PHALANX_CHAOS_SLEEP``
-  seconds, default 10, there: at ``checkpoint``, a slow save; at ``finish``, a rank
-  slower to leave than its group's others).
+  seconds, default 10, there: at ``checkpoint``, a save that blocks training; at
+  ``finish``, a rank slower to leave than its group's others), ``slow`` (at
+  ``checkpoint`` only, with ``checkpoint.async_save``: the save's write in the
+  background completes ``PHALANX_CHAOS_SLEEP`` seconds late while training goes on, as
+  on a loaded volume; a save that falls due meanwhile is skipped).
 
 ``PHALANX_CHAOS_RANKS`` (comma-separated ranks of the group; default every rank)
 limits the faults to those ranks.
@@ -46,19 +49,25 @@ import math
 import os
 import re
 import signal
+import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 POINTS = (
     "start", "forward", "gradients", "allreduce", "optimizer", "buffers", "checkpoint", "resume",
     "restored", "finish",
 )  # fmt: skip
-ACTIONS = ("kill", "crash", "stop", "nan", "hide", "perturb", "sleep")
+ACTIONS = ("kill", "crash", "stop", "nan", "hide", "perturb", "sleep", "slow")
 ONLY_AT: dict[str, tuple[str, ...]] = {  # actions that mean something at some points only
     "nan": ("gradients",),
     "hide": ("resume",),
     "perturb": ("optimizer", "restored", "buffers"),
+    "slow": ("checkpoint",),
 }
 
 
@@ -91,7 +100,8 @@ def parse(spec: str) -> list[Fault]:
             raise ValueError(
                 f"PHALANX_CHAOS entry {item!r} must be point@[+]step[:action] with point in "
                 f"{', '.join(POINTS)} and action in {', '.join(ACTIONS)} (nan at gradients only, "
-                "hide at resume only, perturb at optimizer, restored or buffers only)."
+                "hide at resume only, perturb at optimizer, restored or buffers only, slow at "
+                "checkpoint only)."
             )
         faults.append(Fault(point, int(digits), action, relative))
     return faults
@@ -168,7 +178,8 @@ class Chaos:
 
     def at(self, point: str, step: int | None = None) -> bool:
         """Inject what is due here; True when the caller must act (nan: poison its
-        gradients; hide: skip the newest checkpoint; perturb: change a parameter)."""
+        gradients; hide: skip the newest checkpoint; perturb: change a parameter; slow:
+        delay its save's completion, with :func:`completes_late`)."""
         if point == "forward" and (delay := self.pace.now()) > 0:
             time.sleep(delay)
         poison = False
@@ -187,3 +198,23 @@ class Chaos:
             else:
                 raise InjectedCrash(f"injected crash at {point}@{self.step}")
         return poison
+
+
+def completes_late(done: Future[T], seconds: float) -> Future[T]:
+    """A future with `done`'s outcome, `seconds` after `done` completes (a slow write)."""
+    late: Future[T] = Future()
+
+    def settle(source: Future[T]) -> None:
+        error = source.exception()
+        if error is not None:
+            late.set_exception(error)
+        else:
+            late.set_result(source.result())
+
+    def wait(source: Future[T]) -> None:
+        timer = threading.Timer(seconds, settle, (source,))
+        timer.daemon = True
+        timer.start()
+
+    done.add_done_callback(wait)
+    return late

@@ -138,3 +138,41 @@ def test_a_checkpoint_written_before_the_subpackages_loads_and_training_continue
     capability = torch.backends.cpu.get_cpu_capability()
     expected = RESUMED_DIGEST_BY_CPU.get(capability, OLD_LAYOUT_DIGEST)
     assert only(events, "train_done")["params_sha256"] == expected, capability
+
+
+def test_a_save_due_while_the_previous_is_still_written_is_skipped_and_said(
+    tmp_path: Path,
+) -> None:
+    """Asynchronous saves every 2 steps; the write of step 2's (the first: nothing is
+    running before it) completes 4 s late while training goes on (PHALANX_CHAOS
+    checkpoint@2:slow, a loaded volume): the save due at step 4, 1 s later, is skipped, said with its
+    reason and counted; training never waits for it; every save not skipped is written
+    whole. (Steps are paced at 0.5 s; a save of this model otherwise takes under 1 s,
+    so later saves may be skipped too on a loaded machine, which the checks allow.)"""
+    ckpt = tmp_path / "ckpt"
+    overrides = [
+        f'checkpoint.dir="{ckpt}"',
+        "checkpoint.interval_steps=2",
+        "checkpoint.async=true",
+        "checkpoint.keep=20",
+        "train.steps=24",
+    ]
+    env = {
+        "PHALANX_CHAOS": "checkpoint@2:slow",
+        "PHALANX_CHAOS_SLEEP": "4",
+        "PHALANX_CHAOS_DELAY": "0.5",
+    }
+    group = launch_group(SINGLE, tmp_path, overrides=overrides, env=env, name="slow")
+    assert group.wait(180) == [0], group.rank0.tail()
+    events = group.events()
+    skipped = [e for e in events if e["event"] == "checkpoint_skipped"]
+    assert all(e["reason"] == "the previous save is still running" for e in skipped)
+    assert [e["skipped"] for e in skipped] == list(range(1, len(skipped) + 1))
+    skipped_steps = {int(e["step"]) for e in skipped}
+    assert 4 in skipped_steps, skipped
+    saved = {int(e["step"]) for e in events if e["event"] == "checkpoint_saved"}
+    assert {2, 24} <= saved and not saved & skipped_steps
+    assert saved | skipped_steps == set(range(2, 25, 2))  # each due save: one or the other
+    on_disk = steps_in(Path(only(events, "rank_started")["checkpoints"]))
+    assert on_disk == {f"step-{s}": True for s in saved}
+    assert int(only(events, "train_done")["step"]) == 24

@@ -44,7 +44,7 @@ from torch.distributed.checkpoint.state_dict_saver import async_save
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from trainer import logs
-from trainer.chaos import Chaos
+from trainer.chaos import Chaos, completes_late
 from trainer.checkpoint.files import (
     MARKER,
     NO_MARKER,
@@ -203,8 +203,9 @@ class Checkpointer:
             self.upload = self.staging = self.hashing = None
             self._failed(step, describe(e, self.root, self.needed), path)
             return
-        if self.chaos is not None and self.cfg.async_save:
-            self.chaos.at("checkpoint", step)
+        slow = self.chaos is not None and self.cfg.async_save and self.chaos.at("checkpoint", step)
+        if slow and self.chaos is not None and self.upload is not None:
+            self.upload = completes_late(self.upload, self.chaos.sleep_s)
         blocked = time.monotonic() - started
         stamp = self.fence.stamp() if self.fence is not None and self.rank == 0 else None
         self.pending = PendingSave(step, path, started, blocked, stamp)
