@@ -145,9 +145,9 @@ def test_a_save_due_while_the_previous_is_still_written_is_skipped_and_said(
 ) -> None:
     """Asynchronous saves every 2 steps; the write of step 2's (the first: nothing is
     running before it) completes 4 s late while training goes on (PHALANX_CHAOS
-    checkpoint@2:slow, a loaded volume): the save due at step 4, 1 s later, is skipped, said with its
-    reason and counted; training never waits for it; every save not skipped is written
-    whole. (Steps are paced at 0.5 s; a save of this model otherwise takes under 1 s,
+    checkpoint@2:slow, a loaded volume): the save due at step 4, 1 s later, is skipped,
+    said with its reason and counted; training never waits for it; every save not
+    skipped is written whole. (Steps are paced at 0.5 s; a save of this model otherwise takes under 1 s,
     so later saves may be skipped too on a loaded machine, which the checks allow.)"""
     ckpt = tmp_path / "ckpt"
     overrides = [
