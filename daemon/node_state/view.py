@@ -148,6 +148,14 @@ class NodeView:
     def job_completed(self) -> bool:
         return bool(self.job and self.job.state and self.job.state.get("state") == "completed")
 
+    def behind_the_end(self) -> bool:
+        """The job completed elsewhere at a step more than one past this group's: the
+        groups that finished it have left, so this one could only train alone what is
+        done (no grace to finish: docs/failure-modes.md)."""
+        state = self.job.state if self.job_completed and self.job else None
+        end = state.get("step") if state else None
+        return isinstance(end, int) and self.step < end - 1
+
     def completed_for(self, now: float) -> float:
         """How long the job has been seen completed (by another node; 0 when it is not)."""
         if not self.job_completed:

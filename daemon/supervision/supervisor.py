@@ -301,8 +301,10 @@ class Supervisor:
             return self._stop(NoState(self.view.started_over_from))
         outcome = self.group.poll()
         if outcome is None:
-            # Another node completed the job: this group gets drain_grace_s to finish too.
-            if self.view.completed_for(time.monotonic()) >= self.cfg.node.drain_grace_s:
+            # Another node completed the job: this group gets drain_grace_s to finish too,
+            # unless it is too far behind to finish with the others.
+            waited = self.view.completed_for(time.monotonic())
+            if waited >= self.cfg.node.drain_grace_s or self.view.behind_the_end():
                 return self._stop(JobEnded("the job completed elsewhere"))
             return State.RUNNING
         if outcome.kind == ExitKind.COMPLETED:  # with the replication `phalanx status` shows
