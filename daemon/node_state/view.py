@@ -120,6 +120,9 @@ class NodeView:
                 self.step = step
                 self.loss = event.get("loss")
                 self.participants = event.get("participants")
+            elif name == "step_items":  # a step train.log_every leaves out (never step 1)
+                self.step = int(event.get("step", self.step))
+                self.participants = event.get("participants")
             elif name == "heal_done":
                 self.heals += 1
                 self.last_heal_s = event.get("seconds")
