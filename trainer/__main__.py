@@ -99,12 +99,18 @@ def main(argv: list[str] | None = None, prepare: Callable[[str, int], Any] | Non
         return EXIT_FAILED
 
 
+# What gloo's TCP transport says when a link to another rank failed (a send or receive
+# timed out, the peer closed or reset the connection): raised as a plain RuntimeError.
+GLOO_LINK = "gloo/transport/tcp/"
+
+
 def group_peers_unreachable(error: BaseException, env: RankEnv) -> bool:
-    """Whether `error` says this rank's group could not reach its own store on another
-    node (torch's DistStoreError or DistNetworkError, however wrapped): the group's other
-    nodes are cut off, gone or still starting. Nothing is wrong with this rank, so its
-    daemon waits for them rather than counting a crash (a group within one node has no
-    other node to wait for)."""
+    """Whether `error` says this rank lost its group's other nodes: its store on another
+    node out of reach (torch's DistStoreError or DistNetworkError) or a gloo link that
+    failed, however wrapped. They are cut off, gone or still starting; nothing is wrong
+    with this rank, so its daemon waits for them rather than counting a crash. A group
+    within one node has no other node to wait for; a rank of this node that crashed
+    still counts (its own exit code does, whatever its peers say)."""
     if env.world_size <= env.local_world_size:
         return False
     import torch.distributed as dist  # loaded already: the rank got as far as its group
@@ -112,6 +118,8 @@ def group_peers_unreachable(error: BaseException, env: RankEnv) -> bool:
     seen: BaseException | None = error
     while seen is not None:
         if isinstance(seen, dist.DistStoreError | dist.DistNetworkError):
+            return True
+        if isinstance(seen, RuntimeError) and GLOO_LINK in str(seen):
             return True
         seen = seen.__cause__ or seen.__context__
     return False

@@ -7,8 +7,9 @@ them as ``daemon.exits`` lists them; torchrun reads any non-zero code as a failu
 * ``EXIT_NO_QUORUM`` (75, sysexits' EX_TEMPFAIL): no quorum formed within
   ``ft.quorum_timeout_s``: the peers this group waits for did not join in time.
   Nothing is wrong with this rank; starting it again once they are there helps. In a
-  group that spans nodes, also its group's store on another node out of reach (a split
-  inside the group, or that node gone): the same wait, not a crash.
+  group that spans nodes, also its group's store on another node out of reach, or a
+  gloo link to another rank failed (a split inside the group, or that node gone): the
+  same wait, not a crash.
 * ``EXIT_DRAINED`` (143 = 128 + SIGTERM): the rank left the quorum after a SIGTERM.
 
 Torch-free: ``python -m trainer`` imports it before validating its input.

@@ -65,7 +65,7 @@ def healed_since(d: Daemon, t: float) -> bool:
 def test_a_rank_killed_at_every_ring_position_is_announced_and_nobody_waits_out_a_join(
     tmp_path: Path, etcd_endpoint: str
 ) -> None:
-    overrides = [f"train.steps={STEPS}", f"job.max_replicas={GROUPS}"]
+    overrides = [f"train.steps={STEPS}", f"job.max_replicas={GROUPS}", "node.standby=true"]
     daemons = [
         start_daemon(
             tmp_path, f"node-{i}", [etcd_endpoint], overrides=overrides, pace_s=HOLD_PACE_S

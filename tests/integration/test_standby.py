@@ -69,7 +69,7 @@ def test_standbys_replace_killed_ranks_and_are_replaced_when_they_die(
     # idle-priority standbys for minutes) once spent 195 of 200 steps before node-b's
     # kill: node-a finished, and node-b's new rank had no peer to heal from. About 130
     # steps were spent there at this pace; the rest run unpaced.
-    steps, pace_s = ["train.steps=400"], 1.0
+    steps, pace_s = ["train.steps=400", "node.standby=true"], 1.0
     # Two threads per rank, as the daemon sets by default here: numpy's OpenBLAS then runs a
     # thread of its own in the zygote when it forks (trainer/spares/zygote.py).
     a = start_daemon(
@@ -178,7 +178,7 @@ def test_standbys_replace_killed_ranks_and_are_replaced_when_they_die(
 def test_sigterm_takes_the_standbys_along(tmp_path: Path, etcd_endpoint: str) -> None:
     # 120 steps at 1 s a step outlast ready_standby's 90 s wait (at HOLD_PACE_S the job ended
     # in under 40 s, before a loaded machine had warmed node-a's idle-priority standby).
-    steps, pace_s = ["train.steps=120"], 1.0
+    steps, pace_s = ["train.steps=120", "node.standby=true"], 1.0
     a = start_daemon(tmp_path, "node-a", [etcd_endpoint], overrides=steps, pace_s=pace_s)
     b = start_daemon(tmp_path, "node-b", [etcd_endpoint], overrides=steps, pace_s=pace_s)
     try:
@@ -253,7 +253,9 @@ def test_a_killed_zygote_is_replaced_and_everything_dies_with_the_daemon(
     """The zygote (trainer/spares/zygote.py) is a child of the daemon like its standbys: one
     that dies is replaced without touching the group or the standbys it forked, and a
     SIGKILL of the daemon takes the zygote, the forked standby and the rank along."""
-    a = start_daemon(tmp_path, "node-a", [etcd_endpoint], overrides=["train.steps=100000"])
+    a = start_daemon(
+        tmp_path, "node-a", [etcd_endpoint], overrides=["train.steps=100000", "node.standby=true"]
+    )
     try:
         ready = wait_for(lambda: a.events("standby_zygote_ready"), 120, "node-a's zygote")
         zygote = ready[0]["pid"]

@@ -42,6 +42,7 @@ OVERRIDES = [
     "hang.margin_s=2",
     "checkpoint.interval_steps=50",
     "node.max_restarts=1000",  # faults, not a crash loop: every restart is one we caused
+    "node.standby=true",  # the default users get (the tests' job file turns it off)
 ]
 WHOLE_TIMEOUT_S = 120.0  # a job not whole again this long after a fault stood still
 

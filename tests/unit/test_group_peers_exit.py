@@ -28,6 +28,17 @@ def test_a_store_timeout_in_a_spanning_group_is_the_peers() -> None:
         assert group_peers_unreachable(wrapped, spanning)
 
 
+def test_a_gloo_link_that_failed_in_a_spanning_group_is_the_peers() -> None:
+    spanning = env(4, 2)
+    for text in (
+        "[/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:129] Timed out "
+        "waiting 8000ms for send operation to complete",
+        "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer",
+    ):
+        assert group_peers_unreachable(RuntimeError(text), spanning)
+        assert not group_peers_unreachable(RuntimeError(text), env(2, 2))
+
+
 def test_anything_else_or_a_group_on_one_node_is_a_failure() -> None:
     assert not group_peers_unreachable(dist.DistStoreError("wait timeout"), env(2, 2))
     assert not group_peers_unreachable(dist.DistStoreError("wait timeout"), env(1, 1))
