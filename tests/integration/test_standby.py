@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from daemon.ranks.spec import GroupSpec, rank_env
+from daemon.ranks.spec import rank_env
 from daemon.ranks.standby import REFILL_DELAY_S, Standby
 from daemon.ranks.zygote import parent_of
+from tests.support.group_specs import one_rank_spec
 from tests.support.harness import (
     Daemon,
     Event,
@@ -206,22 +207,8 @@ def test_a_standby_handed_its_start_while_it_warms_leaves_idle_priority_at_once(
     daemon's side: the standby's own thread may not run for a long time (it needs the
     interpreter lock, which loading libtorch holds). The standby is stopped (SIGSTOP)
     when the start comes, so only the daemon can lift it."""
-    spec = GroupSpec(
-        nproc=1,
-        slot=0,
-        num_slots=1,
-        lighthouse="http://127.0.0.1:9",  # never reached: the rank is killed first
-        config_path=EXAMPLE,
-        run_dir=tmp_path,
-        min_replicas=1,
-        job="itest",
-        node="node-a",
-        advertise_host="127.0.0.1",
-        bind_host="127.0.0.1",
-        extra_env={},
-        metrics_dir=None,
-        python_path=[],
-    )
+    # The lighthouse is never reached: the rank is killed first.
+    spec = one_rank_spec(tmp_path, EXAMPLE, "http://127.0.0.1:9")
     events: list[dict[str, object]] = []
     standby = Standby(0, spec, lambda rank, event: events.append(event), None)
     pid = standby.pid

@@ -18,25 +18,13 @@ import pytest
 from daemon.ranks import workers
 from daemon.ranks.hang import Timeouts
 from daemon.ranks.spec import GroupSpec, heartbeat_path
+from tests.support.group_specs import one_rank_spec
 from trainer.contracts.heartbeat import PHASES, Heartbeat, read_beat
 
 
 def spec(run_dir: Path) -> GroupSpec:
-    return GroupSpec(
-        nproc=1,
-        slot=0,
-        num_slots=2,
-        lighthouse="http://127.0.0.1:1",
-        config_path=run_dir / "job.toml",
-        run_dir=run_dir,
-        min_replicas=1,
-        job="unit",
-        node="node-a",
-        advertise_host="127.0.0.1",
-        bind_host="127.0.0.1",
-        extra_env={},
-        metrics_dir=None,
-        python_path=[],
+    return one_rank_spec(
+        run_dir, run_dir / "job.toml", "http://127.0.0.1:1", num_slots=2, job="unit"
     )
 
 
