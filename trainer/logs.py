@@ -28,6 +28,20 @@ def _stamp(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> MutableMapp
     return event_dict
 
 
+# The job and node bound last in this process: every event gets them, also one logged on
+# a thread started without a copy of the binding context (an asyncio loop's, a library's).
+_PROCESS: dict[str, Any] = {}
+_PROCESS_KEYS = ("job", "node")
+
+
+def _process_context(
+    _: Any, __: str, event_dict: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    for key, value in _PROCESS.items():
+        event_dict.setdefault(key, value)
+    return event_dict
+
+
 def _event_first(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     """Put `event` first so a JSON line reads naturally."""
     event = event_dict.pop("event", None)
@@ -51,6 +65,7 @@ def configure(
     )
     shared: list[Any] = [
         structlog.contextvars.merge_contextvars,
+        _process_context,
         structlog.processors.add_log_level,
         _stamp,
     ]
@@ -132,8 +147,11 @@ def relay(event: Mapping[str, Any]) -> None:
 
 
 def bind(**context: Any) -> None:
-    """Attach context (job, node, replica_group, rank, ...) to every later event."""
-    structlog.contextvars.bind_contextvars(**{k: v for k, v in context.items() if v is not None})
+    """Attach context (job, node, replica_group, rank, ...) to every later event of this
+    context; job and node to every later event of the process."""
+    bound = {k: v for k, v in context.items() if v is not None}
+    structlog.contextvars.bind_contextvars(**bound)
+    _PROCESS.update({k: v for k, v in bound.items() if k in _PROCESS_KEYS})
 
 
 def get(name: str | None = None) -> Any:

@@ -21,6 +21,7 @@ def restore_logging() -> Iterator[None]:
     yield
     structlog.reset_defaults()
     structlog.contextvars.clear_contextvars()
+    logs._PROCESS.clear()
     root.handlers[:], root.level = handlers, level
     logging.captureWarnings(False)
     threading.excepthook = threading.__excepthook__
@@ -83,3 +84,19 @@ def test_library_logs_come_out_structured() -> None:
         lines[0]["message"] == "lighthouse quorum failed"
         and lines[0]["logger"] == "torchft.manager"
     )
+
+
+def test_a_thread_started_without_the_context_still_names_the_job_and_node() -> None:
+    """An asyncio loop's thread (the daemon's lighthouse gate) logged a library record
+    without job and node: they are the process's, whatever thread logs."""
+    out = io.StringIO()
+    logs.configure(stream=out)
+    logs.bind(job="train-1", node="node-a", replica_group=3)
+    bare = threading.Thread(  # not started through contextvars.copy_context().run
+        target=lambda: logging.getLogger("asyncio").error("Exception in callback")
+    )
+    bare.start()
+    bare.join()
+    (line,) = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert (line["event"], line["job"], line["node"]) == ("library_log", "train-1", "node-a")
+    assert "replica_group" not in line  # a group is bound per context, never process-wide

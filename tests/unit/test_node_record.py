@@ -28,12 +28,15 @@ class Sent:
     def __init__(self) -> None:
         self.records: list[dict[str, Any]] = []
         self.progress: list[dict[str, Any]] = []
+        self.reached: list[int] = []  # the steps also written as the job's reached step
 
     def register(self, record: dict[str, Any]) -> None:
         self.records.append(record)
 
-    def put_progress(self, progress: dict[str, Any]) -> None:
+    def put_progress(self, progress: dict[str, Any], reached: bool = False) -> None:
         self.progress.append(progress)
+        if reached:
+            self.reached.append(progress["step"])
 
 
 @pytest.fixture
@@ -103,6 +106,7 @@ def test_the_step_is_written_first_at_its_first_move_then_every_period(
     clock[0] += 1.0
     record.update_progress(None, None, 0)
     assert [p["step"] for p in sent.progress] == [0, 1, view.step]
+    assert sent.reached == [view.step]  # the job's reached step: past step 1 only
     view.participants = 2
     record.update_progress(None, 7, view.step)  # a new epoch, a new quorum: due in time
     assert len(sent.progress) == 3
