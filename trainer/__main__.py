@@ -3,8 +3,8 @@
 The job file and the environment are validated before torch is imported, so bad
 input exits with code 2 and one sentence in well under a second.
 Exit codes (:mod:`trainer.exits`): 0 finished, 2 bad input, 75 no quorum in time (or,
-in a group that spans nodes, its store on another node out of reach), 143 drained, 1
-any other failure.
+in a group that spans nodes, its other nodes out of reach), 143 drained, 1 any other
+failure.
 """
 
 from __future__ import annotations

@@ -348,7 +348,7 @@ class Coordinator:
         self._txn([], [txn.Put(key, value, lease), txn.Put(reached_key(self.job), step)], [])
 
     def read_reached(self) -> int:
-        """The step the job last reached (0: none recorded)."""
+        """The highest step the job reached in this run (0: none recorded)."""
         value, _ = self._call(lambda c: c.get(reached_key(self.job)))
         return parse_reached(self.job, value)
 

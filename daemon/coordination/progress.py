@@ -49,10 +49,11 @@ def progress_key(job: str, node_id: str) -> str:
 
 
 def reached_key(job: str) -> str:
-    """The step the job last reached, as the last progress written past step 1 said:
-    bound to no lease, so it outlives every node (a job that can only start over from
-    step 0 is told by it, docs/operations.md "Starting over"). Outside every watched
-    prefix, and written in the same request as the progress."""
+    """The highest step the job reached in this run, written in the same request as a
+    node's progress when its step passes what the key held
+    (``daemon.supervision.node_record``). Bound to no lease, so it outlives every node: a
+    job that can only start over from step 0 is told by it (docs/operations.md,
+    "Starting over"). Outside every watched prefix."""
     return f"/phalanx/_reached/{job}"
 
 

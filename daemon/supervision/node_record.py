@@ -42,6 +42,7 @@ class NodeRecord:
         self._written_at = -RECORD_GAP_S
         self._progress: dict[str, Any] = {}  # as last written; empty: none since the session
         self._progress_at = 0.0
+        self._reached = 0  # the highest step this node wrote as the job's reached step
         self._ask_answered: object = _UNSET  # the asks/progress value last answered
         self.machine = machine_id()  # tells this node's host from other machines'
 
@@ -85,8 +86,13 @@ class NodeRecord:
         began = self._progress.get("step") == 0 and v.step > 0  # status: training has begun
         if not (ask or stale or began or not self._progress):
             return
-        self.coord.put_progress(progress, reached=v.step > 1)
+        # The job's reached step only ever rises (within a run): past what etcd held when
+        # the ranks started and what this node wrote since, never below step 2. A group
+        # that started over and trains again from step 1 leaves it as it was.
+        reached = v.step > max(1, v.reached, self._reached)
+        self.coord.put_progress(progress, reached=reached)
         self._progress, self._progress_at = progress, now
+        self._reached = max(self._reached, v.step) if reached else self._reached
         self._ask_answered = asked
 
     def forget(self) -> None:

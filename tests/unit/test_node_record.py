@@ -134,3 +134,16 @@ def test_each_ask_is_answered_at_once_and_only_once(tmp_path: Path, clock: list[
     record.forget()  # a new session writes at once
     record.update_progress(again, None, 0)
     assert len(sent.progress) == 5
+
+
+def test_the_reached_step_only_rises(tmp_path: Path, clock: list[float]) -> None:
+    """A group that started over trains steps it had passed: the job's reached step in
+    etcd stays at the highest (what job.on_no_state = stop compares a step 1 with)."""
+    record, sent, view = made(tmp_path)
+    view.reached = 412  # read from etcd when the ranks started
+    for step in (1, 2, 3, 500):
+        view.step = step
+        clock[0] += PROGRESS_EVERY_S
+        record.update_progress(None, None, 0)
+    assert [p["step"] for p in sent.progress] == [1, 2, 3, 500]
+    assert sent.reached == [500]
