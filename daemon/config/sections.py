@@ -64,9 +64,9 @@ class JobConfig(Section):
         "restart",
         description="When every group with state is gone and no checkpoint can be loaded, the "
         "job can only train again from step 0 (it logs job_started_over and counts "
-        "phalanx_job_started_over_total). 'restart' trains again; 'stop' stops the node at its "
-        "first step 1 (nothing saved), exit 1, every start after that too, until the job's "
-        'reached step is cleared (docs/operations.md, "Starting over").',
+        "phalanx_job_started_over_total). 'restart' trains again; 'stop' stops the node when "
+        "it sees that step 1 (within a quarter of a second), exit 1, every start after that "
+        'too, until the job\'s reached step is cleared (docs/operations.md, "Starting over").',
     )
 
 
