@@ -113,10 +113,8 @@ class NodeView:
                 before = self.step or self.reached
                 started_over_from = before if step == 1 and before > 1 else None
                 if started_over_from is not None:
-                    self.started_over, self.started_over_from = (
-                        self.started_over + 1,
-                        started_over_from,
-                    )
+                    self.started_over += 1
+                    self.started_over_from = started_over_from
                 self.step = step
                 self.loss = event.get("loss")
                 self.participants = event.get("participants")

@@ -203,9 +203,9 @@ class Checkpointer:
             self.upload = self.staging = self.hashing = None
             self._failed(step, describe(e, self.root, self.needed), path)
             return
-        slow = self.chaos is not None and self.cfg.async_save and self.chaos.at("checkpoint", step)
-        if slow and self.chaos is not None and self.upload is not None:
-            self.upload = completes_late(self.upload, self.chaos.sleep_s)
+        chaos = self.chaos if self.cfg.async_save else None
+        if chaos is not None and chaos.at("checkpoint", step) and self.upload is not None:
+            self.upload = completes_late(self.upload, chaos.sleep_s)  # PHALANX_CHAOS slow
         blocked = time.monotonic() - started
         stamp = self.fence.stamp() if self.fence is not None and self.rank == 0 else None
         self.pending = PendingSave(step, path, started, blocked, stamp)
