@@ -92,7 +92,8 @@ class NodeRecord:
         reached = v.step > max(1, v.reached, self._reached)
         self.coord.put_progress(progress, reached=reached)
         self._progress, self._progress_at = progress, now
-        self._reached = max(self._reached, v.step) if reached else self._reached
+        if reached:
+            self._reached = v.step
         self._ask_answered = asked
 
     def forget(self) -> None:
