@@ -46,7 +46,7 @@ from daemon.coordination.etcd_client import (
     translate_error,
 )
 from daemon.coordination.group_keys import bump_generation, generation_key, store_key
-from daemon.coordination.identity import Identity, new_instance
+from daemon.coordination.identity import Identity, holder_of, new_instance
 from daemon.coordination.job_secret import get_or_make_secret
 from daemon.coordination.job_spec import put_spec
 from daemon.coordination.job_view import STATES, JobView, dump, parse_job
@@ -240,6 +240,22 @@ class Coordinator:
             node_id=self.node_id, max_replicas=slots, preferred=preferred,
             joiners=int(registered) - len(held), nodes_per_group=npg,
         )  # fmt: skip
+
+    def seat_holder(self, seat: int, nodes_per_group: int) -> str | None:
+        """The node id holding seat `seat` now (None: free), read from etcd itself."""
+        key = self._key(slot_prefix(nodes_per_group) + slot_suffix(seat, nodes_per_group))
+        value, _ = self._call(lambda c: c.get(key))
+        return holder_of(value)[0] if value is not None else None
+
+    def revoke_seat(self, seat: int, nodes_per_group: int, member: str) -> bool:
+        """Delete seat `seat`'s key if `member` still holds it (``seat_probe.py``: a member
+        that gave no sign of life); False when it does not (it left, or another holds it)."""
+        key = self._key(slot_prefix(nodes_per_group) + slot_suffix(seat, nodes_per_group))
+        value, _ = self._call(lambda c: c.get(key))
+        if value is None or holder_of(value)[0] != member:
+            return False
+        ok, _ = self._txn([txn.Value(key) == bytes(value)], [txn.Delete(key)], [])
+        return ok
 
     def release_slot(self, gid: int, nodes_per_group: int = 1) -> None:
         """Delete ``groups/<gid>`` (or seat `gid`'s key) if this node holds it."""

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from daemon.config import DaemonConfig
-from daemon.coordination import Coordinator
+from daemon.coordination import Coordinator, JobView
 from daemon.node_state import NodeView
 from daemon.supervision.attempts import Attempts
+from daemon.supervision.seat_probe import SeatProbe
 from trainer import logs
 
 
@@ -37,6 +38,7 @@ class Seats:
         self.nodes = cfg.job.nodes_per_group
         self.slot_file = run_dir / "slot"
         self._all_taken: object = None  # the slots and seats when none was free
+        self._probe = SeatProbe(coord, attempt, self.nodes)
 
     def claim(self) -> int | None:
         """Claim a slot (None: all taken, or etcd away), the one held last asked for first,
@@ -98,6 +100,32 @@ class Seats:
             self.view.slot, self.view.node_rank = None, 0
             self.log.warning("seat_given_back", slot=slot, seat=held, why="unhealthy")
         return ok
+
+    def probe(self, job: JobView, member: tuple[int, str]) -> None:
+        """The seated member (node rank, node id) our group waits on is asked for a sign of
+        life; its seat is revoked when it gives none (seat_probe.py)."""
+        gid = self.view.slot
+        if gid is None:
+            return
+        rank, node = member
+        self._probe.check(node, gid * self.nodes + rank, job.generations.get(gid, 0))
+
+    def holds(self, job: JobView) -> bool:
+        """Whether this node still holds its seat. Where the job's view shows another
+        holder or none (a seat revoked while this node was out of touch), etcd itself is
+        asked; a seat not ours there is let go (logged ``seat_lost``) and claimed anew.
+        True while etcd cannot say."""
+        held, gid = self.view.seat, self.view.slot
+        if held is None or self.nodes == 1 or gid is None:
+            return True
+        if job.seats.get(gid, {}).get(self.view.node_rank) == self.cfg.node_id:
+            return True
+        ok, holder = self._attempt("seat", lambda: self.coord.seat_holder(held, self.nodes))
+        if not ok or holder == self.cfg.node_id:
+            return True
+        self.log.warning("seat_lost", slot=gid, seat=held, holder=holder)
+        self.view.slot, self.view.node_rank = None, 0
+        return False
 
     def bump_generation(self, gid: int, seen: int) -> int | None:
         """Move a spanning group's generation on from `seen`; the one now (None: etcd away)."""

@@ -51,18 +51,37 @@ class SpanningGroup:
                 f"the nodes of replica group {gid}: {len(held)} of "
                 f"job.nodes_per_group={self.nodes} seats held"
             )
+        member = self._awaited(job, gid, node_rank)
+        if member is None:
+            return None
+        rank, node = member
+        if node_rank == 0:
+            ran = (job.nodes.get(node) or {}).get("generation")
+            return f"{node} (node rank {rank}) to stop its ranks of generation {ran}"
+        return f"replica group {gid}'s first node ({node}) to start its ranks"
+
+    def blocker(self, job: JobView, gid: int, node_rank: int) -> tuple[int, str] | None:
+        """The seated member (node rank, node id) this node's part waits on, once its ranks
+        ran and failed here: a member that died with its lease still running holds its
+        seat until the lease lapses, and is asked for a sign of life instead (seat_probe.py).
+        None before this node's first generation or when no member holds it up."""
+        if self.last_generation == 0 or len(job.seats.get(gid, {})) < self.nodes:
+            return None
+        return self._awaited(job, gid, node_rank)
+
+    def _awaited(self, job: JobView, gid: int, node_rank: int) -> tuple[int, str] | None:
+        held = job.seats.get(gid, {})
         if node_rank == 0:  # a member still running an ended generation (or dead, its
             # lease not lapsed yet) would leave the next one waiting on it
             for rank, node in sorted(held.items()):
                 record = job.nodes.get(node) or {}
                 if rank > 0 and record.get("generation") is not None:
-                    ran = record["generation"]
-                    return f"{node} (node rank {rank}) to stop its ranks of generation {ran}"
+                    return rank, node
             return None
         generation = job.generations.get(gid, 0)
         store = job.stores.get(gid) or {}
         if store.get("generation") != generation or generation <= self.last_generation:
-            return f"replica group {gid}'s first node ({held.get(0, '-')}) to start its ranks"
+            return 0, held.get(0, "-")
         return None
 
     def joined(self, job: JobView, gid: int, node_rank: int) -> GroupPart | None:

@@ -40,6 +40,7 @@ pytestmark = [pytest.mark.integration, NEEDS_NAMESPACES]
 
 STEPS = 250
 BATCH = 10  # global; a micro-batch is 4: a group runs 2 (5 items) or 3 (10 items)
+LONG_TTL_S = 60  # the spare test's node lease: longer than the whole takeover takes
 SPAN = [
     "job.nodes_per_group=2",
     "parallel.dp_shard=2",
@@ -222,6 +223,9 @@ def test_a_group_short_of_a_node_waits_and_a_spare_takes_a_lost_nodes_seat(
         "train.batch_size=4",
         f"train.global_batch_size={BATCH}",
         "node.standby=true",  # the spare's warm standby takes the seat
+        # A lease that outlives the takeover by far: the spare must take the lost node's
+        # seat on its group's word (seat_probe.py), not when etcd expires the lease.
+        f"etcd.lease_ttl_s={LONG_TTL_S}",
     ]
 
     # A group's first rank (on its first node) is 2 s slower to leave than its other: the
@@ -273,6 +277,12 @@ def test_a_group_short_of_a_node_waits_and_a_spare_takes_a_lost_nodes_seat(
             lambda: spare.require_status()["replica_group"] == 1, 60, "the spare to take the seat"
         )
         assert spare.require_status()["node_rank"] == 1
+        # Group 1's first node asked the lost node for a sign of life, had none, and
+        # revoked its seat while the lease still held it; the spare claimed it after.
+        revoked = [e for e in held[(1, 0)].events("seat_revoked") if e["member"] == lost.node_id]
+        assert len(revoked) == 1 and revoked[0]["seat"] == 3, revoked
+        claimed = [e for e in spare.events("slot_claimed") if e["slot"] == 1]
+        assert claimed and event_time(claimed[0]) >= event_time(revoked[0]), claimed
         # Only the spare's generation counts: group 1's first node can commit a step or two
         # with group 0 after `killed`, before the loss reaches it. Draining group 0 on those
         # would leave group 1 with no peer to heal from, and no checkpoint: it would start
@@ -438,5 +448,8 @@ def test_a_partition_between_a_groups_nodes_stops_that_group_on_both_sides(
             )
         ]
         assert waited, f"{d.node_id}'s ranks never stopped while split"
+        # Both sides reached etcd throughout: asked for a sign of life, each gave one, and
+        # neither seat was revoked (seat_probe.py).
+        assert not d.events("seat_revoked") and not d.events("seat_lost"), d.node_id
     digests = {d.node_id: digest(d) for d in daemons}
     assert len(set(digests.values())) == 1, digests

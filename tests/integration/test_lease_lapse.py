@@ -12,6 +12,7 @@ because the retries backed off to 5 s). 9a8dc3f fixed the doubt; this keeps it f
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import signal
@@ -63,7 +64,7 @@ def test_every_lease_lapsed_keeps_every_group(tmp_path: Path, etcd: ControlledEt
             for d in (a, b):
                 os.kill(d.proc.popen.pid, signal.SIGCONT)
         for d in (a, b):
-            wait_for(lambda d=d: d.events("group_resumed"), 60, f"{d.node_id} to resume")
+            wait_for(functools.partial(d.events, "group_resumed"), 60, f"{d.node_id} to resume")
         hurry(a, b)
         assert a.wait(240) == 0, a.proc.tail()
         assert b.wait(60) == 0, b.proc.tail()

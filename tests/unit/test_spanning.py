@@ -72,6 +72,26 @@ def test_the_first_node_waits_while_a_member_still_runs_an_older_generation() ->
     assert first.missing(stopped, 1, 0) is None
 
 
+def test_the_member_a_group_waits_on_is_named_only_once_the_nodes_part_ran() -> None:
+    first, second = SpanningGroup(2), SpanningGroup(2)
+    running = {"b": {"generation": 2, "state": "running"}}
+    view = job({1: {0: "a", 1: "b"}}, generation=3, records=running)
+    # Before this node's first generation nobody is asked for a sign of life: the group is
+    # still forming, and every member is expected to be starting.
+    assert first.blocker(view, 1, 0) is None and second.blocker(view, 1, 1) is None
+    first.started(view, 1, 2)
+    second.started(view, 1, 2)
+    assert first.blocker(view, 1, 0) == (1, "b")  # still running generation 2
+    assert second.blocker(view, 1, 1) == (0, "a")  # no store for generation 3 yet
+    stopped = job({1: {0: "a", 1: "b"}}, generation=3, records={"b": {"generation": None}})
+    assert first.blocker(stopped, 1, 0) is None
+    store = {"generation": 3, "addr": "10.0.0.1", "port": 29500}
+    published = job({1: {0: "a", 1: "b"}}, generation=3, store=store)
+    assert second.blocker(published, 1, 1) is None
+    # A seat already free is not a member to wait on: the group waits for a node.
+    assert first.blocker(job({1: {0: "a"}}, generation=3), 1, 0) is None
+
+
 def test_ranks_stop_when_the_generation_moves_on_or_a_seat_changes_hands() -> None:
     node = SpanningGroup(2)
     view = job({1: {0: "a", 1: "b"}}, generation=5)

@@ -1,0 +1,84 @@
+"""A spanning group's member asked for a sign of life before its seat is revoked
+(``daemon.supervision.seat_probe``): the decision against a stand-in for the
+coordinator's three calls (the integration test is test_groups_across_nodes's spare)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, cast
+
+from daemon.coordination import Coordinator
+from daemon.coordination.progress import Progress
+from daemon.supervision.seat_probe import PROBE_WAIT_S, SeatProbe
+
+
+class Etcd:
+    """The progress keys and seats a probe reads and changes."""
+
+    def __init__(self) -> None:
+        self.revision = 10
+        self.progress: dict[str, Progress] = {}
+        self.seats = {3: "b"}
+        self.asks = 0
+
+    def ask_progress(self) -> int:
+        self.asks += 1
+        self.revision += 1
+        return self.revision
+
+    def read_progress(self) -> dict[str, Progress]:
+        return dict(self.progress)
+
+    def revoke_seat(self, seat: int, nodes_per_group: int, member: str) -> bool:
+        if self.seats.get(seat) != member:
+            return False
+        del self.seats[seat]
+        return True
+
+    def answer(self, node: str) -> None:
+        self.revision += 1
+        self.progress[node] = Progress(5, self.revision, {})
+
+
+def attempt(name: str, fn: Callable[[], Any]) -> tuple[bool, Any]:
+    return True, fn()
+
+
+def probe(etcd: Etcd, now: list[float]) -> SeatProbe:
+    return SeatProbe(cast(Coordinator, etcd), attempt, 2, clock=lambda: now[0])
+
+
+def test_a_member_that_gives_no_sign_of_life_loses_its_seat_once() -> None:
+    etcd, now = Etcd(), [100.0]
+    p = probe(etcd, now)
+    assert not p.check("b", 3, 7) and etcd.asks == 1  # asked
+    etcd.progress["b"] = Progress(5, 9, {})  # an old write is not an answer
+    now[0] += PROBE_WAIT_S / 2
+    assert not p.check("b", 3, 7) and etcd.seats == {3: "b"}  # not yet
+    now[0] += PROBE_WAIT_S
+    assert p.check("b", 3, 7) and etcd.seats == {}  # revoked
+    now[0] += PROBE_WAIT_S
+    assert not p.check("b", 3, 7) and etcd.asks == 1  # settled: nothing more
+
+
+def test_a_member_that_answers_keeps_its_seat_until_the_next_generation() -> None:
+    etcd, now = Etcd(), [100.0]
+    p = probe(etcd, now)
+    p.check("b", 3, 7)
+    etcd.answer("b")
+    now[0] += 10 * PROBE_WAIT_S
+    assert not p.check("b", 3, 7) and etcd.seats == {3: "b"}
+    assert not p.check("b", 3, 7) and etcd.asks == 1
+    p.check("b", 3, 8)  # the group moved on, and waits on it again: asked again
+    assert etcd.asks == 2
+    now[0] += 10 * PROBE_WAIT_S
+    assert p.check("b", 3, 8) and etcd.seats == {}
+
+
+def test_a_seat_that_changed_hands_meanwhile_is_left_alone() -> None:
+    etcd, now = Etcd(), [100.0]
+    p = probe(etcd, now)
+    p.check("b", 3, 7)
+    etcd.seats[3] = "e"  # b's lease lapsed and a spare took the seat
+    now[0] += 10 * PROBE_WAIT_S
+    assert not p.check("b", 3, 7) and etcd.seats == {3: "e"}
