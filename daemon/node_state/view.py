@@ -52,6 +52,7 @@ class NodeView:
     pids: list[int] = field(default_factory=list)
     standby_pids: list[int] = field(default_factory=list)  # waiting standbys (daemon.ranks.standby)
     phases: list[str] = field(default_factory=list)  # each local rank's phase (daemon.ranks.hang)
+    quiet_since: float | None = None  # monotonic: when the stillest local rank last beat
     hang_timeouts: dict[str, float] = field(default_factory=dict)  # seconds per phase, now
     hang_learned: bool = False  # the step's timeout was learned from step times
     step_time_quantile_s: float | None = None  # the quantile of step times it came from

@@ -138,6 +138,8 @@ class NodeGroup:
         outcome = self.current.poll(self.timeouts)
         self.timeouts = self._learn(self.current.take_samples())
         self.view.phases = [r.beat.phase for r in self.current.ranks]
+        beats = [r.progressed_at for r in self.current.ranks if r.progressed_at > 0]
+        self.view.quiet_since = min(beats, default=None)
         if outcome is not None and outcome.kind == ExitKind.COMPLETED:
             self.kill()  # every rank has exited 0: this only reaps
         return outcome

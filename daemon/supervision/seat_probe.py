@@ -2,22 +2,31 @@
 
 A node that lost power keeps its seat (``seats/<gid>/<rank>``, on its session lease)
 until etcd expires the lease: ``etcd.lease_ttl_s``, 10 s by default, during which its
-group cannot start again, though a spare waits. The group's surviving node sees the
-loss at once (its ranks' links to the dead node fail) and waits on the dead member
-(``spanning.SpanningGroup.blocker``). It then asks every daemon for its progress (the
-``asks/progress`` put of ``daemon.coordination.progress``, which every daemon answers
-within a round whatever its state) and reads who answered:
+group cannot start again, though a spare waits. The group's surviving node notices
+first, in one of two ways:
 
-* the member answered: it is alive and reaches etcd (a split inside the group, or a
-  member slow to stop its ranks), so this node waits on it as before;
+* its ranks fail at once (the dead node's host reset their links) and it waits on the
+  dead member to start the next generation (``spanning.SpanningGroup.blocker``);
+* or its ranks go still: blocked in a collective with a node that vanished without a
+  word, or in the group's quorum that member never joins. Running ranks whose
+  heartbeats have all been still for :data:`SILENCE_S` make the node ask about every
+  other member of its group.
+
+It then asks every daemon for its progress (the ``asks/progress`` put of
+``daemon.coordination.progress``, which every daemon answers within a round whatever
+its state) and reads who answered:
+
+* the member answered: it is alive and reaches etcd (a split inside the group, a
+  member slow to stop its ranks, a long step), so this node waits on it as before;
 * no answer within :data:`PROBE_WAIT_S`: the member's seat is deleted, if the member
-  still holds it (``Coordinator.revoke_seat``), and a spare, or the member itself
-  once back, claims it. A member alive behind a partition from etcd loses nothing it
+  still holds it (``Coordinator.revoke_seat``); our ranks stop because the group's
+  seats changed (``SpanningGroup.must_stop``), and a spare, or the member itself once
+  back, claims the seat. A member alive behind a partition from etcd loses nothing it
   could use: it is fenced by its own lease clock, its ranks stop when the group's
-  seats change (``SpanningGroup.must_stop``), and it finds its seat gone when etcd
-  answers again (``Seats.holds``).
+  seats change, and it finds its seat gone when etcd answers again (``Seats.holds``).
 
-One ask per member and generation; nothing is sent while no member holds a group up.
+One ask per member and generation waited on, or per silence; nothing is sent while no
+member holds a group up and the ranks beat.
 """
 
 from __future__ import annotations
@@ -32,15 +41,28 @@ from daemon.coordination.progress import Progress
 from trainer import logs
 
 PROBE_WAIT_S = 1.5  # a live daemon answers within a round or two (0.25 s each)
+SILENCE_S = 2.0  # running ranks this long without a heartbeat: their group's members are asked
 
 Attempt = Callable[[str, Callable[[], Any]], tuple[bool, Any]]
+WAITING_PHASES = frozenset({"step", "quorum", "heal"})  # where a silent member blocks us
+
+
+def too_still(
+    quiet_since: float | None, now: float, phases: list[str], step_median_s: float | None
+) -> bool:
+    """Whether running ranks have been still long enough to ask about their group's
+    members: every rank in a phase a dead member blocks (a step's collectives, the
+    group's quorum, a heal; not its build, a load, a save or an evaluation) and silent
+    for :data:`SILENCE_S`, or twice the median step where steps are longer, so a job of
+    long steps does not ask at every step."""
+    if quiet_since is None or not phases or not set(phases) <= WAITING_PHASES:
+        return False
+    return now - quiet_since > max(SILENCE_S, 2.0 * (step_median_s or 0.0))
 
 
 @dataclass(frozen=True)
 class Asked:
-    member: str
-    seat: int
-    generation: int
+    token: object  # what this ask is about: a generation waited on, or a silence
     revision: int  # the ask's: an answer is a progress key modified after it
     at: float  # monotonic
     settled: bool = False  # answered, or the seat was revoked: nothing more to do
@@ -59,20 +81,17 @@ class SeatProbe:
         self.attempt = attempt  # EtcdUpkeep._attempt: errors become state, not exceptions
         self.nodes = nodes_per_group
         self.log = logs.get()
-        self._asked: Asked | None = None
+        self._asked: dict[tuple[str, int], Asked] = {}  # (member, seat) -> its latest ask
 
-    def check(self, member: str, seat: int, generation: int) -> bool:
-        """Ask `member` (holding seat `seat`, while the group is at `generation`) for a sign
-        of life, or judge the answer; True when its seat was revoked this round."""
-        asked = self._asked
-        if asked is None or (asked.member, asked.seat, asked.generation) != (
-            member,
-            seat,
-            generation,
-        ):
+    def check(self, member: str, seat: int, token: object) -> bool:
+        """Ask `member` (holding seat `seat`) for a sign of life, once per `token` (the
+        generation this node waits on it in, or the silence of our ranks it may cause),
+        or judge the answer; True when its seat was revoked this round."""
+        asked = self._asked.get((member, seat))
+        if asked is None or asked.token != token:
             ok, revision = self.attempt("seat_probe", self.coord.ask_progress)
             if ok:
-                self._asked = Asked(member, seat, generation, int(revision), self.clock())
+                self._asked[(member, seat)] = Asked(token, int(revision), self.clock())
             return False
         if asked.settled:
             return False
@@ -82,7 +101,7 @@ class SeatProbe:
         found: Progress | None = progress.get(member)
         waited = self.clock() - asked.at
         if found is not None and found.revision > asked.revision:
-            self._asked = replace(asked, settled=True)
+            self._asked[(member, seat)] = replace(asked, settled=True)
             self.log.info("seat_probe_answered", member=member, seat=seat, seconds=round(waited, 3))
             return False
         if waited < PROBE_WAIT_S:
@@ -92,7 +111,7 @@ class SeatProbe:
         )
         if not ok:
             return False
-        self._asked = replace(asked, settled=True)
+        self._asked[(member, seat)] = replace(asked, settled=True)
         if revoked:
             self.log.warning(
                 "seat_revoked",

@@ -108,7 +108,22 @@ class Seats:
         if gid is None:
             return
         rank, node = member
-        self._probe.check(node, gid * self.nodes + rank, job.generations.get(gid, 0))
+        token = ("generation", job.generations.get(gid, 0))
+        self._probe.check(node, gid * self.nodes + rank, token)
+
+    def probe_members(self, job: JobView, silence: float) -> bool:
+        """Our running ranks have been still since `silence` (monotonic; a member dead
+        without a word leaves them blocked in a collective or the quorum): every other
+        seated member of the group is asked for a sign of life, once per silence. True
+        when a member's seat was revoked this round."""
+        gid = self.view.slot
+        if gid is None:
+            return False
+        revoked = False
+        for rank, node in sorted(job.seats.get(gid, {}).items()):
+            if node != self.cfg.node_id:
+                revoked |= self._probe.check(node, gid * self.nodes + rank, ("silence", silence))
+        return revoked
 
     def holds(self, job: JobView) -> bool:
         """Whether this node still holds its seat. Where the job's view shows another

@@ -60,6 +60,7 @@ from daemon.ranks.workers import ExitKind
 from daemon.supervision import health_gate as gate
 from daemon.supervision.after_stop import after_stop
 from daemon.supervision.restarts import RestartBudget
+from daemon.supervision.seat_probe import too_still
 from daemon.supervision.spanning import SpanningGroup
 from daemon.supervision.systemd import Notifier
 from daemon.supervision.upkeep import EtcdUpkeep, Join, UpkeepReport
@@ -299,6 +300,13 @@ class Supervisor:
             # on) go on by themselves: the member that left first finished the same step.
             if moved is not None and not self.group.finishing():
                 return self._stop(GroupRestart(moved))
+            v = self.view  # a member dead without a word blocks our ranks
+            still = too_still(v.quiet_since, time.monotonic(), v.phases, v.step_time_median_s)
+            if still and self.upkeep.seats.probe_members(self.view.job, v.quiet_since or 0.0):
+                # The other groups' ranks blocked with that member's abandon the step at
+                # once, not after ft.timeout_s; ours stop next round (must_stop).
+                word = self.group.failure_word(ExitKind.HUNG, self.view.job.lighthouse)
+                self.upkeep.announce_failure(word)
         if self._unhealthy_leaves():
             assert self.view.health is not None
             return self._stop(Unhealthy(self.view.health.summary()))

@@ -11,6 +11,7 @@ node ends with the same parameters.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -25,9 +26,11 @@ from tests.support.harness import (
     DAEMON_JOB,
     Daemon,
     Event,
+    children,
     event_time,
     hurry,
     largest_step_gap,
+    ready_standby,
     slow,
     start_daemon,
     wait_for,
@@ -210,7 +213,8 @@ def test_a_group_short_of_a_node_waits_and_a_spare_takes_a_lost_nodes_seat(
 ) -> None:
     """Three nodes: group 0 trains alone while group 1 waits for its second node, saying
     so in `phalanx status`. A fourth joins group 1 and a fifth waits as a spare; when one
-    of group 1's nodes is lost the spare takes its seat. Then a node of group 0 drains.
+    of group 1's nodes goes silent (frozen) the spare takes its seat, on its group's word and
+    long before its lease lapses. Then a node of group 0 drains.
     Every item of every committed step is trained exactly once through it all (the
     coverage test's accounting)."""
     etcd_host = network.add_host("etcd")
@@ -271,8 +275,15 @@ def test_a_group_short_of_a_node_waits_and_a_spare_takes_a_lost_nodes_seat(
 
         held = seats(daemons)
         lost = held[(1, 1)]
+        ready_standby(held[(1, 0)], 60)  # its restart starts warm, as a job's long after its start
+        # The node goes silent: its daemon and ranks frozen (SIGSTOP), as a host that
+        # hangs or loses its network, so no connection is reset and nobody answers. Its
+        # partner's ranks block in a collective with it; the partner asks it for a sign of
+        # life once they have been still for SILENCE_S, has none, and revokes the seat.
         killed = time.time()
-        lost.stop()
+        for pid in [lost.pid, *children(lost.pid)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
         wait_for(
             lambda: spare.require_status()["replica_group"] == 1, 60, "the spare to take the seat"
         )
@@ -283,6 +294,21 @@ def test_a_group_short_of_a_node_waits_and_a_spare_takes_a_lost_nodes_seat(
         assert len(revoked) == 1 and revoked[0]["seat"] == 3, revoked
         claimed = [e for e in spare.events("slot_claimed") if e["slot"] == 1]
         assert claimed and event_time(claimed[0]) >= event_time(revoked[0]), claimed
+        # It announced its group's failure, so group 0's ranks blocked in a collective with
+        # the frozen node's abandoned the step rather than wait out ft.timeout_s.
+        announced = held[(1, 0)].events("failure_announced")
+        assert [e for e in announced if event_time(e) >= event_time(revoked[0])], announced
+        told = wait_for(
+            lambda: [
+                e
+                for n in (held[(0, 0)], held[(0, 1)])
+                for e in n.events("ranks_told")
+                if event_time(e) >= event_time(revoked[0]) and "failed in quorum" in e["reason"]
+            ],
+            30,
+            "group 0's nodes to tell their ranks",
+        )
+        assert told, told
         # Only the spare's generation counts: group 1's first node can commit a step or two
         # with group 0 after `killed`, before the loss reaches it. Draining group 0 on those
         # would leave group 1 with no peer to heal from, and no checkpoint: it would start

@@ -26,7 +26,7 @@ OWNERS = {
     "daemon/supervision/attempts.py": {"etcd_up", "etcd_errors"},
     "daemon/leadership/election.py": {"leader"},
     "daemon/ranks/node_group.py": {
-        "pids", "standby_pids", "phases", "hang_timeouts", "hang_learned", "step_time_quantile_s",
+        "pids", "standby_pids", "phases", "quiet_since", "hang_timeouts", "hang_learned", "step_time_quantile_s",
         "step_time_median_s",
     },
     "daemon/node_state/view.py": {  # track (the rank output threads) and completed_for

@@ -9,7 +9,7 @@ from typing import Any, cast
 
 from daemon.coordination import Coordinator
 from daemon.coordination.progress import Progress
-from daemon.supervision.seat_probe import PROBE_WAIT_S, SeatProbe
+from daemon.supervision.seat_probe import PROBE_WAIT_S, SILENCE_S, SeatProbe, too_still
 
 
 class Etcd:
@@ -82,3 +82,16 @@ def test_a_seat_that_changed_hands_meanwhile_is_left_alone() -> None:
     etcd.seats[3] = "e"  # b's lease lapsed and a spare took the seat
     now[0] += 10 * PROBE_WAIT_S
     assert not p.check("b", 3, 7) and etcd.seats == {3: "e"}
+
+
+def test_only_ranks_still_where_a_member_blocks_them_ask_and_long_steps_ask_later() -> None:
+    now = 100.0
+    assert too_still(now - SILENCE_S - 0.1, now, ["step", "quorum"], None)
+    assert not too_still(now - SILENCE_S + 0.1, now, ["step"], None)
+    # A build, a load, a save or an evaluation may be long by itself: nothing is asked.
+    for phase in ("start", "load", "save", "eval", "finish"):
+        assert not too_still(now - 60, now, ["step", phase], None), phase
+    # Steps of 5 s are still 10 s before anyone is asked.
+    assert not too_still(now - 9.0, now, ["step"], 5.0)
+    assert too_still(now - 10.5, now, ["step"], 5.0)
+    assert not too_still(None, now, ["step"], None) and not too_still(now - 60, now, [], None)
