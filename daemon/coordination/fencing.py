@@ -34,7 +34,7 @@ state that survives (a healing source or a checkpoint).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from enum import StrEnum
 from typing import Any
 
@@ -75,12 +75,19 @@ def epoch_doubt_s(leader_ttl_s: float, lease_ttl_s: float) -> float:
 
 
 def job_moved_on(
-    step: int, state: Mapping[str, Any] | None, checkpoint: Mapping[str, Any] | None
+    step: int,
+    state: Mapping[str, Any] | None,
+    checkpoint: Mapping[str, Any] | None,
+    invalid: Collection[str] = (),
 ) -> str | None:
     """Why the job went on past a group paused at `step`, from what it recorded (its
-    ``state`` key, its newest published checkpoint), or None."""
+    ``state`` key, its newest published checkpoint), or None. A published checkpoint
+    whose path is in `invalid` (our ranks found it corrupt and the job resumed from an
+    older one) says nothing: the job went back from it, not on past us."""
     if state is not None and state.get("state") == "completed":
         return f"the job completed (at step {_int(state.get('step'))}) while we were fenced"
+    if checkpoint is not None and str(checkpoint.get("path")) in invalid:
+        return None
     newest = _int(checkpoint.get("step")) if checkpoint is not None else -1
     if newest >= step + AHEAD_BY:  # our reported step may trail our commits by one
         return f"the job has a checkpoint of step {newest}, past our step {step}"

@@ -74,6 +74,7 @@ class NodeView:
     stragglers: dict[int, float] = field(default_factory=dict)  # rank -> ratio, while flagged
     train_done: dict[str, Any] | None = None
     latest_checkpoint: dict[str, Any] | None = None  # from a rank's checkpoint_saved
+    invalid_checkpoints: set[str] = field(default_factory=set)  # paths our ranks refused to load
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -129,7 +130,10 @@ class NodeView:
             elif name == "train_done":
                 self.train_done = dict(event)
                 self.step = int(event.get("step", self.step))
+            elif name == "checkpoint_invalid":
+                self.invalid_checkpoints = {*self.invalid_checkpoints, str(event.get("path"))}
             elif name == "checkpoint_saved":
+                self.invalid_checkpoints = self.invalid_checkpoints - {str(event.get("path"))}
                 self.latest_checkpoint = {
                     "step": event.get("step"),
                     "path": event.get("path"),

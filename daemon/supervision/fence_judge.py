@@ -8,6 +8,7 @@ that judgement and the node's record need.
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from daemon.coordination import Fence, after_fence
@@ -94,7 +95,12 @@ class FenceJudge:
         return Fence.DISCARD, why
 
     def verdict(
-        self, job: JobView | None, step: int, snapshot_at: float, shown: str | None
+        self,
+        job: JobView | None,
+        step: int,
+        snapshot_at: float,
+        shown: str | None,
+        invalid: Collection[str] = (),
     ) -> tuple[Fence, str]:
         """What paused ranks may do: HOLD while fenced or undecided (`snapshot_at`: when the
         job was last read); KEEP or DISCARD once, logged, after which the lost lease
@@ -108,7 +114,7 @@ class FenceJudge:
             why, self.doubt = self.doubt, None
             return self.discard(step, why)
         verdict, why = Fence.KEEP, "the lease was kept: nothing changed hands"
-        moved_on = job_moved_on(step, job.state, job.checkpoint) if job else None
+        moved_on = job_moved_on(step, job.state, job.checkpoint, invalid) if job else None
         if moved_on is not None:
             verdict, why = Fence.DISCARD, moved_on
         elif self.lease_lost:

@@ -216,7 +216,9 @@ class EtcdUpkeep:
                 why = f"not every running node answered within {ASK_WAIT_S:g} s"
                 return judge.discard(view.step, f"{why}: they may have gone on without us")
             job = replace(job, nodes=asked[0])
-        verdict = judge.verdict(job, view.step, self.snapshot_at, view.waiting_for)
+        verdict = judge.verdict(
+            job, view.step, self.snapshot_at, view.waiting_for, view.invalid_checkpoints
+        )
         if not judge.lease_lost:
             self.progress_ask.done()
         return verdict

@@ -30,7 +30,6 @@ from tests.support.harness import (
     event_time,
     hurry,
     largest_step_gap,
-    ready_standby,
     slow,
     start_daemon,
     wait_for,
@@ -275,7 +274,6 @@ def test_a_group_short_of_a_node_waits_and_a_spare_takes_a_lost_nodes_seat(
 
         held = seats(daemons)
         lost = held[(1, 1)]
-        ready_standby(held[(1, 0)], 60)  # its restart starts warm, as a job's long after its start
         # The node goes silent: its daemon and ranks frozen (SIGSTOP), as a host that
         # hangs or loses its network, so no connection is reset and nobody answers. Its
         # partner's ranks block in a collective with it; the partner asks it for a sign of

@@ -16,6 +16,7 @@ from daemon.coordination.fencing import (
 )
 from daemon.coordination.job_view import JobView
 from daemon.node_state.states import State
+from daemon.node_state.view import NodeView
 from daemon.supervision.after_stop import FENCED_OUT, after_stop
 from daemon.supervision.fence_judge import FenceJudge
 from daemon.supervision.restarts import RestartBudget
@@ -113,6 +114,24 @@ def test_what_the_job_recorded_outranks_the_records_of_who_is_left() -> None:
     assert job_moved_on(2498, {"state": "running", "step": 0}, {"step": 2499}) is None
     assert job_moved_on(2498, None, {"step": 2000}) is None
     assert job_moved_on(2498, None, None) is None
+
+
+def test_a_checkpoint_our_ranks_found_corrupt_is_no_sign_the_job_went_on() -> None:
+    """Random faults, seed 673522: step-450 was corrupted, the job resumed from step 400, and
+    etcd still named step 450 as the newest checkpoint. An etcd outage then fenced every
+    node, and each discarded its ranks at step 427 for "a checkpoint of step 450": every
+    group restarted, loaded step 400 and trained 401-427 again. A checkpoint that this
+    node's ranks refused to load (checkpoint_invalid) is where the job went back from."""
+    corrupt = {"step": 450, "path": "/ckpt/run-1/step-450"}
+    assert job_moved_on(427, None, corrupt) is not None
+    assert job_moved_on(427, None, corrupt, {"/ckpt/run-1/step-450"}) is None
+    assert job_moved_on(427, None, corrupt, {"/ckpt/run-1/step-400"}) is not None
+    view = NodeView()
+    view.track({"event": "checkpoint_invalid", "path": "/ckpt/run-1/step-450"}, "me")
+    assert view.invalid_checkpoints == {"/ckpt/run-1/step-450"}
+    # Saved again at the same step after the resume: a good checkpoint, trusted again.
+    view.track({"event": "checkpoint_saved", "step": 450, "path": "/ckpt/run-1/step-450"}, "me")
+    assert view.invalid_checkpoints == set()
 
 
 def test_a_fenced_node_never_resumes_into_a_completed_job() -> None:

@@ -31,7 +31,7 @@ OWNERS = {
     },
     "daemon/node_state/view.py": {  # track (the rank output threads) and completed_for
         "step", "loss", "participants", "largest_quorum", "committed_steps", "heals",
-        "started_over", "started_over_from", "last_heal_s", "rank_error", "stragglers", "train_done", "latest_checkpoint", "completed_seen_at",
+        "started_over", "started_over_from", "last_heal_s", "rank_error", "stragglers", "train_done", "latest_checkpoint", "invalid_checkpoints", "completed_seen_at",
     },
 }  # fmt: skip
 
