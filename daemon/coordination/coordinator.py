@@ -32,6 +32,7 @@ from typing import Any
 from pyetcd import transactions as txn
 
 from daemon.config.etcd_settings import check_etcd_settings
+from daemon.coordination import slots as slot_keys
 from daemon.coordination.etcd_client import (
     CoordinationError,
     EtcdAccessDenied,
@@ -63,7 +64,6 @@ from daemon.coordination.progress import (
     progress_prefix,
     reached_key,
 )
-from daemon.coordination.slots import claim_free, held_slots, mine, slot_prefix, slot_suffix
 from trainer import logs
 
 log = logs.get()
@@ -222,20 +222,19 @@ class Coordinator:
         groups span nodes): one this node id holds already, else ``preferred``, else a free
         one spread among the joiners (``daemon.coordination.slots``); None if all are taken."""
         npg, slots = nodes_per_group, max_replicas * nodes_per_group
-        lease, prefix = self._lease(), self._key(slot_prefix(npg))
-        held = held_slots(prefix, self._range(slot_prefix(npg)), npg)
-        gid = mine(held, self.node_id, slots)
-        if gid is not None:
-            kv = held[gid]
-            key = prefix + slot_suffix(gid, npg)
-            if self._rebind(key, kv.value, kv.mod_revision, kv.lease):
-                return gid
+        lease, prefix = self._lease(), self._key(slot_keys.slot_prefix(npg))
+        held = slot_keys.held_slots(prefix, self._range(slot_keys.slot_prefix(npg)), npg)
+        gid = slot_keys.mine(held, self.node_id, slots)
+        if gid is not None and slot_keys.rebind(
+            self._txn, prefix + slot_keys.slot_suffix(gid, npg), held[gid], self._me, lease
+        ):
+            return gid
         if all(g in held for g in range(slots)):
             return None
         registered = self._call(
             lambda c: c.get_prefix_response(self._key("nodes/"), count_only=True)
         ).count
-        return claim_free(
+        return slot_keys.claim_free(
             self._txn, prefix, held, self._me, lease,
             node_id=self.node_id, max_replicas=slots, preferred=preferred,
             joiners=int(registered) - len(held), nodes_per_group=npg,
@@ -243,23 +242,16 @@ class Coordinator:
 
     def seat_holder(self, seat: int, nodes_per_group: int) -> str | None:
         """The node id holding seat `seat` now (None: free), read from etcd itself."""
-        key = self._key(slot_prefix(nodes_per_group) + slot_suffix(seat, nodes_per_group))
-        value, _ = self._call(lambda c: c.get(key))
-        return holder_of(value)[0] if value is not None else None
+        return holder_of(self._get(slot_keys.seat_key(seat, nodes_per_group)))[0]
 
     def revoke_seat(self, seat: int, nodes_per_group: int, member: str) -> bool:
-        """Delete seat `seat`'s key if `member` still holds it (``seat_probe.py``: a member
-        that gave no sign of life); False when it does not (it left, or another holds it)."""
-        key = self._key(slot_prefix(nodes_per_group) + slot_suffix(seat, nodes_per_group))
-        value, _ = self._call(lambda c: c.get(key))
-        if value is None or holder_of(value)[0] != member:
-            return False
-        ok, _ = self._txn([txn.Value(key) == bytes(value)], [txn.Delete(key)], [])
-        return ok
+        """Delete seat `seat`'s key if `member` still holds it (``slots.revoke_held``)."""
+        key = slot_keys.seat_key(seat, nodes_per_group)
+        return slot_keys.revoke_held(self._txn, self._key(key), self._get(key), member)
 
     def release_slot(self, gid: int, nodes_per_group: int = 1) -> None:
         """Delete ``groups/<gid>`` (or seat `gid`'s key) if this node holds it."""
-        key = self._key(slot_prefix(nodes_per_group) + slot_suffix(gid, nodes_per_group))
+        key = self._key(slot_keys.seat_key(gid, nodes_per_group))
         self._txn([txn.Value(key) == self._me], [txn.Delete(key)], [])
 
     def bump_generation(self, gid: int, seen: int) -> int:
@@ -431,6 +423,10 @@ class Coordinator:
         )
         return bool(ok), list(responses)
 
+    def _get(self, name: str) -> bytes | None:
+        value, _ = self._call(lambda c: c.get(self._key(name)))
+        return None if value is None else bytes(value)
+
     def _range(self, name: str) -> list[Any]:
         response = self._call(lambda c: c.get_prefix_response(self._key(name)))
         return list(response.kvs)
@@ -444,19 +440,6 @@ class Coordinator:
                 "this node's etcd lease has expired; call ensure_session() and register again."
             )
         return session.lease_id
-
-    def _rebind(self, key: str, value: bytes, mod_revision: int, key_lease: int) -> bool:
-        """Keep a key this node already holds, moving it to this process and lease if needed.
-
-        A key can outlive the process that wrote it (a restarted daemon's
-        predecessor, on the same run directory); left on that process's lease it
-        would vanish later without notice.
-        """
-        lease = self._lease()
-        if key_lease == lease and value == self._me.encode():
-            return True
-        ok, _ = self._txn([txn.Mod(key) == mod_revision], [txn.Put(key, self._me, lease)], [])
-        return ok
 
     def _revoke_quietly(self, lease_id: int) -> None:
         try:  # not self._call: "lease not found" here is about lease_id, not our session

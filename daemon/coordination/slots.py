@@ -60,6 +60,32 @@ def slot_of(suffix: str, nodes_per_group: int) -> int | None:
     return int(gid) * nodes_per_group + int(rank)
 
 
+def seat_key(seat: int, nodes_per_group: int) -> str:
+    """The key (below the job's prefix) of slot or seat `seat`."""
+    return slot_prefix(nodes_per_group) + slot_suffix(seat, nodes_per_group)
+
+
+def rebind(do_txn: Txn, key: str, kv: Any, me: str, lease: int) -> bool:
+    """Keep a slot key this node already holds (`kv`, as read), moving it to this process
+    and lease if needed. A key can outlive the process that wrote it (a restarted
+    daemon's predecessor, on the same run directory); left on that process's lease it
+    would vanish later without notice."""
+    if kv.lease == lease and bytes(kv.value) == me.encode():
+        return True
+    ok, _ = do_txn([txn.Mod(key) == kv.mod_revision], [txn.Put(key, me, lease)], [])
+    return ok
+
+
+def revoke_held(do_txn: Txn, key: str, value: bytes | None, member: str) -> bool:
+    """Delete the seat at `key` (its value `value`, as read) if `member` still holds it,
+    compared on the value (``daemon.supervision.seat_probe``: a member that gave no sign of
+    life); False when it does not (it left, or another holds it)."""
+    if value is None or holder_of(value)[0] != member:
+        return False
+    ok, _ = do_txn([txn.Value(key) == bytes(value)], [txn.Delete(key)], [])
+    return ok
+
+
 def held_slots(prefix: str, kvs: list[Any], nodes_per_group: int = 1) -> dict[int, Any]:
     """Slot number -> its key-value (or (value, metadata) from a transaction's range)."""
     held: dict[int, Any] = {}
