@@ -38,6 +38,7 @@ from bench.pauses import longest_gap
 from tests.support.harness import Daemon, event_time, ready_standby, start_daemon, wait_for
 from tests.support.multihost import etcd_on
 from tests.support.netns import Host, Network
+from tests.support.spanning_groups import seats
 
 JOB = """\
 # bench/spare_takeover.py: every setting at its default but the job's size.
@@ -79,8 +80,7 @@ def together_after(daemons: list[Daemon], group: int, after: float) -> float | N
 
 def holder(daemons: list[Daemon], seat: tuple[int, int]) -> Daemon | None:
     """The live daemon in `seat` (group, node rank), if any."""
-    live = [d for d in daemons if d.proc.popen.poll() is None]
-    return next((d for d in live if seat_of(d) == seat), None)
+    return seats([d for d in daemons if d.proc.popen.poll() is None]).get(seat)
 
 
 def started_after(daemons: list[Daemon], group: int, after: float) -> float | None:
