@@ -247,13 +247,15 @@ class Supervisor:
             return State.WAITING
         lighthouse = self.upkept.lighthouse
         missing = self.waiting.missing(lighthouse is not None)
+        if self.spanning is not None and self.view.job is not None:
+            # Asked at once, while our failed ranks' quorum requests expire (seat_probe.py).
+            member = self.spanning.blocker(self.view.job, self.view.slot, self.view.node_rank)
+            if member is not None:
+                self.upkeep.seats.probe(self.view.job, member)
         if missing is None and self.spanning is not None and self.view.job is not None:
             if not self.upkeep.seats.holds(self.view.job):
                 return State.CLAIMING  # revoked while we were out of touch (seat_probe.py)
             missing = self.spanning.missing(self.view.job, self.view.slot, self.view.node_rank)
-            member = self.spanning.blocker(self.view.job, self.view.slot, self.view.node_rank)
-            if member is not None:
-                self.upkeep.seats.probe(self.view.job, member)
         if missing is None:
             assert lighthouse is not None  # missing() asks for it first
             part = self._part() if self.spanning is not None else None
