@@ -26,6 +26,7 @@ from typing import IO, Any
 
 from daemon.children import descendants, free_port
 from daemon.coordination.etcd_server import EmbeddedEtcd
+from trainer.chaos import CHAOS_DELAY
 
 NODES = ("node-a", "node-b")
 VICTIM = "node-b"
@@ -82,7 +83,7 @@ def _start_node(
     argv = [sys.executable, "-m", "daemon.cli", "run", "--config", str(job), "--node-id", name]
     for key, value in overrides.items():
         argv += ["--set", f"{key}={value}"]
-    env = {**os.environ, "PHALANX_CHAOS_DELAY": STEP_DELAY_S, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, CHAOS_DELAY: STEP_DELAY_S, "OMP_NUM_THREADS": "1"}
     popen = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     assert popen.stderr is not None
     threading.Thread(

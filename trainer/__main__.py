@@ -17,6 +17,7 @@ from typing import Any
 
 from trainer import logs
 from trainer.config import ConfigError, add_override_option, load_trainer_config
+from trainer.config import env as env_vars
 from trainer.config.env import RankEnv
 from trainer.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_NO_QUORUM, NoQuorum
 
@@ -26,7 +27,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="python -m trainer",
         description="Run one rank of the Phalanx trainer under the torchrun/Phalanx env contract.",
     )
-    default = os.environ.get("PHALANX_CONFIG")
+    default = os.environ.get(env_vars.CONFIG)
     parser.add_argument(
         "--config",
         required=default is None,

@@ -58,6 +58,12 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
+# The variables, read by every rank and checked by the daemon's preflight.
+CHAOS = "PHALANX_CHAOS"
+CHAOS_RANKS = "PHALANX_CHAOS_RANKS"
+CHAOS_DELAY = "PHALANX_CHAOS_DELAY"
+CHAOS_SLEEP = "PHALANX_CHAOS_SLEEP"
+
 POINTS = (
     "start", "forward", "gradients", "allreduce", "optimizer", "buffers", "checkpoint", "resume",
     "restored", "finish",
@@ -107,10 +113,10 @@ def parse(spec: str) -> list[Fault]:
     return faults
 
 
-def parse_delay(text: str | None, name: str = "PHALANX_CHAOS_DELAY") -> float:
+def parse_delay(text: str | None, name: str = CHAOS_DELAY) -> float:
     """Seconds of ``PHALANX_CHAOS_DELAY`` (or `name`; unset or empty: 0; ``@PATH`` for
     the delay only: the number in the file PATH now); ValueError when malformed."""
-    if text and text.startswith("@") and name == "PHALANX_CHAOS_DELAY":
+    if text and text.startswith("@") and name == CHAOS_DELAY:
         path = text[1:]
         try:
             text = Path(path).read_text().strip()
@@ -160,15 +166,14 @@ class Pace:
 
 
 class Chaos:
-    def __init__(self, spec: str | None = None, delay: float | None = None) -> None:
-        self.faults = parse(spec if spec is not None else os.environ.get("PHALANX_CHAOS", ""))
-        ranks = parse_ranks(os.environ.get("PHALANX_CHAOS_RANKS"))
-        if ranks is not None and int(os.environ.get("RANK", "0")) not in ranks:
+    def __init__(self, spec: str | None = None, delay: float | None = None, rank: int = 0) -> None:
+        """`rank`: this rank's in its group (RankEnv.rank), which PHALANX_CHAOS_RANKS picks."""
+        self.faults = parse(spec if spec is not None else os.environ.get(CHAOS, ""))
+        ranks = parse_ranks(os.environ.get(CHAOS_RANKS))
+        if ranks is not None and rank not in ranks:
             self.faults = []
-        self.pace = Pace(str(delay) if delay is not None else os.environ.get("PHALANX_CHAOS_DELAY"))
-        self.sleep_s = parse_delay(
-            os.environ.get("PHALANX_CHAOS_SLEEP") or "10", "PHALANX_CHAOS_SLEEP"
-        )
+        self.pace = Pace(str(delay) if delay is not None else os.environ.get(CHAOS_DELAY))
+        self.sleep_s = parse_delay(os.environ.get(CHAOS_SLEEP) or "10", CHAOS_SLEEP)
         self.step = 0  # the committed step being attempted
         self.attempt = -1  # this process's step attempts, from 0
 

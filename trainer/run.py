@@ -82,7 +82,7 @@ def run(cfg: TrainerConfig, env: RankEnv, work: workload.Workload | None = None)
 def build(cfg: TrainerConfig, env: RankEnv, work: workload.Workload | None = None) -> Built:
     """Every component of one rank, in order; nothing trains yet."""
     started = time.monotonic()
-    chaos = Chaos()
+    chaos = Chaos(rank=env.rank)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     torch.manual_seed(cfg.train.seed)

@@ -348,10 +348,10 @@ def check_chaos(environ: Mapping[str, str], node_env: Mapping[str, str]) -> None
     """PHALANX_CHAOS, _DELAY, _SLEEP and _RANKS as the ranks will inherit them (node.env
     wins)."""
     checks: tuple[tuple[str, Callable[[str], object]], ...] = (
-        ("PHALANX_CHAOS", chaos.parse),
-        ("PHALANX_CHAOS_DELAY", chaos.parse_delay),
-        ("PHALANX_CHAOS_SLEEP", lambda text: chaos.parse_delay(text, "PHALANX_CHAOS_SLEEP")),
-        ("PHALANX_CHAOS_RANKS", chaos.parse_ranks),
+        (chaos.CHAOS, chaos.parse),
+        (chaos.CHAOS_DELAY, chaos.parse_delay),
+        (chaos.CHAOS_SLEEP, lambda text: chaos.parse_delay(text, chaos.CHAOS_SLEEP)),
+        (chaos.CHAOS_RANKS, chaos.parse_ranks),
     )
     for name, parse in checks:
         where = "node.env" if name in node_env else "the daemon's environment"

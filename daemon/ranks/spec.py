@@ -13,6 +13,8 @@ from pathlib import Path
 from daemon.config import DaemonConfig
 from daemon.config.netif import interface_for
 from daemon.coordination.fencing import LEASE_FILE, NOTICE_FILE
+from trainer.config import env as rank_vars
+from trainer.config.env import RankEnv
 from trainer.contracts import heartbeat as heartbeat_file
 
 RANK_ARGV = [sys.executable, "-m", "trainer"]
@@ -116,38 +118,34 @@ def rank_env(spec: GroupSpec, rank: int, master_port: int, attempt: int) -> dict
     with the same variables, placeholders for the start's own, and gets these on takeover).
     The group's ranks are numbered as torchrun numbers them: node by node."""
     s, seat = spec, spec.seat
-    env = {
-        **os.environ,
-        **s.extra_env,
-        "RANK": str(seat.node_rank * s.nproc + rank),
-        "LOCAL_RANK": str(rank),
-        "WORLD_SIZE": str(seat.nodes * s.nproc),
-        "LOCAL_WORLD_SIZE": str(s.nproc),
-        "GROUP_RANK": str(seat.node_rank),
+    contract = RankEnv(
+        rank=seat.node_rank * s.nproc + rank,
+        local_rank=rank,
+        world_size=seat.nodes * s.nproc,
+        local_world_size=s.nproc,
+        group_rank=seat.node_rank,
         # The group's rank 0 hosts the store; torchft publishes it to the other groups.
-        "MASTER_ADDR": seat.master_addr or s.advertise_host,
-        "MASTER_PORT": str(master_port),
-        "REPLICA_GROUP_ID": str(s.slot),
-        "NUM_REPLICA_GROUPS": str(s.num_slots),
-        "TORCHFT_LIGHTHOUSE": s.lighthouse,
-        "PHALANX_CONFIG": str(s.config_path),
-        "PHALANX_MIN_REPLICAS": str(s.min_replicas),
-        "PHALANX_HEARTBEAT": str(heartbeat_path(s, rank)),
-        "PHALANX_LEASE_FILE": str(s.run_dir / LEASE_FILE),
-        "PHALANX_NOTICE": str(s.run_dir / NOTICE_FILE),
-        "PHALANX_JOB": s.job,
-        "PHALANX_NODE": s.node,
-        "PHALANX_ADVERTISE_HOST": s.advertise_host,
-        "PHALANX_BIND_HOST": s.bind_host,
-        "PHALANX_ATTEMPT": str(attempt),
-        "PYTHONUNBUFFERED": "1",
-    }
-    if s.join_timeout_ms:
-        env["PHALANX_JOIN_TIMEOUT_MS"] = str(s.join_timeout_ms)
-    if s.replica_uuid:
-        env["PHALANX_REPLICA_UUID"] = s.replica_uuid
-    else:
-        env.pop("PHALANX_REPLICA_UUID", None)
+        master_addr=seat.master_addr or s.advertise_host,
+        master_port=master_port,
+        replica_group=s.slot,
+        num_replica_groups=s.num_slots,
+        lighthouse=s.lighthouse,
+        min_replicas=s.min_replicas,
+        heartbeat=heartbeat_path(s, rank),
+        lease_file=s.run_dir / LEASE_FILE,
+        notice=s.run_dir / NOTICE_FILE,
+        job=s.job,
+        node=s.node,
+        replica_uuid=s.replica_uuid or None,
+        join_timeout_ms=s.join_timeout_ms or None,
+        config=s.config_path,
+        advertise_host=s.advertise_host,
+        bind_host=s.bind_host,
+        attempt=attempt,
+    )
+    env = {**os.environ, **s.extra_env, **contract.to_environ(), "PYTHONUNBUFFERED": "1"}
+    if not s.replica_uuid:  # not inherited from the daemon's own environment either
+        env.pop(rank_vars.REPLICA_UUID, None)
     if s.metrics_dir is not None:
         env["PROMETHEUS_MULTIPROC_DIR"] = str(s.metrics_dir)
     if s.python_path:
@@ -159,7 +157,12 @@ def rank_env(spec: GroupSpec, rank: int, master_port: int, attempt: int) -> dict
         env.setdefault("GLOO_SOCKET_IFNAME", interface)
         env.setdefault("NCCL_SOCKET_IFNAME", interface)
     # torchrun's marker and systemd's notify socket belong to the daemon, not its ranks.
-    for inherited in ("TORCHELASTIC_RUN_ID", "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
+    for inherited in (
+        rank_vars.TORCHELASTIC_RUN_ID,
+        "NOTIFY_SOCKET",
+        "WATCHDOG_USEC",
+        "WATCHDOG_PID",
+    ):
         env.pop(inherited, None)
     env.setdefault("RUST_LOG", "warn")  # torchft's Rust manager logs every quorum at info
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // s.nproc)))

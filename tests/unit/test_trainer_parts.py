@@ -50,10 +50,8 @@ def test_chaos_actions_that_belong_to_some_points_only() -> None:
 
 def test_chaos_ranks_limit_the_faults(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PHALANX_CHAOS_RANKS", "1,3")
-    monkeypatch.setenv("RANK", "1")
-    assert Chaos("resume@0:hide", delay=0).at("resume") is True
-    monkeypatch.setenv("RANK", "2")
-    assert Chaos("resume@0:hide", delay=0).at("resume") is False
+    assert Chaos("resume@0:hide", delay=0, rank=1).at("resume") is True
+    assert Chaos("resume@0:hide", delay=0, rank=2).at("resume") is False
     assert parse_ranks("") is None and parse_ranks("0, 2") == {0, 2}
     with pytest.raises(ValueError, match="PHALANX_CHAOS_RANKS"):
         parse_ranks("1,x")

@@ -2,7 +2,10 @@
 
 torchrun's names (RANK, WORLD_SIZE, MASTER_ADDR, ...) so that ``torchrun -m trainer``
 works without the daemon, plus the replica-group variables torchft uses and a few
-Phalanx ones. Torch-free.
+Phalanx ones. Both sides are here: the daemon writes a :class:`RankEnv` with
+:meth:`RankEnv.to_environ` (``daemon/ranks/spec.py``), a rank reads it back with
+:meth:`RankEnv.from_environ`; each variable's name is spelled once, below
+(``tests/unit/test_rank_env_contract.py``). Torch-free.
 """
 
 from __future__ import annotations
@@ -15,6 +18,33 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.config.sections import ConfigError
+
+# torchrun's (torch.distributed.run) variables.
+RANK = "RANK"
+LOCAL_RANK = "LOCAL_RANK"
+WORLD_SIZE = "WORLD_SIZE"
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+GROUP_RANK = "GROUP_RANK"  # the node's rank among the group's nodes
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
+TORCHELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"  # set by torchrun's agent, never by the daemon
+# torchft's.
+REPLICA_GROUP_ID = "REPLICA_GROUP_ID"
+NUM_REPLICA_GROUPS = "NUM_REPLICA_GROUPS"
+TORCHFT_LIGHTHOUSE = "TORCHFT_LIGHTHOUSE"
+# Phalanx's.
+CONFIG = "PHALANX_CONFIG"  # the job file the daemon resolved (trainer/__main__.py's default)
+MIN_REPLICAS = "PHALANX_MIN_REPLICAS"
+HEARTBEAT = "PHALANX_HEARTBEAT"
+LEASE_FILE = "PHALANX_LEASE_FILE"
+NOTICE = "PHALANX_NOTICE"
+JOB = "PHALANX_JOB"
+NODE = "PHALANX_NODE"
+ADVERTISE_HOST = "PHALANX_ADVERTISE_HOST"
+BIND_HOST = "PHALANX_BIND_HOST"
+ATTEMPT = "PHALANX_ATTEMPT"  # the group's start this rank belongs to, from 1
+REPLICA_UUID = "PHALANX_REPLICA_UUID"
+JOIN_TIMEOUT_MS = "PHALANX_JOIN_TIMEOUT_MS"
 
 
 @dataclass(frozen=True)
@@ -43,6 +73,11 @@ class RankEnv:
     # PHALANX_JOIN_TIMEOUT_MS: the lighthouse's lighthouse.join_timeout_ms, so a rank can
     # say when a quorum waited it out (trainer.ft.quorum_watch); unset: it cannot tell.
     join_timeout_ms: int | None = None
+    group_rank: int = 0  # GROUP_RANK: this node's place among its group's nodes
+    config: Path | None = None  # PHALANX_CONFIG
+    advertise_host: str | None = None  # PHALANX_ADVERTISE_HOST (see advertise_host())
+    bind_host: str | None = None  # PHALANX_BIND_HOST (see bind_host())
+    attempt: int | None = None  # PHALANX_ATTEMPT
 
     @property
     def fault_tolerant(self) -> bool:
@@ -68,47 +103,80 @@ class RankEnv:
                 )
             return value
 
-        world = integer("WORLD_SIZE", 1, 1)
-        rank = integer("RANK", 0)
+        world = integer(WORLD_SIZE, 1, 1)
+        rank = integer(RANK, 0)
         if rank >= world:
             raise ConfigError(f"environment variable RANK={rank} must be below WORLD_SIZE={world}.")
-        groups = integer("NUM_REPLICA_GROUPS", 1, 1)
-        group = integer("REPLICA_GROUP_ID", 0)
+        groups = integer(NUM_REPLICA_GROUPS, 1, 1)
+        group = integer(REPLICA_GROUP_ID, 0)
         if group >= groups:
             raise ConfigError(
                 f"environment variable REPLICA_GROUP_ID={group} must be below NUM_REPLICA_GROUPS={groups}."
             )
-        port = integer("MASTER_PORT", 0)
-        lighthouse = env.get("TORCHFT_LIGHTHOUSE") or None
-        if lighthouse and not env.get("MASTER_ADDR"):
+        port = integer(MASTER_PORT, 0)
+        lighthouse = env.get(TORCHFT_LIGHTHOUSE) or None
+        if lighthouse and not env.get(MASTER_ADDR):
             raise ConfigError(
                 "TORCHFT_LIGHTHOUSE is set but MASTER_ADDR/MASTER_PORT are not; torchft needs the group's store."
             )
-        heartbeat, lease_file = env.get("PHALANX_HEARTBEAT"), env.get("PHALANX_LEASE_FILE")
+        heartbeat, lease_file = env.get(HEARTBEAT), env.get(LEASE_FILE)
+        config = env.get(CONFIG)
         return cls(
             rank=rank,
-            local_rank=integer("LOCAL_RANK", rank),
+            local_rank=integer(LOCAL_RANK, rank),
             world_size=world,
-            local_world_size=integer("LOCAL_WORLD_SIZE", world, 1),
-            master_addr=env.get("MASTER_ADDR") or None,
+            local_world_size=integer(LOCAL_WORLD_SIZE, world, 1),
+            master_addr=env.get(MASTER_ADDR) or None,
             master_port=port or None,
             replica_group=group,
             num_replica_groups=groups,
             lighthouse=lighthouse,
-            min_replicas=integer("PHALANX_MIN_REPLICAS", 1, 1),
+            min_replicas=integer(MIN_REPLICAS, 1, 1),
             heartbeat=Path(heartbeat) if heartbeat else None,
             lease_file=Path(lease_file) if lease_file else None,
-            job=env.get("PHALANX_JOB") or None,
-            node=env.get("PHALANX_NODE") or None,
-            notice=Path(env["PHALANX_NOTICE"]) if env.get("PHALANX_NOTICE") else None,
-            torchelastic=bool(env.get("TORCHELASTIC_RUN_ID")),
-            replica_uuid=replica_uuid(env.get("PHALANX_REPLICA_UUID")),
-            join_timeout_ms=(
-                integer("PHALANX_JOIN_TIMEOUT_MS", 0)
-                if env.get("PHALANX_JOIN_TIMEOUT_MS")
-                else None
-            ),
+            job=env.get(JOB) or None,
+            node=env.get(NODE) or None,
+            notice=Path(env[NOTICE]) if env.get(NOTICE) else None,
+            torchelastic=bool(env.get(TORCHELASTIC_RUN_ID)),
+            replica_uuid=replica_uuid(env.get(REPLICA_UUID)),
+            join_timeout_ms=integer(JOIN_TIMEOUT_MS, 0) if env.get(JOIN_TIMEOUT_MS) else None,
+            group_rank=integer(GROUP_RANK, 0),
+            config=Path(config) if config else None,
+            advertise_host=env.get(ADVERTISE_HOST) or None,
+            bind_host=env.get(BIND_HOST) or None,
+            attempt=integer(ATTEMPT, 0) if env.get(ATTEMPT) else None,
         )
+
+    def to_environ(self) -> dict[str, str]:
+        """The variables :meth:`from_environ` reads back as this value (the daemon's side;
+        unset fields are left out). TORCHELASTIC_RUN_ID is torchrun's, never written."""
+        optional: dict[str, object | None] = {
+            MASTER_ADDR: self.master_addr,
+            MASTER_PORT: self.master_port,
+            TORCHFT_LIGHTHOUSE: self.lighthouse,
+            HEARTBEAT: self.heartbeat,
+            LEASE_FILE: self.lease_file,
+            NOTICE: self.notice,
+            JOB: self.job,
+            NODE: self.node,
+            REPLICA_UUID: self.replica_uuid,
+            JOIN_TIMEOUT_MS: self.join_timeout_ms,
+            CONFIG: self.config,
+            ADVERTISE_HOST: self.advertise_host,
+            BIND_HOST: self.bind_host,
+            ATTEMPT: self.attempt,
+        }
+        return {
+            RANK: str(self.rank),
+            LOCAL_RANK: str(self.local_rank),
+            WORLD_SIZE: str(self.world_size),
+            LOCAL_WORLD_SIZE: str(self.local_world_size),
+            GROUP_RANK: str(self.group_rank),
+            REPLICA_GROUP_ID: str(self.replica_group),
+            NUM_REPLICA_GROUPS: str(self.num_replica_groups),
+            MIN_REPLICAS: str(self.min_replicas),
+            **{name: str(value) for name, value in optional.items() if value is not None},
+        }
 
 
 def replica_id(group: int) -> str:
@@ -130,13 +198,13 @@ def replica_uuid(raw: str | None) -> str | None:
 
 
 def advertise_host() -> str:
-    return os.environ.get("PHALANX_ADVERTISE_HOST") or socket.gethostname()
+    return os.environ.get(ADVERTISE_HOST) or socket.gethostname()
 
 
 def bind_host() -> str:
     """The address this rank's listeners bind: ``PHALANX_BIND_HOST`` (the daemon's
     node.bind_host), else the address the advertised name resolves to."""
-    explicit = os.environ.get("PHALANX_BIND_HOST")
+    explicit = os.environ.get(BIND_HOST)
     if explicit:
         return explicit
     infos = socket.getaddrinfo(advertise_host(), None, type=socket.SOCK_STREAM)

@@ -21,6 +21,7 @@ from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, 
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from trainer.config import ParallelConfig
+from trainer.config import env as rank_vars
 from trainer.config.env import RankEnv, bind_host
 
 AXES = ("pp", "dp_shard", "cp", "tp")
@@ -133,9 +134,9 @@ def init_distributed(cfg: ParallelConfig, env: RankEnv, timeout_s: float) -> Lay
                 timeout=timeout,
             )
         else:  # torchrun's agent hosts the store (or a lone rank on loopback)
-            os.environ.setdefault("MASTER_ADDR", env.master_addr or "127.0.0.1")
+            os.environ.setdefault(rank_vars.MASTER_ADDR, env.master_addr or "127.0.0.1")
             if env.master_port:
-                os.environ.setdefault("MASTER_PORT", str(env.master_port))
+                os.environ.setdefault(rank_vars.MASTER_PORT, str(env.master_port))
             dist.init_process_group(
                 backend,
                 init_method="env://",

@@ -20,6 +20,7 @@ import os
 from typing import Any
 
 from trainer.config import TrainerConfig, load_trainer_config
+from trainer.config import env as rank_vars
 
 FIRST_USE_WIDTH = 256  # a matrix product big enough to load cuBLAS's kernels
 
@@ -64,7 +65,7 @@ def warm_device(config_path: str, cfg: TrainerConfig | None, world_size: int) ->
             return None
         import torch
 
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        device = torch.device("cuda", int(os.environ.get(rank_vars.LOCAL_RANK, "0")))
         torch.cuda.set_device(device)
         first_use(device, bf16=cfg.parallel.param_dtype == "bfloat16")
     except Exception:

@@ -28,6 +28,7 @@ from typing import Any
 
 from trainer import logs
 from trainer.config import TrainerConfig, load_trainer_config
+from trainer.config import env as rank_vars
 from trainer.spares.device_warmup import warm_device
 from trainer.spares.scheduling import (
     IDLE_AUTOGROUP_NICE,
@@ -148,7 +149,7 @@ def wait_for_start(
         lowered = Lowered()
     assignment = _Assignment(lowered)
     prepared = None
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = int(os.environ.get(rank_vars.WORLD_SIZE, "1"))
     try:
         prepared = prepare(config_path, world)
     except Exception as e:  # the rank will meet it again and report it properly

@@ -43,6 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from trainer import logs
+from trainer.config import env as rank_vars
 from trainer.spares.scheduling import lower_to_idle
 from trainer.spares.standby import Prepared, warm
 
@@ -113,7 +114,7 @@ def _warm_at_idle(config_path: str) -> Prepared:
     lowered = lower_to_idle()
     prepared: Prepared = None
     with contextlib.suppress(Exception):  # the standbys (as ranks) report problems
-        prepared = warm(config_path, int(os.environ.get("WORLD_SIZE", "1")))
+        prepared = warm(config_path, int(os.environ.get(rank_vars.WORLD_SIZE, "1")))
     lowered.restore()
     return prepared
 

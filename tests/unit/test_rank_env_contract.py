@@ -1,0 +1,160 @@
+"""The environment contract between the daemon and its ranks (trainer/config/env.py):
+what the daemon writes a rank reads back as the same value, and each variable's name is
+spelled in one module, so the two sides cannot drift apart."""
+
+from __future__ import annotations
+
+import ast
+import io
+import tokenize
+from dataclasses import replace
+from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from daemon.ranks.spec import GroupSpec, Seat, rank_env
+from trainer import chaos
+from trainer.config import env as rank_vars
+from trainer.config.env import RankEnv
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("daemon", "trainer")
+TEXT = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=12)
+
+
+def contract_names() -> dict[str, str]:
+    """Each variable of the contract (and the chaos knobs the daemon checks) -> the module
+    that spells its name."""
+    names = {
+        value: "trainer/config/env.py"
+        for key, value in vars(rank_vars).items()
+        if key.isupper() and isinstance(value, str)
+    }
+    names.update(
+        {
+            value: "trainer/chaos.py"
+            for key, value in vars(chaos).items()
+            if key.startswith("CHAOS") and isinstance(value, str)
+        }
+    )
+    return names
+
+
+def string_literals(path: Path) -> set[str]:
+    """The plain string literals of a source file (f-strings and docstrings' longer text
+    never equal a bare name)."""
+    found: set[str] = set()
+    for token in tokenize.generate_tokens(io.StringIO(path.read_text()).readline):
+        if token.type == tokenize.STRING:
+            try:
+                value = ast.literal_eval(token.string)
+            except (ValueError, SyntaxError):
+                continue
+            if isinstance(value, str):
+                found.add(value)
+    return found
+
+
+def test_each_variable_name_is_spelled_in_one_module() -> None:
+    names = contract_names()
+    assert {"RANK", "PHALANX_NOTICE", "TORCHFT_LIGHTHOUSE", "PHALANX_CHAOS_DELAY"} <= set(names)
+    spelled: dict[str, list[str]] = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for literal in string_literals(path) & set(names):
+                spelled.setdefault(literal, []).append(str(path.relative_to(ROOT)))
+    assert {n: where for n, where in spelled.items() if where != [names[n]]} == {}
+
+
+def test_a_literal_elsewhere_is_found(tmp_path: Path) -> None:
+    source = tmp_path / "reader.py"
+    source.write_text('"""PHALANX_NOTICE in prose."""\nx = os.environ.get("PHALANX_NOTICE")\n')
+    assert "PHALANX_NOTICE" in string_literals(source)
+    source.write_text('"""PHALANX_NOTICE in prose."""\nx = f"{PHALANX_NOTICE}"\n')
+    assert "PHALANX_NOTICE" not in string_literals(source)
+
+
+@st.composite
+def rank_envs(draw: st.DrawFn) -> RankEnv:
+    world = draw(st.integers(1, 64))
+    groups = draw(st.integers(1, 16))
+    local_world = draw(st.integers(1, world))
+    path = st.builds(lambda t: Path("/run") / t.replace("/", "_"), TEXT)
+    return RankEnv(
+        rank=draw(st.integers(0, world - 1)),
+        local_rank=draw(st.integers(0, local_world - 1)),
+        world_size=world,
+        local_world_size=local_world,
+        master_addr=draw(TEXT),
+        master_port=draw(st.integers(1, 65535)),
+        replica_group=draw(st.integers(0, groups - 1)),
+        num_replica_groups=groups,
+        lighthouse=draw(st.none() | TEXT),
+        min_replicas=draw(st.integers(1, 8)),
+        heartbeat=draw(st.none() | path),
+        lease_file=draw(st.none() | path),
+        job=draw(st.none() | TEXT),
+        node=draw(st.none() | TEXT),
+        notice=draw(st.none() | path),
+        replica_uuid=draw(st.none() | st.from_regex(r"[0-9a-f-]{8,64}", fullmatch=True)),
+        join_timeout_ms=draw(st.none() | st.integers(0, 10**6)),
+        group_rank=draw(st.integers(0, 8)),
+        config=draw(st.none() | path),
+        advertise_host=draw(st.none() | TEXT),
+        bind_host=draw(st.none() | TEXT),
+        attempt=draw(st.none() | st.integers(0, 1000)),
+    )
+
+
+@given(rank_envs())
+def test_what_a_launcher_writes_a_rank_reads_back(env: RankEnv) -> None:
+    assert RankEnv.from_environ(env.to_environ()) == env
+
+
+def test_the_daemons_environment_reads_back_as_the_ranks_place(tmp_path: Path) -> None:
+    spec = GroupSpec(
+        nproc=2,
+        slot=1,
+        num_slots=3,
+        lighthouse="http://10.0.0.1:29510",
+        config_path=tmp_path / "job.json",
+        run_dir=tmp_path,
+        min_replicas=2,
+        job="llm",
+        node="node-b",
+        advertise_host="10.0.0.2",
+        bind_host="10.0.0.2",
+        extra_env={},
+        metrics_dir=None,
+        python_path=[],
+        replica_uuid="5eed-0001",
+        seat=Seat(1, 2, "10.0.0.1"),
+        join_timeout_ms=10000,
+    )
+    got = RankEnv.from_environ(rank_env(spec, 1, 29400, 3))
+    assert got == replace(
+        got,
+        rank=3,  # node 1's second rank, torchrun's numbering
+        local_rank=1,
+        world_size=4,
+        local_world_size=2,
+        group_rank=1,
+        master_addr="10.0.0.1",  # the group's first node hosts the store
+        master_port=29400,
+        replica_group=1,
+        num_replica_groups=3,
+        lighthouse="http://10.0.0.1:29510",
+        min_replicas=2,
+        job="llm",
+        node="node-b",
+        replica_uuid="5eed-0001",
+        join_timeout_ms=10000,
+        config=tmp_path / "job.json",
+        advertise_host="10.0.0.2",
+        bind_host="10.0.0.2",
+        attempt=3,
+        torchelastic=False,
+    )
+    assert got.heartbeat is not None and got.heartbeat.parent.is_relative_to(tmp_path)
+    assert got.lease_file is not None and got.notice is not None
