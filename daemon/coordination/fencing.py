@@ -38,10 +38,10 @@ from collections.abc import Collection, Mapping
 from enum import StrEnum
 from typing import Any
 
-LEASE_FILE = (
-    "lease.json"  # in run_dir: our lease and its last confirmation (trainer.checkpoint.lease_fence)
-)
-NOTICE_FILE = "notice.json"  # in run_dir: the lighthouse moved (trainer.ft.notice)
+from trainer.contracts import lease_file, notice_file
+
+LEASE_FILE = lease_file.NAME  # in run_dir: our lease and its last confirmation
+NOTICE_FILE = notice_file.NAME  # in run_dir: the daemon's notices to its ranks
 AHEAD_BY = 2  # a paused rank may still commit the step whose vote it had finished
 HOLD_S = 30.0
 

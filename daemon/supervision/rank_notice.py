@@ -21,8 +21,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from daemon.supervision.lease_file import write_notice
 from trainer import logs
+from trainer.contracts import notice_file
+from trainer.contracts.notice_file import Told
 
 KEPT = 8  # notices the file holds: a rank polls every 50 ms, the daemon tells a few a round
 _UNSEEN = object()  # no view of the job yet
@@ -33,17 +34,23 @@ class RankNotice:
         self.path = path
         path.unlink(missing_ok=True)  # a notice is news to this daemon's ranks only
         self._seq = 0
-        self._kept: list[dict[str, Any]] = []
+        self._kept: list[Told] = []
         self._lost_seen: Any = _UNSEEN  # the leader's last ``lost`` announcement seen
         self._failed_seen: Any = _UNSEEN  # the ``failed/<gid>`` announcements seen
 
-    def tell(self, lighthouse: str, reason: str, **lost: Any) -> None:
-        """One more notice; `lost`: ``quorum_id`` and ``replicas`` for members lost."""
+    def tell(
+        self,
+        lighthouse: str,
+        reason: str,
+        quorum_id: int | None = None,
+        replicas: tuple[str, ...] = (),
+    ) -> None:
+        """One more notice; `quorum_id` and `replicas` for members lost from a quorum."""
         self._seq += 1
-        notice = {"seq": self._seq, "lighthouse": lighthouse, "reason": reason, **lost}
+        notice = Told(self._seq, lighthouse, reason, quorum_id, replicas)
         self._kept = [*self._kept, notice][-KEPT:]
-        write_notice(self.path, self._kept)
-        logs.get().info("ranks_told", **notice)
+        notice_file.write(self.path, self._kept)
+        logs.get().info("ranks_told", **notice.fields())
 
     def follow_lost(self, lost: Any, lighthouse: str | None) -> None:
         """The leader's ``lost`` key as the view shows it: a new announcement by the
@@ -78,5 +85,5 @@ class RankNotice:
             lighthouse,
             reason.format(", ".join(named), quorum_id),
             quorum_id=quorum_id,
-            replicas=named,
+            replicas=tuple(named),
         )

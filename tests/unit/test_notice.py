@@ -10,15 +10,15 @@ import torch
 from torch.distributed import AllreduceOptions, TCPStore  # type: ignore[attr-defined]
 from torchft.process_group import ProcessGroupGloo
 
-from daemon.supervision.lease_file import write_notice
 from daemon.supervision.rank_notice import RankNotice
+from trainer.contracts.notice_file import write as write_notice
 from trainer.ft import torchft_adapter as ft
 from trainer.ft.notice import Notice, StepWaits, Told
 from trainer.ft.step_notices import StepNotices
 
 
-def _moved(seq: int, lighthouse: str, reason: str) -> dict[str, object]:
-    return {"seq": seq, "lighthouse": lighthouse, "reason": reason}
+def _moved(seq: int, lighthouse: str, reason: str) -> Told:
+    return Told(seq, lighthouse, reason)
 
 
 def test_a_notice_is_news_once_and_what_came_before_the_rank_is_not(tmp_path: Path) -> None:

@@ -14,11 +14,12 @@ daemon (no ``PHALANX_LEASE_FILE``) there is no fence.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
+
+from trainer.contracts import lease_file
 
 
 class Confirmation(StrEnum):
@@ -41,11 +42,7 @@ class LeaseFence:
     wait_s: float = 30.0  # how long a blocking finish waits for a confirmation
 
     def read(self) -> tuple[str, int] | None:
-        try:
-            data = json.loads(self.path.read_text())
-            return str(data["lease"]), int(data["confirmed_ns"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
+        return lease_file.read(self.path)
 
     def stamp(self) -> Stamp:
         now = self.read()

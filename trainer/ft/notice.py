@@ -7,9 +7,8 @@ will never answer (a cut-off host sends no reset) or in a quorum of the old
 lighthouse; torchft would let them wait out ``ft.timeout_s``. The same holds for a
 collective with a group whose host lost power, which the leader's lighthouse notices
 when its heartbeats stop. The daemon keeps its last few notices in the file named by
-``PHALANX_NOTICE`` (``{"notices": [{"seq", "lighthouse", "reason"}, ...]}``, plus
-``quorum_id`` and ``replicas`` for members lost; a rename, so a reader never sees half
-of it; ``daemon.supervision.rank_notice``), ``seq`` one more each time. A rank reads it
+``PHALANX_NOTICE`` (its format in ``trainer/contracts/notice_file.py``, written by
+``daemon.supervision.rank_notice``), ``seq`` one more each time. A rank reads it
 while it waits for a collective (:meth:`Notice.changed`, a ``stat`` every
 :data:`POLL_S`, a read only when the file changed) and abandons the step when a notice
 it has not seen concerns it (a move always does; members lost only while the rank's
@@ -19,28 +18,18 @@ own quorum is the one they were lost from): the step fails everywhere
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainer.contracts import notice_file
+from trainer.contracts.notice_file import Told
+
+__all__ = ["Notice", "StepWaits", "Told", "wait_unless_told"]
+
 POLL_S = 0.05  # how often a waiting rank looks at the file
-
-
-@dataclass(frozen=True)
-class Told:
-    seq: int
-    lighthouse: str
-    reason: str
-    quorum_id: int | None = None  # members lost from this quorum; None: the lighthouse moved
-    replicas: tuple[str, ...] = ()  # the members lost
-
-    @property
-    def moved(self) -> bool:
-        return self.quorum_id is None
 
 
 Concerns = Callable[[Told], bool]  # whether a notice is about this rank's step
@@ -89,22 +78,10 @@ class Notice:
             return self._last
         self._stamp = stamp
         try:
-            raw = json.loads(path.read_text())
-            self._last = tuple(_told(n) for n in raw["notices"])
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            self._last = notice_file.read(path)
+        except (OSError, ValueError):
             return self._last
         return self._last
-
-
-def _told(raw: dict[str, Any]) -> Told:
-    quorum_id = raw.get("quorum_id")
-    return Told(
-        int(raw["seq"]),
-        str(raw["lighthouse"]),
-        str(raw.get("reason", "")),
-        None if quorum_id is None else int(quorum_id),
-        tuple(str(r) for r in raw.get("replicas", ())),
-    )
 
 
 def wait_unless_told(

@@ -1,6 +1,7 @@
-"""The environment contract between the daemon and its ranks (trainer/config/env.py):
-what the daemon writes a rank reads back as the same value, and each variable's name is
-spelled in one module, so the two sides cannot drift apart."""
+"""The contracts between the daemon and its ranks: the environment
+(trainer/config/env.py), the lease and notice files (trainer/contracts/). What the
+daemon writes a rank reads back as the same value, and each variable's and file's name
+is spelled in one module, so the two sides cannot drift apart."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import tokenize
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -17,6 +19,8 @@ from daemon.ranks.spec import GroupSpec, Seat, rank_env
 from trainer import chaos
 from trainer.config import env as rank_vars
 from trainer.config.env import RankEnv
+from trainer.contracts import lease_file, notice_file
+from trainer.contracts.notice_file import Told
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("daemon", "trainer")
@@ -31,6 +35,8 @@ def contract_names() -> dict[str, str]:
         for key, value in vars(rank_vars).items()
         if key.isupper() and isinstance(value, str)
     }
+    names[lease_file.NAME] = "trainer/contracts/lease_file.py"
+    names[notice_file.NAME] = "trainer/contracts/notice_file.py"
     names.update(
         {
             value: "trainer/chaos.py"
@@ -59,6 +65,7 @@ def string_literals(path: Path) -> set[str]:
 def test_each_variable_name_is_spelled_in_one_module() -> None:
     names = contract_names()
     assert {"RANK", "PHALANX_NOTICE", "TORCHFT_LIGHTHOUSE", "PHALANX_CHAOS_DELAY"} <= set(names)
+    assert {"lease.json", "notice.json"} <= set(names)
     spelled: dict[str, list[str]] = {}
     for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
@@ -158,3 +165,26 @@ def test_the_daemons_environment_reads_back_as_the_ranks_place(tmp_path: Path) -
     )
     assert got.heartbeat is not None and got.heartbeat.parent.is_relative_to(tmp_path)
     assert got.lease_file is not None and got.notice is not None
+
+
+def test_the_lease_file_reads_back_what_the_daemon_wrote(tmp_path: Path) -> None:
+    path = tmp_path / lease_file.NAME
+    assert lease_file.read(path) is None  # not written yet
+    lease_file.write(path, "6a6c0001", 12.5)
+    assert lease_file.read(path) == ("6a6c0001", 12_500_000_000)
+    path.write_text("{")  # never half a file in practice; unreadable reads as unwritten
+    assert lease_file.read(path) is None
+
+
+def test_the_notice_file_reads_back_what_the_daemon_wrote(tmp_path: Path) -> None:
+    path = tmp_path / notice_file.NAME
+    told = [
+        Told(1, "10.0.0.1:29510", "a new leader published it"),
+        Told(2, "10.0.0.1:29510", "g1 failed in quorum 7", 7, ("g1:uuid",)),
+    ]
+    notice_file.write(path, told)
+    assert notice_file.read(path) == tuple(told)
+    assert told[0].fields() == {"seq": 1, "lighthouse": "10.0.0.1:29510", "reason": told[0].reason}
+    path.write_text('{"notices": [{"seq": 1}]}')
+    with pytest.raises(ValueError, match="not a notice file"):
+        notice_file.read(path)
