@@ -27,6 +27,7 @@ from typing import IO, Any
 from daemon.children import descendants, free_port
 from daemon.coordination.etcd_server import EmbeddedEtcd
 from trainer.chaos import CHAOS_DELAY
+from trainer.contracts import rank_events
 
 NODES = ("node-a", "node-b")
 VICTIM = "node-b"
@@ -123,7 +124,7 @@ def run_demo(steps: int = 240, workdir: str | None = None) -> int:
                 continue
             node = nodes[name]
             kind = ev.get("event")
-            if kind == "train_step":
+            if kind == rank_events.TRAIN_STEP:
                 node.step = int(ev["step"])
                 if ev.get("loss") is not None:  # None: the group healed during that step
                     node.loss = ev["loss"]
@@ -134,7 +135,7 @@ def run_demo(steps: int = 240, workdir: str | None = None) -> int:
                     say(
                         f"  step {lead:>4}/{steps}  loss {'-' if node.loss is None else f'{node.loss:.3f}'}  participants {ev.get('participants')}  ({row})"
                     )
-            elif kind == "rank_started":
+            elif kind == rank_events.RANK_STARTED:
                 entropy = ev.get("entropy", entropy)
             elif kind == "leader_elected":
                 say(f"  [{name}] elected leader; it runs the torchft lighthouse")
@@ -149,12 +150,12 @@ def run_demo(steps: int = 240, workdir: str | None = None) -> int:
                 )
             elif kind == "group_failed":
                 say(f"  [{name}] detected: {ev.get('reason')}")
-            elif kind == "heal_done":
+            elif kind == rank_events.HEAL_DONE:
                 node.heals.append({**ev, "at": time.monotonic()})
                 say(
                     f"  [{name}] healed live from its peer at step {ev.get('step')} ({ev.get('seconds')}s in the quorum)"
                 )
-            elif kind == "train_done":
+            elif kind == rank_events.TRAIN_DONE:
                 node.done = ev
                 say(
                     f"  [{name}] finished: step {ev.get('step')}, params_sha256 {str(ev.get('params_sha256'))[:16]}..."

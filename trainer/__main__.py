@@ -19,6 +19,7 @@ from trainer import logs
 from trainer.config import ConfigError, add_override_option, load_trainer_config
 from trainer.config import env as env_vars
 from trainer.config.env import RankEnv
+from trainer.contracts import rank_events as events
 from trainer.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_NO_QUORUM, NoQuorum
 
 
@@ -87,16 +88,16 @@ def main(argv: list[str] | None = None, prepare: Callable[[str, int], Any] | Non
         work = prepared[1] if prepared is not None and prepared[0] == cfg else None
         return run(cfg, env, work)
     except ConfigError as e:  # problems only visible once data is opened
-        log.error("bad_input", error=str(e))
+        log.error(events.BAD_INPUT, error=str(e))
         return EXIT_BAD_INPUT
     except NoQuorum as e:  # the peers were late, not this rank: the daemon waits for them
-        log.error("rank_failed", error=f"{type(e).__name__}: {e}", no_quorum=True)
+        log.error(events.RANK_FAILED, error=f"{type(e).__name__}: {e}", no_quorum=True)
         return EXIT_NO_QUORUM
     except Exception as e:
         if group_peers_unreachable(e, env):  # a split inside the group: waited out too
-            log.error("rank_failed", error=f"{type(e).__name__}: {e}", group_peers=True)
+            log.error(events.RANK_FAILED, error=f"{type(e).__name__}: {e}", group_peers=True)
             return EXIT_NO_QUORUM
-        log.exception("rank_failed", error=f"{type(e).__name__}: {e}")
+        log.exception(events.RANK_FAILED, error=f"{type(e).__name__}: {e}")
         return EXIT_FAILED
 
 

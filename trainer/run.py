@@ -31,6 +31,7 @@ from trainer.checkpoint.lease_fence import LeaseFence
 from trainer.checkpoint.saver import Checkpointer
 from trainer.config import TrainerConfig, spec_hash
 from trainer.config.env import RankEnv
+from trainer.contracts import rank_events as events
 from trainer.contracts.heartbeat import Heartbeat
 from trainer.data.sources import Sampler
 from trainer.evaluate import Evaluator
@@ -184,7 +185,7 @@ def train(b: Built) -> int:
     log = logs.get()
     if b.env.rank == 0:
         log.info(
-            "rank_started",
+            events.RANK_STARTED,
             pid=os.getpid(),
             device=str(b.layout.device),
             layout=b.layout.degrees(),
@@ -248,7 +249,7 @@ def _finish(b: Built) -> int:
     buffers = params_sha256(b.state.buffers.committed, b.layout.group("pp"))
     if b.env.local_rank == 0:  # every node's daemon reports the digest
         log.info(
-            "train_done",
+            events.TRAIN_DONE,
             step=step,
             loss=b.loop.last_loss,
             params_sha256=digest,
@@ -356,7 +357,7 @@ class StepLogger:
         items = [r.items.start, r.items.stop]
         if r.step % self.every == 0 or r.step == 1:
             self.log.info(
-                "train_step",
+                events.TRAIN_STEP,
                 step=r.step,
                 items=items,
                 loss=None if r.loss is None else round(r.loss, 6),
@@ -367,4 +368,4 @@ class StepLogger:
                 participants=r.participants,
             )
         else:
-            self.log.info("step_items", step=r.step, items=items, participants=r.participants)
+            self.log.info(events.STEP_ITEMS, step=r.step, items=items, participants=r.participants)

@@ -10,6 +10,7 @@ from typing import Any
 from daemon.coordination.coordinator import JobView
 from daemon.health import HealthReport
 from daemon.node_state.states import State
+from trainer.contracts import rank_events as events
 
 __all__ = ["NodeView", "State"]
 
@@ -104,12 +105,12 @@ class NodeView:
         name = event.get("event")
         started_over_from = None
         with self.lock:
-            if name in ("train_step", "step_items"):  # a committed step, logged or not
+            if name in (events.TRAIN_STEP, events.STEP_ITEMS):  # a committed step, logged or not
                 self.committed_steps += 1
                 joined = event.get("participants")
                 if isinstance(joined, int):
                     self.largest_quorum = max(self.largest_quorum, joined)
-            if name == "train_step":
+            if name == events.TRAIN_STEP:
                 step = int(event.get("step", self.step))
                 # Before this daemon saw any step (it restarted): what etcd recorded.
                 before = self.step or self.reached
@@ -120,19 +121,19 @@ class NodeView:
                 self.step = step
                 self.loss = event.get("loss")
                 self.participants = event.get("participants")
-            elif name == "step_items":  # a step train.log_every leaves out (never step 1)
+            elif name == events.STEP_ITEMS:  # a step train.log_every leaves out (never step 1)
                 self.step = int(event.get("step", self.step))
                 self.participants = event.get("participants")
-            elif name == "heal_done":
+            elif name == events.HEAL_DONE:
                 self.heals += 1
                 self.last_heal_s = event.get("seconds")
                 self.step = int(event.get("step", self.step))
-            elif name == "train_done":
+            elif name == events.TRAIN_DONE:
                 self.train_done = dict(event)
                 self.step = int(event.get("step", self.step))
-            elif name == "checkpoint_invalid":
+            elif name == events.CHECKPOINT_INVALID:
                 self.invalid_checkpoints = {*self.invalid_checkpoints, str(event.get("path"))}
-            elif name == "checkpoint_saved":
+            elif name == events.CHECKPOINT_SAVED:
                 self.invalid_checkpoints = self.invalid_checkpoints - {str(event.get("path"))}
                 self.latest_checkpoint = {
                     "step": event.get("step"),
@@ -140,11 +141,11 @@ class NodeView:
                     "time": event.get("time"),
                     "node": node_id,
                 }
-            elif name in ("rank_failed", "bad_input"):
+            elif name in (events.RANK_FAILED, events.BAD_INPUT):
                 self.rank_error = str(event.get("error"))
-            elif name in ("straggler", "straggler_cleared"):
+            elif name in (events.STRAGGLER, events.STRAGGLER_CLEARED):
                 rank, ratio = event.get("rank"), event.get("ratio")
-                if isinstance(rank, int) and name == "straggler":
+                if isinstance(rank, int) and name == events.STRAGGLER:
                     self.stragglers[rank] = float(ratio) if isinstance(ratio, int | float) else 0.0
                 elif isinstance(rank, int):
                     self.stragglers.pop(rank, None)

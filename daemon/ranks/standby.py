@@ -34,6 +34,7 @@ from daemon.ranks.rank_process import Output, RankEvent, Watched, spawn
 from daemon.ranks.spec import RANK_ARGV, GroupSpec, rank_env
 from daemon.ranks.zygote import MAX_ZYGOTE_DEATHS, Zygote
 from trainer import logs
+from trainer.contracts import rank_events as events
 from trainer.spares.scheduling import leave_idle
 
 # After a group start, before spawning the standbys it used up, where standbys warm at
@@ -67,7 +68,7 @@ class Standby(Watched):
         self.output = Output(self.popen, rank, None, self._relay, wake)
 
     def _relay(self, rank: int, event: dict[str, Any]) -> None:
-        if event.get("event") == "standby_ready":
+        if event.get("event") == events.STANDBY_READY:
             self.ready.set()
         event.setdefault("standby", True)
         self.sink(rank, event)

@@ -45,6 +45,7 @@ from trainer.checkpoint.files import (
 from trainer.checkpoint.safe_load import SafeReader, TensorOnlyPlanner
 from trainer.checkpoint.saver import Checkpointer
 from trainer.config import ConfigError
+from trainer.contracts import rank_events as events
 from trainer.ft.divergence import compare_groups
 from trainer.ft.replication import Checkpointing
 from trainer.ft.state import local
@@ -144,7 +145,7 @@ def _newest_valid(ckpt: Checkpointer, source: Source, bound: int | None) -> int:
                 "differs); point it at a checkpoint of this model or unset it."
             )
         reasons.append(f"{candidate.path.name}: {why}")
-        ckpt.note("warning", "checkpoint_invalid", path=str(candidate.path), reason=why)
+        ckpt.note("warning", events.CHECKPOINT_INVALID, path=str(candidate.path), reason=why)
     if source.strict and bound is None:
         found = "; ".join(reasons) or "no step-<N> directory there"
         raise ConfigError(
@@ -176,7 +177,7 @@ def _load(ckpt: Checkpointer, replication: Checkpointing, path: Path) -> bool:
         dcp_load(targets, storage_reader=reader, planner=TensorOnlyPlanner(), process_group=ckpt.pg)
         scalars: dict[str, Any] = json.loads((path / SCALARS).read_text())
     except Exception as e:  # DCP raises on every rank when any rank's read fails
-        ckpt.note("warning", "checkpoint_invalid", path=str(path), reason=f"load failed: {e}")
+        ckpt.note("warning", events.CHECKPOINT_INVALID, path=str(path), reason=f"load failed: {e}")
         return False
     ckpt.state.buffers.restore()  # the live buffers are the loaded (committed) ones
     ckpt.state.load_scalars(scalars)

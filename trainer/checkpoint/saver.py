@@ -61,6 +61,7 @@ from trainer.checkpoint.lease_fence import Confirmation, LeaseFence
 from trainer.checkpoint.pending import PendingSave
 from trainer.checkpoint.space import INTERRUPTS, describe, no_room
 from trainer.config import CheckpointConfig
+from trainer.contracts import rank_events as events
 from trainer.ft.replication import Checkpointing
 from trainer.ft.state import TrainState, local
 from trainer.metrics import TrainMetrics
@@ -326,7 +327,7 @@ class Checkpointer:
                 return
             self.needed = sum(f["size"] for f in files.values())
             self.log.info(
-                "checkpoint_saved",
+                events.CHECKPOINT_SAVED,
                 step=pending.step,
                 path=str(path),
                 seconds_blocked=round(pending.blocked, 4),
@@ -355,7 +356,9 @@ class Checkpointer:
             writing = path == self.started_path or (why == NO_MARKER and (path / MARKER).is_file())
             if path not in self.reported and not writing:
                 self.reported.add(path)
-                self.log.warning("checkpoint_invalid", path=str(path), reason=why, deleted=False)
+                self.log.warning(
+                    events.CHECKPOINT_INVALID, path=str(path), reason=why, deleted=False
+                )
 
     def _fence_allows(self, pending: PendingSave, block: bool) -> bool:
         """The marker waits for the lease to be confirmed after the step (trainer.checkpoint.lease_fence)."""

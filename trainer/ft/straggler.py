@@ -27,6 +27,7 @@ import torch
 
 from trainer import logs
 from trainer.config import FaultToleranceConfig
+from trainer.contracts import rank_events as events
 
 
 class ComputeClock:
@@ -82,7 +83,7 @@ class StragglerWatch:
         verdict = self.observe(own_s, mean_s, groups)
         if verdict is not None:
             logs.get().warning(
-                "straggler" if verdict.straggler else "straggler_cleared",
+                events.STRAGGLER if verdict.straggler else events.STRAGGLER_CLEARED,
                 step=step,
                 rank=self.rank,
                 compute_s=round(verdict.own_s, 4),

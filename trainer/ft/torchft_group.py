@@ -41,6 +41,7 @@ from trainer import logs
 from trainer.chaos import Chaos
 from trainer.config import FaultToleranceConfig
 from trainer.config.env import RankEnv, replica_id
+from trainer.contracts import rank_events as events
 from trainer.contracts.heartbeat import Heartbeat
 from trainer.data.shares import Quorum
 from trainer.ft import torchft_adapter as ft
@@ -173,7 +174,7 @@ class TorchFTGroup:
         load_seconds = self.state.load_healing_state_dict(state_dict)
         seconds = time.monotonic() - self._step_started
         self.log.info(
-            "heal_done",
+            events.HEAL_DONE,
             step=self.state.step,
             seconds=round(seconds, 3),
             load_seconds=round(load_seconds, 3),

@@ -29,6 +29,7 @@ from typing import Any
 from trainer import logs
 from trainer.config import TrainerConfig, load_trainer_config
 from trainer.config import env as rank_vars
+from trainer.contracts import rank_events as events
 from trainer.spares.device_warmup import warm_device
 from trainer.spares.scheduling import (
     IDLE_AUTOGROUP_NICE,
@@ -158,7 +159,7 @@ def wait_for_start(
     device = warm_device(config_path, prepared[0] if prepared else None, world)
     seconds = round(time.monotonic() - started, 3)
     log.info(
-        "standby_ready",
+        events.STANDBY_READY,
         pid=os.getpid(),
         seconds=seconds,
         device=device,  # "cuda:N" warmed (trainer/spares/device_warmup.py), else None

@@ -1,0 +1,19 @@
+"""The names of the events a rank logs that its daemon reads (``NodeView.track``, the
+standby handshake, ``phalanx demo``): the trainer logs them under these names, the
+daemon matches these names; each is spelled here only (tests/unit/test_rank_contracts.py).
+Every other event a rank logs is relayed to the daemon's log as it is. Torch-free."""
+
+from __future__ import annotations
+
+TRAIN_STEP = "train_step"  # a committed step, logged (every train.log_every)
+STEP_ITEMS = "step_items"  # a committed step that train.log_every leaves out
+HEAL_DONE = "heal_done"
+TRAIN_DONE = "train_done"
+RANK_STARTED = "rank_started"
+RANK_FAILED = "rank_failed"
+BAD_INPUT = "bad_input"
+CHECKPOINT_SAVED = "checkpoint_saved"
+CHECKPOINT_INVALID = "checkpoint_invalid"
+STRAGGLER = "straggler"
+STRAGGLER_CLEARED = "straggler_cleared"
+STANDBY_READY = "standby_ready"  # a standby has imported and built what it can
