@@ -25,7 +25,6 @@ kernel kills standbys with the daemon (PR_SET_PDEATHSIG), like ranks.
 
 from __future__ import annotations
 
-import json
 import threading
 from typing import Any
 
@@ -35,6 +34,7 @@ from daemon.ranks.spec import RANK_ARGV, GroupSpec, rank_env
 from daemon.ranks.zygote import MAX_ZYGOTE_DEATHS, Zygote
 from trainer import logs
 from trainer.contracts import rank_events as events
+from trainer.contracts import spare_messages
 from trainer.spares.scheduling import leave_idle
 
 # After a group start, before spawning the standbys it used up, where standbys warm at
@@ -81,7 +81,7 @@ class Standby(Watched):
         stdin = self.popen.stdin
         assert stdin is not None
         try:
-            stdin.write(json.dumps({"env": env}).encode() + b"\n")
+            stdin.write(spare_messages.start(env) + b"\n")
             stdin.close()
         except OSError:  # it died in the meantime
             self.kill()

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import os
 import socket
 import subprocess
@@ -33,6 +32,7 @@ from typing import IO, Any
 from daemon.children import kill_tree
 from daemon.ranks.rank_process import Output, RankEvent, Watched, spawn
 from daemon.ranks.spec import RANK_ARGV, GroupSpec, rank_env
+from trainer.contracts import spare_messages
 
 PR_SET_CHILD_SUBREAPER = 36
 FORK_TIMEOUT_S = 5.0  # a zygote that takes longer to answer is given up
@@ -131,12 +131,12 @@ class Zygote(Watched):
         stdin_r, stdin_w = os.pipe()
         stdout_r, stdout_w = os.pipe()
         stderr_r, stderr_w = os.pipe()
-        request = json.dumps({"env": env}).encode()
+        request = spare_messages.start(env)
         pid = 0
         try:
             with subreaper():
                 socket.send_fds(self.control, [request], [stdin_r, stdout_w, stderr_w])
-                pid = int(json.loads(self.control.recv(4096) or b'{"pid": 0}')["pid"])
+                pid = spare_messages.forked_pid(self.control.recv(4096))
         except (OSError, ValueError, KeyError):  # late, or gone: never asked again
             self.kill()
         finally:

@@ -18,7 +18,7 @@ from daemon.ranks.spec import GroupSpec, Seat, rank_env
 from trainer import chaos
 from trainer.config import env as rank_vars
 from trainer.config.env import RankEnv
-from trainer.contracts import lease_file, notice_file, rank_events
+from trainer.contracts import lease_file, notice_file, rank_events, spare_messages
 from trainer.contracts.notice_file import Told
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -208,3 +208,13 @@ def test_the_notice_file_reads_back_what_the_daemon_wrote(tmp_path: Path) -> Non
     path.write_text('{"notices": [{"seq": 1}]}')
     with pytest.raises(ValueError, match="not a notice file"):
         notice_file.read(path)
+
+
+def test_a_spares_start_and_the_zygotes_answer_read_back() -> None:
+    env = {"RANK": "1", "PHALANX_NOTICE": "/run/notice.json"}
+    assert spare_messages.started_env(spare_messages.start(env)) == env
+    assert spare_messages.started_env(spare_messages.start(env).decode() + "\n") == env
+    assert spare_messages.forked_pid(spare_messages.forked(4242)) == 4242
+    assert spare_messages.forked_pid(b"") == 0  # the zygote closed its socket
+    with pytest.raises(ValueError, match="not a mapping"):
+        spare_messages.started_env(b'{"env": ["RANK=1"]}')

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import json
 import os
 import select
 import sys
@@ -30,6 +29,7 @@ from trainer import logs
 from trainer.config import TrainerConfig, load_trainer_config
 from trainer.config import env as rank_vars
 from trainer.contracts import rank_events as events
+from trainer.contracts import spare_messages
 from trainer.spares.device_warmup import warm_device
 from trainer.spares.scheduling import (
     IDLE_AUTOGROUP_NICE,
@@ -179,7 +179,7 @@ def wait_for_start(
         )
     if not line:
         return False, None
-    env: dict[str, str] = json.loads(line)["env"]
+    env = spare_messages.started_env(line)
     os.environ.clear()
     os.environ.update(env)
     return True, prepared

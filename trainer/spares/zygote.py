@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
-import json
 import os
 import signal
 import socket
@@ -44,6 +43,7 @@ from dataclasses import dataclass
 
 from trainer import logs
 from trainer.config import env as rank_vars
+from trainer.contracts import spare_messages
 from trainer.spares.scheduling import lower_to_idle
 from trainer.spares.standby import Prepared, warm
 
@@ -95,7 +95,7 @@ def serve(config_path: str, control_fd: int, run_rank: RankMain) -> int:
         pid = 0
         try:
             if len(fds) == 3:
-                env: dict[str, str] = json.loads(data)["env"]
+                env = spare_messages.started_env(data)
                 pid = _fork(
                     _Request(fds, env, control.fileno(), daemon, config_path, prepared, run_rank)
                 )
@@ -105,7 +105,7 @@ def serve(config_path: str, control_fd: int, run_rank: RankMain) -> int:
             for fd in fds:
                 os.close(fd)
         with contextlib.suppress(OSError):
-            control.send(json.dumps({"pid": pid}).encode())
+            control.send(spare_messages.forked(pid))
 
 
 def _warm_at_idle(config_path: str) -> Prepared:
