@@ -18,7 +18,14 @@ from daemon.ranks.spec import GroupSpec, Seat, rank_env
 from trainer import chaos
 from trainer.config import env as rank_vars
 from trainer.config.env import RankEnv
-from trainer.contracts import lease_file, notice_file, rank_events, spare_messages
+from trainer.contracts import (
+    checkpoint_names,
+    heartbeat,
+    lease_file,
+    notice_file,
+    rank_events,
+    spare_messages,
+)
 from trainer.contracts.notice_file import Told
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,6 +43,14 @@ def contract_names() -> dict[str, str]:
     }
     names[lease_file.NAME] = "trainer/contracts/lease_file.py"
     names[notice_file.NAME] = "trainer/contracts/notice_file.py"
+    names[heartbeat.DIRECTORY] = "trainer/contracts/heartbeat.py"
+    for name in (
+        checkpoint_names.MARKER,
+        checkpoint_names.SCALARS,
+        checkpoint_names.RUN_PREFIX,
+        checkpoint_names.STEP_PREFIX,
+    ):
+        names[name] = "trainer/contracts/checkpoint_names.py"
     names.update(
         {
             value: "trainer/chaos.py"
@@ -79,7 +94,7 @@ def string_literals(path: Path) -> set[str]:
 def test_each_variable_name_is_spelled_in_one_module() -> None:
     names = contract_names()
     assert {"RANK", "PHALANX_NOTICE", "TORCHFT_LIGHTHOUSE", "PHALANX_CHAOS_DELAY"} <= set(names)
-    assert {"lease.json", "notice.json", "train_step", "heal_done"} <= set(names)
+    assert {"lease.json", "notice.json", "COMPLETE.json", "train_step", "heal_done"} <= set(names)
     spelled: dict[str, list[str]] = {}
     for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
