@@ -18,6 +18,7 @@ from pathlib import Path
 
 from daemon.health.checks import DeviceFigures, DirFigures
 from trainer.contracts.checkpoint_names import MARKER, MARKERS_GLOB, STEPS_GLOB
+from trainer.contracts.volume import free_bytes
 
 NEWEST_TRIED = 3  # markers looked at, newest first, before giving up on a size
 SMI_TIMEOUT_S = 10.0
@@ -48,17 +49,6 @@ def probe_checkpoint_dir(directory: Path, tag: str) -> DirFigures:
             probe.unlink()
     newest = newest_checkpoint_bytes(directory)
     return DirFigures(directory, error, free_bytes(directory), newest, unmarked_bytes(directory))
-
-
-def free_bytes(directory: Path) -> int | None:
-    """Free bytes for an unprivileged writer on the volume of `directory` (or of its
-    nearest existing ancestor); None when none can be read."""
-    for d in (directory, *directory.parents):
-        try:
-            return shutil.disk_usage(d).free  # f_bavail: what an unprivileged writer gets
-        except OSError:
-            continue
-    return None
 
 
 def newest_checkpoint_bytes(job_dir: Path) -> int | None:

@@ -12,8 +12,9 @@ checkpoint needs ~15 MB"), whatever the exception.
 from __future__ import annotations
 
 import errno
-import shutil
 from pathlib import Path
+
+from trainer.contracts.volume import free_bytes
 
 # What a save must never swallow: the process is being told to stop.
 INTERRUPTS = (KeyboardInterrupt, SystemExit, GeneratorExit)
@@ -40,16 +41,6 @@ def causes(error: BaseException) -> list[BaseException]:
                     todo.append(wrapped[0])
         todo += [c for c in (e.__cause__, e.__context__) if c is not None]
     return seen
-
-
-def free_bytes(directory: Path) -> int | None:
-    """Free bytes on the volume of `directory` (or its nearest existing ancestor)."""
-    for d in (directory, *directory.parents):
-        try:
-            return shutil.disk_usage(d).free
-        except OSError:
-            continue
-    return None
 
 
 def no_room(directory: Path, needed: int | None) -> str | None:
