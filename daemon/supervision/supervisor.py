@@ -34,7 +34,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 from daemon import __version__
 from daemon.children import free_port
@@ -63,6 +63,7 @@ from daemon.supervision.restarts import RestartBudget
 from daemon.supervision.seat_probe import too_still
 from daemon.supervision.spanning import SpanningGroup
 from daemon.supervision.systemd import Notifier
+from daemon.supervision.unreplicated import report_unreplicated
 from daemon.supervision.upkeep import EtcdUpkeep, Join, UpkeepReport
 from daemon.supervision.waiting import Waiting
 from trainer import logs
@@ -124,26 +125,12 @@ class Supervisor:
             self.health.stop()
             self.group.kill()
             self.upkeep.close()
-        self._report_unreplicated()
+        report_unreplicated(self.view)
         fields: dict[str, Any] = {"state": self.view.state.value, "code": self.exit_code}
         if self.exit_code != EXIT_OK:  # a rank error the group got past is not why it ended
             fields["error"] = self.view.last_error
         self.log.info("daemon_exit", **fields)
         return self.exit_code
-
-    def _report_unreplicated(self) -> None:
-        """A group that ends a completed job without ever sharing a quorum with another
-        group that held a slot ran unreplicated: say so (issue 34: it used to end quietly)."""
-        numbers = self.view.unreplicated()
-        if numbers is None or not (self.view.train_done or self.view.job_completed):
-            return
-        self.log.warning(
-            "never_replicated",
-            **numbers,
-            why="this group never shared a quorum with another group holding a slot",
-            check="node.advertise_host of every node, the lighthouse address and the quorum "
-            "(phalanx status; alert PhalanxReplicaGroupMissing)",
-        )
 
     def tick(self) -> None:
         state = self.view.state
@@ -156,15 +143,14 @@ class Supervisor:
         self.upkept = self.upkeep.tick()
         if self.upkept.slot_lost and self.view.state in (State.RUNNING, State.FENCED):
             self.move(self._stop(SLOT_LOST))
-        # Each live state X has its handler _x. A move runs the new state's handler in the
-        # same tick, so a failed group goes STOPPING -> RESTARTING -> WAITING -> RUNNING
+        # Each live state has its handler (HANDLERS). A move runs the new state's handler in
+        # the same tick, so a failed group goes STOPPING -> RESTARTING -> WAITING -> RUNNING
         # without waiting a tick per state; a handler that stays put ends the tick.
         for _ in range(len(State)):
             if self.view.state in TERMINAL:
                 break
             before = self.view.state
-            handler = cast(Callable[[], State], getattr(self, f"_{before.value}"))
-            self.move(handler())
+            self.move(HANDLERS[before](self))
             if self.view.state == before:
                 break
         self.group.tend_standbys(
@@ -438,3 +424,16 @@ class Supervisor:
         self.upkeep.release()
         self.log.error("node_failed", error=message, code=code)
         return State.FAILED
+
+
+# The handler of each live state: what it does this tick, and the state it moves to.
+HANDLERS: dict[State, Callable[[Supervisor], State]] = {
+    State.JOINING: Supervisor._joining,
+    State.CLAIMING: Supervisor._claiming,
+    State.WAITING: Supervisor._waiting,
+    State.RUNNING: Supervisor._running,
+    State.FENCED: Supervisor._fenced,
+    State.STOPPING: Supervisor._stopping,
+    State.RESTARTING: Supervisor._restarting,
+    State.DRAINING: Supervisor._draining,
+}

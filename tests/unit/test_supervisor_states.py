@@ -105,3 +105,10 @@ def test_a_move_outside_the_table_raises(tmp_path: object) -> None:
     sup.note = {}
     with pytest.raises(IllegalTransition, match="DONE -> RUNNING"):
         sup.move(State.RUNNING)
+
+
+def test_every_live_state_has_its_handler_and_no_other_state_has_one() -> None:
+    """The supervisor finds a state's handler in one explicit table, not by name."""
+    handlers = supervisor.HANDLERS
+    assert set(handlers) == set(State) - set(TERMINAL)
+    assert all(getattr(supervisor.Supervisor, h.__name__) is h for h in handlers.values())
