@@ -164,9 +164,12 @@ def run(cfg: DaemonConfig) -> int:
             print(f"error: {e}", file=sys.stderr)
             return EXIT_BAD_INPUT
         sup = Supervisor(cfg, coord)
-        metrics = DaemonMetrics(sup)
+        published = lambda: sup.published  # noqa: E731  # the last tick's status, swapped whole
+        metrics = DaemonMetrics(published, cfg.metrics_dir if cfg.metrics.enabled else None)
         try:
-            server = StatusServer(sup, cfg.http_host, cfg.node.http_port, metrics.render).start()
+            server = StatusServer(
+                published, cfg.http_host, cfg.node.http_port, metrics.render
+            ).start()
         except OSError as e:
             print(
                 f"error: node.http_port {cfg.node.http_port} cannot be bound ({e.strerror}); pick a free port.",

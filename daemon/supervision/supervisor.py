@@ -59,11 +59,11 @@ from daemon.ranks.stop_cause import (
 from daemon.ranks.workers import ExitKind
 from daemon.supervision import health_gate as gate
 from daemon.supervision.after_stop import after_stop
+from daemon.supervision.reports import node_status, report_unreplicated
 from daemon.supervision.restarts import RestartBudget
 from daemon.supervision.seat_probe import too_still
 from daemon.supervision.spanning import SpanningGroup
 from daemon.supervision.systemd import Notifier
-from daemon.supervision.unreplicated import report_unreplicated
 from daemon.supervision.upkeep import EtcdUpkeep, Join, UpkeepReport
 from daemon.supervision.waiting import Waiting
 from trainer import logs
@@ -103,6 +103,8 @@ class Supervisor:
         self.entered_at = time.monotonic()  # when the current state began
         self.restart_at = 0.0  # when RESTARTING's backoff ends
         self.note: dict[str, Any] = {}  # fields for the next state_changed event
+        # What /status and /metrics show (node_state.status), swapped whole each tick.
+        self.published = node_status(self.view, cfg, lighthouse_up=False)
 
     # ------------------------------------------------------------------ the loop
 
@@ -158,6 +160,7 @@ class Supervisor:
         )
         self.view.ticks += 1
         self.view.last_tick = time.monotonic()
+        self.published = node_status(self.view, self.cfg, self.upkept.lighthouse_up)
         self.notifier.watchdog()
 
     def move(self, to: State) -> None:

@@ -1,32 +1,34 @@
-"""The daemon's Prometheus metrics, read from the supervisor's view at scrape time.
+"""The daemon's Prometheus metrics, read from the node's published status at scrape time.
 
-A custom collector rather than module-level gauges: the supervisor's
-:class:`NodeView` is the single source of truth, and a scrape sees it whole.
+A custom collector rather than module-level gauges: the status the supervisor publishes
+each tick (:class:`daemon.node_state.status.NodeStatus`) is the single source of truth,
+and a scrape sees one tick's whole.
 """
 
 from __future__ import annotations
 
 import math
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
 from daemon import __version__
-from daemon.supervision.supervisor import Supervisor
+from daemon.node_state.status import NodeStatus
 
 RESTART_REASONS = ("rank_exit", "hang")
 
 
 class _NodeCollector(Collector):
-    def __init__(self, sup: Supervisor) -> None:
-        self.sup = sup
+    def __init__(self, status: Callable[[], NodeStatus]) -> None:
+        self.status = status
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily | InfoMetricFamily]:
-        sup, v = self.sup, self.sup.view
-        base = {"phalanx_job": sup.cfg.job.name, "node": sup.cfg.node_id}
+        v = self.status()
+        base = {"phalanx_job": v.job_name, "node": v.node}
         names, values = list(base), list(base.values())
 
         info = InfoMetricFamily(
@@ -73,7 +75,7 @@ class _NodeCollector(Collector):
         yield gauge(
             "phalanx_min_replicas",
             "job.min_replicas: replica groups a step needs to commit.",
-            float(sup.cfg.job.min_replicas),
+            float(v.min_replicas),
         )
         job = v.job
         if job is not None:  # absent until etcd was read
@@ -83,7 +85,7 @@ class _NodeCollector(Collector):
                 float(len(job.groups)),
             )
         yield gauge("phalanx_etcd_up", "1 if the last etcd request succeeded.", float(v.etcd_up))
-        lighthouse_up = sup.upkept.lighthouse_up
+        lighthouse_up = v.lighthouse_up
         yield gauge(
             "phalanx_lighthouse_up",
             "1 if a lighthouse address is known (and, on the leader, its process is alive).",
@@ -149,13 +151,15 @@ class DaemonMetrics:
     exited ranks stay, so totals such as heals stay monotonic across restarts.
     """
 
-    def __init__(self, sup: Supervisor) -> None:
+    def __init__(self, status: Callable[[], NodeStatus], ranks_dir: Path | None) -> None:
+        """`status`: the node's published status; `ranks_dir`: where its ranks write their
+        metrics (PROMETHEUS_MULTIPROC_DIR), None when metrics are off."""
         from prometheus_client.multiprocess import MultiProcessCollector
 
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_NodeCollector(sup))
-        if sup.cfg.metrics.enabled:
-            directory = sup.cfg.metrics_dir
+        self.registry.register(_NodeCollector(status))
+        if ranks_dir is not None:
+            directory = ranks_dir
             shutil.rmtree(directory, ignore_errors=True)
             directory.mkdir(parents=True)
             MultiProcessCollector(self.registry, path=str(directory))  # type: ignore[no-untyped-call]

@@ -5,6 +5,9 @@
   node; 503 otherwise, with the state and any failing health check's reason.
 * ``/status``: this node's view as JSON.
 * ``/metrics``: Prometheus text exposition (daemon and ranks).
+
+Every answer is read from the node's published status (``daemon.node_state.status``): one
+frozen value the supervisor swaps in each tick, never the view it is writing.
 """
 
 from __future__ import annotations
@@ -19,9 +22,8 @@ from typing import Any
 
 from daemon.health import HealthReport
 from daemon.listener import Listener, bind
-from daemon.node_state.view import NodeView, State
-from daemon.supervision.health_gate import shared_fault
-from daemon.supervision.supervisor import Supervisor
+from daemon.node_state.states import State
+from daemon.node_state.status import NodeStatus
 from trainer import logs
 
 STALE_LOOP_S = 10.0
@@ -42,12 +44,11 @@ def _response(code: int, ctype: str, body: bytes) -> bytes:
     return head.encode("ascii") + body
 
 
-def status_document(sup: Supervisor) -> dict[str, Any]:
-    v = sup.view
+def status_document(v: NodeStatus) -> dict[str, Any]:
     job = dataclasses.asdict(v.job) if v.job else None
     return {
-        "node": sup.cfg.node_id,
-        "job": sup.cfg.job.name,
+        "node": v.node,
+        "job": v.job_name,
         "state": v.state.value,
         "replica_group": v.slot,
         "node_rank": v.node_rank,  # this node's seat in its group (job.nodes_per_group)
@@ -59,23 +60,25 @@ def status_document(sup: Supervisor) -> dict[str, Any]:
         "step": v.step,
         "loss": v.loss,
         "participants": v.participants,
-        "restarts": v.restarts,
+        "restarts": dict(v.restarts),
         "heals": v.heals,
-        "pids": v.pids,
-        "standby_pids": v.standby_pids,
+        "pids": list(v.pids),
+        "standby_pids": list(v.standby_pids),
         "hang": {  # daemon/ranks/hang.py: seconds per phase, and each rank's phase now
-            "timeouts": v.hang_timeouts,
+            "timeouts": dict(v.hang_timeouts),
             "learned": v.hang_learned,
             "step_time_quantile_s": v.step_time_quantile_s,
             "step_time_median_s": v.step_time_median_s,
-            "phases": v.phases,
+            "phases": list(v.phases),
         },
-        "stragglers": v.stragglers,  # rank -> its compute over the other groups', while flagged
+        "stragglers": dict(
+            v.stragglers
+        ),  # rank -> its compute over the other groups', while flagged
         "last_error": v.last_error,
         "waiting_for": v.waiting_for,
         "health": health_document(v.health),
         # Failing only a check every node fails (a shared volume): it trains regardless.
-        "shared_fault": shared_fault(v.health, v.job, sup.cfg.node_id),
+        "shared_fault": v.shared_fault,
         "ticks": v.ticks,
         "view": job,
     }
@@ -92,7 +95,7 @@ def health_document(report: HealthReport | None) -> dict[str, Any] | None:
     }
 
 
-def readiness(v: NodeView) -> tuple[bool, str]:
+def readiness(v: NodeStatus) -> tuple[bool, str]:
     """Ready: registered, its group running, on a healthy node (an etcd outage does not
     unready a running group); else what it is doing and what is wrong, one per line."""
     ready = v.registered and v.state == State.RUNNING and v.healthy
@@ -118,9 +121,13 @@ class StatusServer:
     """
 
     def __init__(
-        self, sup: Supervisor, host: str, port: int, metrics: Callable[[], bytes] | None = None
+        self,
+        status: Callable[[], NodeStatus],
+        host: str,
+        port: int,
+        metrics: Callable[[], bytes] | None = None,
     ) -> None:
-        self.sup = sup
+        self.status = status  # the node's published status (Supervisor.published)
         self.metrics = metrics
         # Bound here, so a taken port is an error of the constructor, as before.
         self.listener = Listener(
@@ -189,7 +196,7 @@ class StatusServer:
         return self.route(target.split("?", 1)[0])
 
     def route(self, path: str) -> tuple[int, str, bytes]:
-        v = self.sup.view
+        v = self.status()  # one tick's whole, however long the answer takes
         text = "text/plain; charset=utf-8"
         if path == "/healthz":
             fresh = time.monotonic() - v.last_tick < STALE_LOOP_S
@@ -198,7 +205,7 @@ class StatusServer:
             ready, why = readiness(v)
             return (200 if ready else 503), text, why.encode()
         if path == "/status":
-            body = json.dumps(status_document(self.sup), default=str, indent=2).encode()
+            body = json.dumps(status_document(v), default=str, indent=2).encode()
             return 200, "application/json", body
         if path == "/metrics" and self.metrics is not None:
             return 200, "text/plain; version=0.0.4; charset=utf-8", self.metrics()

@@ -8,6 +8,7 @@ from typing import Any
 from daemon.coordination.job_view import JobView
 from daemon.health import CheckResult, HealthReport
 from daemon.node_state import NodeView, State
+from daemon.node_state.status import NodeStatus
 from daemon.supervision.health_gate import (
     FIRST_CHECK,
     claim_blocked,
@@ -78,12 +79,18 @@ def test_other_groups_count_when_their_running_nodes_say_they_are_healthy() -> N
 
 
 def test_readyz_is_ready_only_running_and_healthy_and_says_why_not() -> None:
+    def published(view: NodeView) -> NodeStatus:  # as the supervisor's tick publishes it
+        return NodeStatus.of(view, "me", "job", 1, lighthouse_up=True, shared_fault=False)
+
     view = NodeView(state=State.RUNNING, registered=True, health=report(OK))
-    assert readiness(view) == (True, "ready\n")
+    assert readiness(published(view)) == (True, "ready\n")
     view.health = report(OK, FULL, in_a_row=1)
-    assert readiness(view) == (False, f"running\nunhealthy: checkpoint_dir: {FULL.reason}\n")
+    assert readiness(published(view)) == (
+        False,
+        f"running\nunhealthy: checkpoint_dir: {FULL.reason}\n",
+    )
     claiming = NodeView(state=State.CLAIMING, registered=True)
-    assert readiness(claiming) == (False, "claiming\n")
+    assert readiness(published(claiming)) == (False, "claiming\n")
 
 
 def test_status_shows_every_checks_verdict() -> None:

@@ -19,8 +19,7 @@ import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any, cast
+from typing import Any
 
 import pytest
 import yaml
@@ -28,9 +27,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from daemon.coordination.job_view import JobView
 from daemon.health import CheckResult, HealthReport
+from daemon.node_state.status import NodeStatus
 from daemon.node_state.view import NodeView
-from daemon.supervision.supervisor import Supervisor
-from daemon.supervision.upkeep import UpkeepReport
 from daemon.surfaces.metrics import DaemonMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,18 +82,9 @@ def node_metrics_text(tmp: Path) -> str:
     view.hang_timeouts = {"start": 300.0, "step": 35.0, "quorum": 300.0}
     view.hang_learned, view.step_time_quantile_s, view.step_time_median_s = True, 0.2, 0.1
     view.restarts["rank_exit"] = 1
-    fake = SimpleNamespace(
-        cfg=SimpleNamespace(
-            job=SimpleNamespace(name="doc-job", min_replicas=2),
-            node_id="doc-node",
-            metrics=SimpleNamespace(enabled=True),
-            metrics_dir=tmp / "metrics",
-        ),
-        view=view,
-        # The forwarder has a target and, on this leader, the lighthouse process is alive.
-        upkept=UpkeepReport(lighthouse="http://127.0.0.1:1", lighthouse_up=True),
-    )
-    metrics = DaemonMetrics(cast(Supervisor, fake))  # wipes and creates metrics_dir
+    # The forwarder has a target and, on this leader, the lighthouse process is alive.
+    status = NodeStatus.of(view, "doc-node", "doc-job", 2, lighthouse_up=True, shared_fault=False)
+    metrics = DaemonMetrics(lambda: status, tmp / "metrics")  # wipes and creates the directory
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp / "metrics")}
     subprocess.run([sys.executable, "-c", RANK_SCRIPT], cwd=ROOT, env=env, check=True, timeout=120)
     return metrics.render().decode()

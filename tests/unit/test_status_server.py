@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Iterator
-from types import SimpleNamespace
-from typing import Any
 
 import pytest
 
+from daemon.node_state.status import NodeStatus
 from daemon.node_state.view import NodeView
 from daemon.surfaces import server as server_module
 from daemon.surfaces.server import StatusServer
@@ -21,8 +20,8 @@ from daemon.surfaces.server import StatusServer
 
 @pytest.fixture
 def served() -> Iterator[StatusServer]:
-    sup: Any = SimpleNamespace(view=NodeView())
-    server = StatusServer(sup, "127.0.0.1", 0, lambda: b"phalanx_up 1\n").start()
+    status = NodeStatus.of(NodeView(), "n", "j", 1, lighthouse_up=False, shared_fault=False)
+    server = StatusServer(lambda: status, "127.0.0.1", 0, lambda: b"phalanx_up 1\n").start()
     try:
         yield server
     finally:

@@ -1,0 +1,115 @@
+"""What the node shows, as of its supervisor's last tick: one frozen value.
+
+The supervisor builds a :class:`NodeStatus` at the end of every tick and publishes it by
+swapping one reference; ``/status``, ``/readyz``, ``/healthz`` and ``/metrics``
+(``daemon.surfaces``), served from the HTTP thread, read only that value, never the
+view the supervisor and the rank threads write. What they show is therefore at most a
+tick (0.25 s) old, and always one tick's consistent whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from daemon.coordination.job_view import JobView
+from daemon.health import HealthReport
+from daemon.node_state.states import State
+from daemon.node_state.view import NodeView
+
+
+def _frozen(mapping: Mapping[Any, Any]) -> Mapping[Any, Any]:
+    return MappingProxyType(dict(mapping))
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    node: str
+    job_name: str
+    min_replicas: int
+    state: State = State.JOINING
+    slot: int | None = None
+    node_rank: int = 0
+    generation: int | None = None
+    spare: bool = False
+    leader: bool = False
+    lighthouse: str | None = None
+    lighthouse_up: bool = False  # an address is known (and, on the leader, its process lives)
+    etcd_up: bool = False
+    etcd_errors: int = 0
+    registered: bool = False
+    step: int = 0
+    loss: float | None = None
+    participants: int | None = None
+    restarts: Mapping[str, int] = field(default_factory=lambda: _frozen({}))
+    heals: int = 0
+    started_over: int = 0
+    pids: tuple[int, ...] = ()
+    standby_pids: tuple[int, ...] = ()
+    hang_timeouts: Mapping[str, float] = field(default_factory=lambda: _frozen({}))
+    hang_learned: bool = False
+    step_time_quantile_s: float | None = None
+    step_time_median_s: float | None = None
+    phases: tuple[str, ...] = ()
+    stragglers: Mapping[int, float] = field(default_factory=lambda: _frozen({}))
+    last_error: str | None = None
+    waiting_for: str | None = None
+    health: HealthReport | None = None
+    healthy: bool = True
+    shared_fault: bool = False  # failing only a check every node fails (health_gate)
+    ticks: int = 0
+    last_tick: float = 0.0  # monotonic: when the supervisor's loop last went round
+    job: JobView | None = None
+
+    @classmethod
+    def of(
+        cls,
+        view: NodeView,
+        node: str,
+        job_name: str,
+        min_replicas: int,
+        lighthouse_up: bool,
+        shared_fault: bool,
+    ) -> NodeStatus:
+        """The view as it is now, copied (called on the supervisor's thread)."""
+        v = view
+        return cls(
+            node=node,
+            job_name=job_name,
+            min_replicas=min_replicas,
+            state=v.state,
+            slot=v.slot,
+            node_rank=v.node_rank,
+            generation=v.generation,
+            spare=v.spare,
+            leader=v.leader,
+            lighthouse=v.lighthouse,
+            lighthouse_up=lighthouse_up,
+            etcd_up=v.etcd_up,
+            etcd_errors=v.etcd_errors,
+            registered=v.registered,
+            step=v.step,
+            loss=v.loss,
+            participants=v.participants,
+            restarts=_frozen(v.restarts),
+            heals=v.heals,
+            started_over=v.started_over,
+            pids=tuple(v.pids),
+            standby_pids=tuple(v.standby_pids),
+            hang_timeouts=_frozen(v.hang_timeouts),
+            hang_learned=v.hang_learned,
+            step_time_quantile_s=v.step_time_quantile_s,
+            step_time_median_s=v.step_time_median_s,
+            phases=tuple(v.phases),
+            stragglers=_frozen(v.stragglers),
+            last_error=v.last_error,
+            waiting_for=v.waiting_for,
+            health=v.health,
+            healthy=v.healthy,
+            shared_fault=shared_fault,
+            ticks=v.ticks,
+            last_tick=v.last_tick,
+            job=v.job,
+        )

@@ -1,0 +1,50 @@
+"""The node's published status (daemon/node_state/status.py): a frozen copy of the view
+as a supervisor tick left it, which the HTTP thread reads while the view changes on."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from daemon.node_state.states import State
+from daemon.node_state.status import NodeStatus
+from daemon.node_state.view import NodeView
+from daemon.surfaces.server import status_document
+
+
+def published(view: NodeView) -> NodeStatus:
+    return NodeStatus.of(view, "node-a", "job", 2, lighthouse_up=True, shared_fault=False)
+
+
+def test_the_status_is_the_view_as_it_was_published_and_cannot_be_changed() -> None:
+    view = NodeView(state=State.RUNNING, slot=1, pids=[11, 12], registered=True)
+    view.restarts["rank_exit"] = 1
+    view.stragglers[0] = 1.7
+    view.hang_timeouts = {"step": 30.0}
+    status = published(view)
+    # The supervisor and the rank threads go on writing the view...
+    view.state, view.step = State.STOPPING, 9
+    view.pids.append(13)
+    view.restarts["rank_exit"] = 2
+    view.stragglers.clear()
+    view.hang_timeouts["step"] = 5.0
+    # ...what was published stays the tick's whole.
+    assert (status.state, status.step, status.pids) == (State.RUNNING, 0, (11, 12))
+    assert dict(status.restarts) == {"rank_exit": 1} and dict(status.stragglers) == {0: 1.7}
+    assert dict(status.hang_timeouts) == {"step": 30.0}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        status.step = 3  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        status.restarts["rank_exit"] = 5  # type: ignore[index]
+
+
+def test_status_shows_what_was_published() -> None:
+    doc = status_document(published(NodeView(state=State.WAITING, slot=0, step=4)))
+    assert (doc["node"], doc["job"], doc["state"], doc["replica_group"]) == (
+        "node-a",
+        "job",
+        "waiting",
+        0,
+    )
+    assert doc["step"] == 4 and doc["pids"] == [] and doc["restarts"] == {}
