@@ -10,7 +10,7 @@ tick (0.25 s) old, and always one tick's consistent whole.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
 
@@ -73,43 +73,26 @@ class NodeStatus:
         lighthouse_up: bool,
         shared_fault: bool,
     ) -> NodeStatus:
-        """The view as it is now, copied (called on the supervisor's thread)."""
-        v = view
-        return cls(
-            node=node,
-            job_name=job_name,
-            min_replicas=min_replicas,
-            state=v.state,
-            slot=v.slot,
-            node_rank=v.node_rank,
-            generation=v.generation,
-            spare=v.spare,
-            leader=v.leader,
-            lighthouse=v.lighthouse,
-            lighthouse_up=lighthouse_up,
-            etcd_up=v.etcd_up,
-            etcd_errors=v.etcd_errors,
-            registered=v.registered,
-            step=v.step,
-            loss=v.loss,
-            participants=v.participants,
-            restarts=_frozen(v.restarts),
-            heals=v.heals,
-            started_over=v.started_over,
-            pids=tuple(v.pids),
-            standby_pids=tuple(v.standby_pids),
-            hang_timeouts=_frozen(v.hang_timeouts),
-            hang_learned=v.hang_learned,
-            step_time_quantile_s=v.step_time_quantile_s,
-            step_time_median_s=v.step_time_median_s,
-            phases=tuple(v.phases),
-            stragglers=_frozen(v.stragglers),
-            last_error=v.last_error,
-            waiting_for=v.waiting_for,
-            health=v.health,
-            healthy=v.healthy,
-            shared_fault=shared_fault,
-            ticks=v.ticks,
-            last_tick=v.last_tick,
-            job=v.job,
-        )
+        """The view as it is now, copied (called on the supervisor's thread): each field of
+        the view's name, its lists as tuples and its dicts as read-only copies."""
+        given: dict[str, Any] = {
+            "node": node,
+            "job_name": job_name,
+            "min_replicas": min_replicas,
+            "lighthouse_up": lighthouse_up,
+            "shared_fault": shared_fault,
+        }
+        copied = {
+            f.name: _copy(getattr(view, f.name))
+            for f in fields(cls)
+            if f.name not in given and hasattr(view, f.name)
+        }
+        return cls(**given, **copied)
+
+
+def _copy(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(value)
+    if isinstance(value, dict):
+        return _frozen(value)
+    return value
