@@ -282,8 +282,10 @@ class Leadership:
         view.leader = False
 
     def resign(self, view: NodeView) -> None:
-        """Stop the lighthouse and give up the leader key now (not after the lease TTL)."""
+        """Stop the lighthouse and give up the leader key now (not after the lease TTL);
+        logged before the key goes, so no other node's election comes before the line."""
         self.stop()
         if view.leader:
             view.leader = False
+            self.log.info("leader_resigned")
             self.coord.resign()

@@ -1,10 +1,10 @@
-"""What the node shows, as of its supervisor's last tick: one frozen value.
+"""What the node shows: one frozen value, copied from the view and swapped whole.
 
-The supervisor builds a :class:`NodeStatus` at the end of every tick and publishes it by
-swapping one reference; ``/status``, ``/readyz``, ``/healthz`` and ``/metrics``
+The supervisor builds a :class:`NodeStatus` at the end of every tick, and after every
+rank event the view takes in (``Supervisor.publish``, under one lock), and publishes it
+by swapping one reference; ``/status``, ``/readyz``, ``/healthz`` and ``/metrics``
 (``daemon.surfaces``), served from the HTTP thread, read only that value, never the
-view the supervisor and the rank threads write. What they show is therefore at most a
-tick (0.25 s) old, and always one tick's consistent whole.
+view the supervisor and the rank threads write.
 """
 
 from __future__ import annotations

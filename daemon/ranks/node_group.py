@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,11 +50,13 @@ class NodeGroup:
         view: NodeView,
         rank_config: Path,
         wake: threading.Event | None = None,
+        tracked: Callable[[], None] | None = None,
     ) -> None:
         self.cfg = cfg
         self.view = view
         self.rank_config = rank_config
         self.wake = wake
+        self.tracked = tracked  # called once a rank event is in the view (Supervisor.publish)
         self.log = logs.get()
         self.standbys = (
             StandbyPool(cfg.node.nproc, self._on_rank_event, wake) if cfg.node.standby else None
@@ -227,6 +230,8 @@ class NodeGroup:
     def _on_rank_event(self, rank: int, event: dict[str, Any]) -> None:
         """Called from the rank output threads: track progress, then relay the event."""
         lost_from = self.view.track(event, self.cfg.node_id)
+        if self.tracked is not None:
+            self.tracked()
         logs.relay(event)
         if lost_from is not None:
             self.log.warning(

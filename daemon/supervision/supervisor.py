@@ -89,9 +89,10 @@ class Supervisor:
         # Set when a rank's (or standby's) output ends, or the job changed in etcd: the loop
         # looks at once, not next tick.
         self.wake = threading.Event()
-        self.group = NodeGroup(cfg, self.view, rank_config, self.wake)
+        self._publishing = threading.Lock()  # builds and swaps of the published status
+        self.upkept = UpkeepReport()  # the last round's (the published status has it too)
+        self.group = NodeGroup(cfg, self.view, rank_config, self.wake, self.publish)
         self.upkeep = EtcdUpkeep(cfg, coordinator, self.view, self.run_dir, self.wake.set)
-        self.upkept = UpkeepReport()  # the last round's (the metrics read it too)
         self.waiting = Waiting(cfg, self.view)
         settings = HealthSettings.of(cfg, coordinator.settings.endpoints, node_device(cfg))
         self.health = HealthMonitor(settings, cfg.health.interval_s, self.wake.set)
@@ -103,8 +104,7 @@ class Supervisor:
         self.entered_at = time.monotonic()  # when the current state began
         self.restart_at = 0.0  # when RESTARTING's backoff ends
         self.note: dict[str, Any] = {}  # fields for the next state_changed event
-        # What /status and /metrics show (node_state.status), swapped whole each tick.
-        self.published = node_status(self.view, cfg, lighthouse_up=False)
+        self.published = node_status(self.view, cfg, lighthouse_up=False)  # see publish
 
     # ------------------------------------------------------------------ the loop
 
@@ -160,8 +160,15 @@ class Supervisor:
         )
         self.view.ticks += 1
         self.view.last_tick = time.monotonic()
-        self.published = node_status(self.view, self.cfg, self.upkept.lighthouse_up)
+        self.publish()
         self.notifier.watchdog()
+
+    def publish(self) -> None:
+        """Swap in what /status and /metrics show (node_state.status): after each tick, and
+        after each rank event the view took in (from the rank output threads), so a rank's
+        news is shown at once; built and swapped under one lock, the newest build wins."""
+        with self._publishing:
+            self.published = node_status(self.view, self.cfg, self.upkept.lighthouse_up)
 
     def move(self, to: State) -> None:
         frm = self.view.state
@@ -298,7 +305,7 @@ class Supervisor:
                 # once, not after ft.timeout_s; ours stop next round (must_stop).
                 word = self.group.failure_word(ExitKind.HUNG, self.view.job.lighthouse)
                 self.upkeep.announce_failure(word)
-        if self._unhealthy_leaves():
+        if gate.running_group_leaves(self.view, self.cfg):
             assert self.view.health is not None
             return self._stop(Unhealthy(self.view.health.summary()))
         if self.view.started_over and self.cfg.job.on_no_state == "stop":
@@ -322,13 +329,6 @@ class Supervisor:
         lighthouse = self.view.job.lighthouse if self.view.job else None
         self.upkeep.announce_failure(self.group.failure_word(outcome.kind, lighthouse))
         return self._stop(outcome)
-
-    def _unhealthy_leaves(self) -> bool:
-        """health.leave_after failed checks in a row, with job.min_replicas other groups
-        training on healthy nodes (health_gate.py): this group makes way."""
-        v, cfg = self.view, self.cfg
-        others = gate.healthy_groups_besides(v.job, cfg.node_id, v.slot)
-        return gate.must_leave(v.health, cfg.health.leave_after, True, others, cfg.job.min_replicas)
 
     def _fenced(self) -> State:
         """Ranks paused until etcd answers; then resume them or discard their state."""

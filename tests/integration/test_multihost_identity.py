@@ -94,7 +94,7 @@ def test_a_leader_whose_lighthouse_port_is_taken_resigns_and_another_leads(
         etcd.stop()
     # While b led, a never tried again. Once b has left at the job's end (a's rank, slower
     # to start under load, still finishing), a may try: nobody else is left to lead.
-    b_left = event_time(b.events("daemon_exit")[0])
+    b_left = event_time(b.events("leader_resigned")[-1])
     tries = [e for e in a.events("lighthouse_failed") if event_time(e) < b_left]
     assert len(tries) == 1, "host a tried to lead again while b led"
     published = b.events("lighthouse_published")
