@@ -41,8 +41,9 @@ import daemon
 from daemon.config import DaemonConfig, load_daemon_config
 from daemon.coordination import Coordinator, EtcdSettings
 from daemon.node_state import NodeView, State
+from daemon.node_state.reports import Join, UpkeepReport
 from daemon.supervision.supervisor import TICK_S
-from daemon.supervision.upkeep import EtcdUpkeep, Join, UpkeepReport
+from daemon.supervision.upkeep import EtcdUpkeep
 from trainer import logs
 
 STEPS_PER_S = 5.0  # the simulated group's training steps
@@ -124,7 +125,7 @@ class SimNode:
             view.registered, self.registered_at = True, time.monotonic()
             return State.CLAIMING
         if state == State.CLAIMING:
-            return State.CLAIMING if upkeep.seats.claim() is None else State.WAITING
+            return State.CLAIMING if upkeep.claim() is None else State.WAITING
         if state == State.WAITING:
             if view.slot is None:
                 return State.CLAIMING

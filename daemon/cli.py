@@ -96,7 +96,7 @@ def run(cfg: DaemonConfig) -> int:
     from daemon.config.advertise import EtcdUnresolved, choose_advertise_host
     from daemon.config.preflight import preflight
     from daemon.coordination.etcd_server import EmbeddedEtcd, EtcdStartError
-    from daemon.supervision.supervisor import Supervisor
+    from daemon.supervision.assembly import build_supervisor
     from daemon.surfaces.metrics import DaemonMetrics
     from daemon.surfaces.server import StatusServer
 
@@ -163,7 +163,7 @@ def run(cfg: DaemonConfig) -> int:
         except CoordinationError as e:  # the settings themselves: bad input
             print(f"error: {e}", file=sys.stderr)
             return EXIT_BAD_INPUT
-        sup = Supervisor(cfg, coord)
+        sup = build_supervisor(cfg, coord)
         published = lambda: sup.published  # noqa: E731  # the last tick's status, swapped whole
         metrics = DaemonMetrics(published, cfg.metrics_dir if cfg.metrics.enabled else None)
         try:

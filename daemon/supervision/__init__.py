@@ -9,6 +9,8 @@ notifications the loop sends.
 from __future__ import annotations
 
 from daemon.supervision.after_stop import FENCED_OUT, SLOT_LOST, StopDecision
+from daemon.supervision.assembly import build_supervisor
+from daemon.supervision.parts import Parts
 from daemon.supervision.restarts import RestartBudget
 from daemon.supervision.supervisor import TICK_S, Supervisor
 from daemon.supervision.systemd import Notifier
@@ -20,8 +22,10 @@ __all__ = [
     "SLOT_LOST",
     "TICK_S",
     "Notifier",
+    "Parts",
     "RestartBudget",
     "StopDecision",
     "Supervisor",
     "Waiting",
+    "build_supervisor",
 ]

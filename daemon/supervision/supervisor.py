@@ -16,16 +16,11 @@ raises. The table (a test keeps this copy equal to it)::
     DONE       -> (exit)
     FAILED     -> (exit)
 
-No handler blocks: stopping ranks (STOPPING, DRAINING) and starting the leader's
-lighthouse (``daemon.leadership.election``) have deadlines checked once per tick. etcd
-errors reach no handler as exceptions (``daemon.supervision.upkeep``); a short etcd outage
-never touches the ranks, and one that puts the lease in doubt pauses them
-(FENCED) until etcd says whether their state may be kept (``daemon.coordination.fencing``).
-A node whose health checks fail (``daemon.health``) claims no seat and starts no ranks;
-one that holds a seat gives it back after ``health.leave_after`` failures in a row, while
-running only if other groups carry the job (``daemon.supervision.health_gate``).
-What follows a stopped group is ``daemon.supervision.after_stop``. Exit codes are
-``daemon.exits``: 2 only for bad input, found while joining or by the ranks.
+No handler blocks (stopping ranks and a new leader's lighthouse have deadlines checked
+each tick), and no etcd error reaches one as an exception (upkeep.py): a short outage
+never touches the ranks, one that puts the lease in doubt pauses them (FENCED, fencing).
+The parts are handed in (parts.py); the health gate, after_stop and the exit codes
+(``daemon.exits``: 2 only for bad input) are each a module of their own.
 """
 
 from __future__ import annotations
@@ -37,16 +32,12 @@ from collections.abc import Callable
 from typing import Any
 
 from daemon import __version__
-from daemon.children import free_port
-from daemon.config import DaemonConfig, node_device, write_rank_config
-from daemon.coordination.coordinator import Coordinator
+from daemon.config import DaemonConfig
 from daemon.coordination.fencing import Fence
 from daemon.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
-from daemon.health import HealthMonitor, HealthSettings
+from daemon.node_state.reports import Join, UpkeepReport
 from daemon.node_state.states import TERMINAL, IllegalTransition, State, allowed
 from daemon.node_state.view import NodeView
-from daemon.ranks.node_group import NodeGroup
-from daemon.ranks.spec import GroupPart, Seat
 from daemon.ranks.stop_cause import (
     FENCED_OUT,
     SLOT_LOST,
@@ -59,12 +50,12 @@ from daemon.ranks.stop_cause import (
 from daemon.ranks.workers import ExitKind
 from daemon.supervision import health_gate as gate
 from daemon.supervision.after_stop import after_stop
+from daemon.supervision.generation import next_part
+from daemon.supervision.parts import Parts
 from daemon.supervision.reports import node_status, report_unreplicated
 from daemon.supervision.restarts import RestartBudget
 from daemon.supervision.seat_probe import too_still
 from daemon.supervision.spanning import SpanningGroup
-from daemon.supervision.systemd import Notifier
-from daemon.supervision.upkeep import EtcdUpkeep, Join, UpkeepReport
 from daemon.supervision.waiting import Waiting
 from trainer import logs
 
@@ -76,26 +67,23 @@ STOP_GRACE_S = 5.0  # ranks of a failed group get this long after SIGTERM before
 
 
 class Supervisor:
+    """The node's loop over its parts (parts.py), handed in: :func:`build_supervisor`
+    (assembly.py) wires the real ones; a unit test drives it with fakes."""
+
     def __init__(
-        self, cfg: DaemonConfig, coordinator: Coordinator, notifier: Notifier | None = None
+        self, cfg: DaemonConfig, view: NodeView, parts: Parts, wake: threading.Event
     ) -> None:
         self.cfg = cfg
-        self.notifier = notifier or Notifier()
+        self.view = view
+        self.group, self.upkeep, self.health = parts.ranks, parts.upkeep, parts.health
+        self.notifier = parts.notifier
         self.log = logs.get()
-        self.view = NodeView(nodes_per_group=cfg.job.nodes_per_group)
-        self.run_dir = cfg.run_dir
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        rank_config = write_rank_config(cfg, self.run_dir / "config.json")
         # Set when a rank's (or standby's) output ends, or the job changed in etcd: the loop
         # looks at once, not next tick.
-        self.wake = threading.Event()
+        self.wake = wake
         self._publishing = threading.Lock()  # builds and swaps of the published status
         self.upkept = UpkeepReport()  # the last round's (the published status has it too)
-        self.group = NodeGroup(cfg, self.view, rank_config, self.wake, self.publish)
-        self.upkeep = EtcdUpkeep(cfg, coordinator, self.view, self.run_dir, self.wake.set)
-        self.waiting = Waiting(cfg, self.view)
-        settings = HealthSettings.of(cfg, coordinator.settings.endpoints, node_device(cfg))
-        self.health = HealthMonitor(settings, cfg.health.interval_s, self.wake.set)
+        self.waiting = Waiting(cfg, view)
         self.budget = RestartBudget.for_node(cfg.node)
         nodes = cfg.job.nodes_per_group  # a group across nodes: its generations (spanning.py)
         self.spanning = SpanningGroup(nodes) if nodes > 1 else None
@@ -104,7 +92,7 @@ class Supervisor:
         self.entered_at = time.monotonic()  # when the current state began
         self.restart_at = 0.0  # when RESTARTING's backoff ends
         self.note: dict[str, Any] = {}  # fields for the next state_changed event
-        self.published = node_status(self.view, cfg, lighthouse_up=False)  # see publish
+        self.published = node_status(view, cfg, lighthouse_up=False)  # see publish
 
     # ------------------------------------------------------------------ the loop
 
@@ -114,7 +102,7 @@ class Supervisor:
         if http_port is not None:
             self.upkeep.serving_http(http_port)
         self.log.info(
-            "daemon_started", version=__version__, pid=os.getpid(), run_dir=str(self.run_dir)
+            "daemon_started", version=__version__, pid=os.getpid(), run_dir=str(self.cfg.run_dir)
         )
         self.health.start()  # its first report comes before the node may claim a seat
         try:
@@ -145,9 +133,8 @@ class Supervisor:
         self.upkept = self.upkeep.tick()
         if self.upkept.slot_lost and self.view.state in (State.RUNNING, State.FENCED):
             self.move(self._stop(SLOT_LOST))
-        # Each live state has its handler (HANDLERS). A move runs the new state's handler in
-        # the same tick, so a failed group goes STOPPING -> RESTARTING -> WAITING -> RUNNING
-        # without waiting a tick per state; a handler that stays put ends the tick.
+        # Each live state's handler (HANDLERS); a move runs the next one in the same tick
+        # (STOPPING -> RESTARTING -> WAITING -> RUNNING), a handler that stays put ends it.
         for _ in range(len(State)):
             if self.view.state in TERMINAL:
                 break
@@ -164,9 +151,8 @@ class Supervisor:
         self.notifier.watchdog()
 
     def publish(self) -> None:
-        """Swap in what /status and /metrics show (node_state.status): after each tick, and
-        after each rank event the view took in (from the rank output threads), so a rank's
-        news is shown at once; built and swapped under one lock, the newest build wins."""
+        """Swap in what /status and /metrics show (node_state.status), after each tick and
+        each rank event (rank output threads), under one lock: the newest build wins."""
         with self._publishing:
             self.published = node_status(self.view, self.cfg, self.upkept.lighthouse_up)
 
@@ -175,9 +161,7 @@ class Supervisor:
         if to == frm:
             return
         if not allowed(frm, to):
-            raise IllegalTransition(
-                f"{frm.name} -> {to.name} is not in daemon.node_state.states.TRANSITIONS"
-            )
+            raise IllegalTransition(f"{frm.name} -> {to.name} is not in states.TRANSITIONS")
         note, self.note = self.note, {}
         self.log.info("state_changed", **{"from": frm.value, "to": to.value}, **note)
         self.view.state, self.entered_at = to, time.monotonic()
@@ -204,7 +188,7 @@ class Supervisor:
     def _claiming(self) -> State:
         if self.view.job_completed:
             return self._done("job completed")
-        shared = self._shared_fault()
+        shared = gate.shared_fault(self.view.health, self.view.job, self.cfg.node_id)
         # An unhealthy node claims no seat (but on a fault every node shares).
         blocked = gate.claim_blocked(self.view.health, shared)
         if blocked is not None:
@@ -212,7 +196,7 @@ class Supervisor:
             self.view.waiting_for = blocked
             return State.CLAIMING
         # None: every slot is taken (stand by) or etcd is away
-        if self.upkeep.seats.claim() is None:
+        if self.upkeep.claim() is None:
             self.view.waiting_for = SPARE if self.view.spare else None  # not the health's
             return State.CLAIMING
         if shared:
@@ -221,89 +205,69 @@ class Supervisor:
             )
         return State.WAITING
 
-    def _shared_fault(self) -> bool:
-        """This node's failing checks are a fault every node of the job shares (health_gate)."""
-        return gate.shared_fault(self.view.health, self.view.job, self.cfg.node_id)
-
     def _waiting(self) -> State:
-        if self.view.job_completed:
+        v, spanning = self.view, self.spanning
+        if v.job_completed:
             return self._done("job completed")
-        if self.view.slot is None:
+        if v.slot is None:
             return State.CLAIMING
-        shared = self._shared_fault()
-        if not shared and gate.must_leave(
-            self.view.health, self.cfg.health.leave_after, False, 0, 0
-        ):
-            return State.CLAIMING if self.upkeep.seats.give_back() else State.WAITING
+        shared = gate.shared_fault(v.health, v.job, self.cfg.node_id)
+        if not shared and gate.must_leave(v.health, self.cfg.health.leave_after, False, 0, 0):
+            return State.CLAIMING if self.upkeep.give_back() else State.WAITING
         # No ranks start on an unhealthy node (but on a fault every node shares).
-        blocked = gate.claim_blocked(self.view.health, shared)
+        blocked = gate.claim_blocked(v.health, shared)
         if blocked is not None:
-            self.waiting.say(blocked, since=self.entered_at, shown=self.view.waiting_for)
-            self.view.waiting_for = blocked
+            self.waiting.say(blocked, since=self.entered_at, shown=v.waiting_for)
+            v.waiting_for = blocked
             return State.WAITING
         lighthouse = self.upkept.lighthouse
         missing = self.waiting.missing(lighthouse is not None)
-        if self.spanning is not None and self.view.job is not None:
+        job = v.job if spanning is not None else None  # a group across nodes
+        if job is not None and spanning is not None:
             # Asked at once, while our failed ranks' quorum requests expire (seat_probe.py).
-            member = self.spanning.blocker(self.view.job, self.view.slot, self.view.node_rank)
+            member = spanning.blocker(job, v.slot, v.node_rank)
             if member is not None:
-                self.upkeep.seats.probe(self.view.job, member)
-        if missing is None and self.spanning is not None and self.view.job is not None:
-            if not self.upkeep.seats.holds(self.view.job):
+                self.upkeep.ask_member(job, member)
+            if missing is None and not self.upkeep.holds_seat(job):
                 return State.CLAIMING  # revoked while we were out of touch (seat_probe.py)
-            missing = self.spanning.missing(self.view.job, self.view.slot, self.view.node_rank)
-        if missing is None:
-            assert lighthouse is not None  # missing() asks for it first
-            part = self._part() if self.spanning is not None else None
-            if self.spanning is not None and part is None:
+            missing = missing or spanning.missing(job, v.slot, v.node_rank)
+        if missing is not None:
+            error = self.waiting.report(missing, since=self.entered_at, shown=v.waiting_for)
+            v.waiting_for = missing
+            return State.WAITING if error is None else self._fail(error, EXIT_FAILED)
+        assert lighthouse is not None  # missing() asks for it first
+        part = None
+        if job is not None and spanning is not None:
+            seat = (v.slot, v.node_rank)
+            part = next_part(spanning, job, seat, self.cfg, self.group, self.upkeep)
+            if part is None:
                 return State.WAITING  # etcd away or another node moved first: next round
-            self.upkeep.ranks_started()
-            self.group.start(self.view.slot, lighthouse, part)
-            if part is not None and self.spanning is not None and self.view.job is not None:
-                self.spanning.started(self.view.job, self.view.slot, part.generation)
-                self.view.generation = part.generation
-            job_state = self.view.job.state if self.view.job else None
-            if not job_state or job_state.get("state") not in ("running", "completed"):
-                self.upkeep.set_state("running")
-            return State.RUNNING
-        error = self.waiting.report(missing, since=self.entered_at, shown=self.view.waiting_for)
-        self.view.waiting_for = missing
-        return State.WAITING if error is None else self._fail(error, EXIT_FAILED)
-
-    def _part(self) -> GroupPart | None:
-        """This node's part in the next generation of its spanning group: the first node
-        moves the generation on and publishes its store, the others join the one the store
-        names. None when etcd is away or another node moved first (look again next round)."""
-        assert self.spanning is not None and self.view.job is not None
-        job, gid, rank = self.view.job, self.view.slot, self.view.node_rank
-        assert gid is not None
-        if rank > 0:
-            return self.spanning.joined(job, gid, rank)
-        seen = job.generations.get(gid, 0)
-        if self.upkeep.seats.bump_generation(gid, seen) != seen + 1:
-            return None
-        port, uuid = free_port(self.cfg.bind_host), self.group.next_replica_uuid()
-        store = {"generation": seen + 1, "addr": self.cfg.advertise_host, "port": port}
-        if not self.upkeep.seats.publish_store(gid, {**store, "replica_uuid": uuid}):
-            return None
-        return GroupPart(Seat(0, self.spanning.nodes), seen + 1, port, uuid)
+        self.upkeep.ranks_started()
+        self.group.start(v.slot, lighthouse, part)
+        if part is not None and job is not None and spanning is not None:
+            spanning.started(job, v.slot, part.generation)
+            v.generation = part.generation
+        job_state = v.job.state if v.job else None
+        if not job_state or job_state.get("state") not in ("running", "completed"):
+            self.upkeep.set_state("running")
+        return State.RUNNING
 
     def _running(self) -> State:
+        v = self.view
         if self.upkeep.ranks_must_pause():  # nothing may commit here now
             self.group.pause()
             return State.FENCED
-        if self.spanning is not None and self.view.job is not None and self.view.slot is not None:
-            moved = self.spanning.must_stop(self.view.job, self.view.slot)
+        if self.spanning is not None and v.job is not None and v.slot is not None:
+            moved = self.spanning.must_stop(v.job, v.slot)
             # Ranks that have begun to leave (the job's end, or a drain the group agreed
             # on) go on by themselves: the member that left first finished the same step.
             if moved is not None and not self.group.finishing():
                 return self._stop(GroupRestart(moved))
-            v = self.view  # a member dead without a word blocks our ranks
+            # A member dead without a word blocks our ranks: the other groups' ranks
+            # blocked with its abandon the step at once, ours stop next round (must_stop).
             still = too_still(v.quiet_since, time.monotonic(), v.phases, v.step_time_median_s)
-            if still and self.upkeep.seats.probe_members(self.view.job, v.quiet_since or 0.0):
-                # The other groups' ranks blocked with that member's abandon the step at
-                # once, not after ft.timeout_s; ours stop next round (must_stop).
-                word = self.group.failure_word(ExitKind.HUNG, self.view.job.lighthouse)
+            if still and self.upkeep.ask_members(v.job, v.quiet_since or 0.0):
+                word = self.group.failure_word(ExitKind.HUNG, v.job.lighthouse)
                 self.upkeep.announce_failure(word)
         if gate.running_group_leaves(self.view, self.cfg):
             assert self.view.health is not None
@@ -319,10 +283,8 @@ class Supervisor:
                 return self._stop(JobEnded("the job completed elsewhere"))
             return State.RUNNING
         if outcome.kind == ExitKind.COMPLETED:  # with the replication `phalanx status` shows
-            v = self.view
-            self.upkeep.set_state(
-                "completed", largest_quorum=v.largest_quorum, groups=v.most_groups
-            )
+            quorum, groups = v.largest_quorum, v.most_groups
+            self.upkeep.set_state("completed", largest_quorum=quorum, groups=groups)
             return self._done("training completed")
         fields = {"kind": outcome.kind.value, "reason": outcome.reason, "codes": outcome.codes}
         self.log.warning("group_failed", **fields)
@@ -389,19 +351,15 @@ class Supervisor:
     # ------------------------------------------------------ what handlers share
 
     def _stop(self, cause: StopCause) -> State:
-        """Begin stopping the group; STOPPING decides what next once it is gone."""
-        self._end_generation()
-        self.group.stop(cause)
-        return State.STOPPING
-
-    def _end_generation(self) -> None:
-        """A spanning group's ranks stop here: move its generation on (unless another node
-        did), so that its other nodes stop theirs at once."""
+        """Begin stopping the group; STOPPING decides what next once it is gone. A spanning
+        group's generation moves on (unless another node moved it), so its other nodes
+        stop theirs at once."""
         ended = self.spanning.stopped() if self.spanning is not None else None
         if ended is not None and self.view.slot is not None:
             self.view.generation = None  # in our record at once: the first node waits on it
-            self.upkeep.seats.bump_generation(self.view.slot, ended)
-            self.upkeep.write_record()
+            self.upkeep.end_generation(self.view.slot, ended)
+        self.group.stop(cause)
+        return State.STOPPING
 
     # ------------------------------------------------------------------ endings
 

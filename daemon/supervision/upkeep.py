@@ -17,23 +17,17 @@ becomes what the state machine needs to know:
 * a lost slot after a new session: ``slot_lost`` in the round's :class:`UpkeepReport`.
 
 Each round (:meth:`EtcdUpkeep.tick`) returns an :class:`UpkeepReport`, the values the
-supervisor acts on; the fence is asked through :meth:`EtcdUpkeep.ranks_must_pause` and
-:meth:`EtcdUpkeep.fence_verdict`, and :meth:`EtcdUpkeep.ranks_started` ends the judging
-of a lost lease, each owned here.
-
-A node id held by another live daemon is waited on, then refused (held_id.py).
-
-A new session (the old lease was lost by our clock) re-registers and re-claims
-first, and only then revokes the old lease, so the node's keys never vanish
-all at once for a standby to grab.
+supervisor acts on; its handlers ask the rest through the verbs ``parts.Upkeep`` lists
+(claim, give back, start or end a generation, the fence's verdict, the job's state),
+never this object's parts. A node id held by another live daemon is waited on, then
+refused (held_id.py). A new session (the old lease lost by our clock) re-registers and
+re-claims before it revokes the old lease: the node's keys never all vanish at once.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -56,31 +50,17 @@ from daemon.coordination import (
 )
 from daemon.leadership import Forwarder, Leadership, parse_address
 from daemon.node_state import NodeView, State
+from daemon.node_state.reports import Join, UpkeepReport
 from daemon.supervision.attempts import Attempts, backoff_cap
 from daemon.supervision.fence_judge import FenceJudge
 from daemon.supervision.held_id import HeldIdWait
 from daemon.supervision.job_follow import JobFollower
 from daemon.supervision.lease_file import LeaseFile
 from daemon.supervision.node_record import NodeRecord
-from daemon.supervision.progress_ask import ASK_WAIT_S, ProgressAsk
+from daemon.supervision.progress_ask import ProgressAsk
 from daemon.supervision.rank_notice import RankNotice
 from daemon.supervision.seats import Seats
 from trainer import logs
-
-
-class Join(StrEnum):
-    JOINED = "joined"
-    NOT_YET = "not_yet"  # etcd unreachable or a conflict: try again next tick
-    REFUSED = "refused"  # bad input: another job file, wrong credentials
-
-
-@dataclass(frozen=True)
-class UpkeepReport:
-    """What one round of upkeep leaves the supervisor to act on."""
-
-    slot_lost: bool = False  # a new session could not keep this node's slot
-    lighthouse: str | None = None  # the ranks' TORCHFT_LIGHTHOUSE once the forwarder has a target
-    lighthouse_up: bool = False  # that target, and our lighthouse process while we lead
 
 
 class EtcdUpkeep:
@@ -114,7 +94,7 @@ class EtcdUpkeep:
         self.lease_file = LeaseFile(run_dir / LEASE_FILE)
         self._confirmed_at: float | None = None  # the lease's last confirmation seen
         self.notice = RankNotice(run_dir / NOTICE_FILE)  # the ranks told at once
-        self.seats = Seats(cfg, coord, view, self._attempt, run_dir)  # slot, seat, generation
+        self._seats = Seats(cfg, coord, view, self._attempt, run_dir)  # slot, seat, generation
 
     # ------------------------------------------------------------------ joining
 
@@ -131,7 +111,14 @@ class EtcdUpkeep:
             self.coord.check_spec({**self.cfg.spec(), "device": node_device(self.cfg)})
             self.coord.job_secret()  # read (or made) before anything dials the lighthouse
             self._register()
-            self._check_address(self._load_job())
+            # Refuse an address a node on another machine advertises (both ends of a race
+            # see each other, so neither trains on an address it shares).
+            host = self.cfg.advertise_host
+            other = address_clash(
+                self.cfg.node_id, host, self.record.machine, self._load_job().nodes
+            )
+            if other is not None:
+                raise AddressHeld(self.cfg.node_id, other, host)
 
         refusals = (SpecMismatch, EtcdAccessDenied, NodeIdHeld, AddressHeld)
         try:
@@ -142,14 +129,6 @@ class EtcdUpkeep:
             self.refusal = str(e)
             return Join.REFUSED
         return Join.JOINED if ok else Join.NOT_YET
-
-    def _check_address(self, job: JobView) -> None:
-        """After registering: refuse an address that a node on another machine advertises
-        (both ends of a race see each other, so neither trains on an address it shares)."""
-        host, nodes = self.cfg.advertise_host, job.nodes
-        other = address_clash(self.cfg.node_id, host, self.record.machine, nodes)
-        if other is not None:
-            raise AddressHeld(self.cfg.node_id, other, host)
 
     def _held(self, e: NodeIdHeld) -> Join:
         """Our node id is in another instance's record (held_id.py)."""
@@ -164,20 +143,50 @@ class EtcdUpkeep:
         """Write this node's record now, not after RECORD_GAP_S (best effort)."""
         self._attempt("record", lambda: self.record.update(force=True))
 
+    # ------------------------------------------------- seats (seats.py, seat_probe.py)
+
+    def claim(self) -> int | None:
+        """Claim a slot (a seat); None: every one is held (a spare) or etcd is away."""
+        return self._seats.claim()
+
+    def give_back(self) -> bool:
+        """Give the seat back now (an unhealthy node); False while etcd is away."""
+        return self._seats.give_back()
+
+    def holds_seat(self, job: JobView) -> bool:
+        """Whether this node still holds its seat (True while etcd cannot say)."""
+        return self._seats.holds(job)
+
+    def ask_member(self, job: JobView, member: tuple[int, str]) -> None:
+        """Ask the member (node rank, node id) our group waits on for a sign of life."""
+        self._seats.probe(job, member)
+
+    def ask_members(self, job: JobView, silence: float) -> bool:
+        """Ask every other member for a sign of life; True when a seat was revoked."""
+        return self._seats.probe_members(job, silence)
+
+    def start_generation(self, gid: int, seen: int, store: dict[str, Any]) -> bool:
+        """Move a spanning group's generation on from `seen` and publish its store: False
+        when etcd is away or another node moved it first (look again next round)."""
+        if self._seats.bump_generation(gid, seen) != seen + 1:
+            return False
+        return self._seats.publish_store(gid, store)
+
+    def end_generation(self, gid: int, ended: int) -> None:
+        """Move the generation on from `ended` (unless another node did), and write our
+        record at once: the group's first node waits on it."""
+        self._seats.bump_generation(gid, ended)
+        self.write_record()
+
     # -------------------------------------------------------------------- rounds
 
     def tick(self) -> UpkeepReport:
         """One round of upkeep: fence, session, leadership, the job view, forwarder, record,
         checkpoint; returns what the supervisor acts on."""
         self._round()
-        lighthouse_up = self.forwarder.target is not None and (
-            not self.view.leader or self.leadership.lighthouse_alive
-        )
-        report = UpkeepReport(
-            slot_lost=self._slot_lost,
-            lighthouse=self.forwarder.url if self.forwarder.target is not None else None,
-            lighthouse_up=lighthouse_up,
-        )
+        target = self.forwarder.target is not None  # and our lighthouse's, while we lead
+        up = target and (not self.view.leader or self.leadership.lighthouse_alive)
+        report = UpkeepReport(self._slot_lost, self.forwarder.url if target else None, up)
         self._slot_lost = False
         return report
 
@@ -203,25 +212,9 @@ class EtcdUpkeep:
             self.view.reached = reached
 
     def fence_verdict(self) -> tuple[Fence, str]:
-        """What paused ranks may do: see FenceJudge.verdict; after a lost lease, judged
-        against the others' current steps (progress_ask.py)."""
-        view, judge = self.view, self.judge
-        job = view.job
-        if judge.lease_lost and not judge.fenced and job and self.snapshot_at >= judge.answered_at:
-            asked = self.progress_ask.nodes(job)
-            if asked is None:
-                return Fence.HOLD, "waiting for the other nodes' progress"
-            if not asked[1]:
-                self.progress_ask.done()
-                why = f"not every running node answered within {ASK_WAIT_S:g} s"
-                return judge.discard(view.step, f"{why}: they may have gone on without us")
-            job = replace(job, nodes=asked[0])
-        verdict = judge.verdict(
-            job, view.step, self.snapshot_at, view.waiting_for, view.invalid_checkpoints
-        )
-        if not judge.lease_lost:
-            self.progress_ask.done()
-        return verdict
+        """What paused ranks may do: KEEP, DISCARD, or HOLD while etcd is away (the judge's
+        verdict; after a lost lease, against the others' steps: progress_ask.py)."""
+        return self.progress_ask.verdict(self.judge, self.view, self.snapshot_at)
 
     def _round(self) -> None:
         if not self.view.registered:
@@ -315,7 +308,7 @@ class EtcdUpkeep:
         ok, _ = self._attempt("register", self._register)
         if not ok:
             return False
-        kept = self.seats.reclaim()
+        kept = self._seats.reclaim()
         if kept is None:
             return False
         self._slot_lost = not kept
@@ -389,7 +382,7 @@ class EtcdUpkeep:
 
         def give_back() -> None:
             self.leadership.resign(self.view)
-            self.seats.release()
+            self._seats.release()
 
         ok, _ = self._attempt("release", give_back)
         if not ok:

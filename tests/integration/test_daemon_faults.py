@@ -29,7 +29,7 @@ from daemon.coordination.fencing import fence_margin_s
 from daemon.leadership import election
 from daemon.node_state.states import State
 from daemon.supervision import supervisor
-from daemon.supervision.supervisor import Supervisor
+from daemon.supervision.assembly import build_supervisor
 from tests.support.harness import DAEMON_JOB, Daemon, alive, hurry, start_daemon, wait_for
 from tests.support.ports import free_port
 
@@ -97,7 +97,7 @@ def test_coordination_errors_in_every_state_never_stop_the_node(
     coord = InjectingCoordinator(
         EtcdSettings([etcd_endpoint], timeout_s=2.0), cfg.job.name, cfg.node_id, LEASE_TTL_S
     )
-    sup = Supervisor(cfg, coord)
+    sup = build_supervisor(cfg, coord)
     coord.state = lambda: sup.view.state
     every_kind = [name for name, _ in ERRORS]
 

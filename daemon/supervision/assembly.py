@@ -1,0 +1,42 @@
+"""The daemon's supervisor with its real parts: the node's ranks, the etcd upkeep, the
+health monitor and systemd's notifier, over one run directory (parts.py)."""
+
+from __future__ import annotations
+
+import threading
+
+from daemon.config import DaemonConfig, node_device, write_rank_config
+from daemon.coordination.coordinator import Coordinator
+from daemon.health import HealthMonitor, HealthSettings
+from daemon.node_state.view import NodeView
+from daemon.ranks.node_group import NodeGroup
+from daemon.supervision.parts import Parts
+from daemon.supervision.supervisor import Supervisor
+from daemon.supervision.systemd import Notifier
+from daemon.supervision.upkeep import EtcdUpkeep
+
+
+def build_supervisor(
+    cfg: DaemonConfig, coordinator: Coordinator, notifier: Notifier | None = None
+) -> Supervisor:
+    """The supervisor of this node, its parts built over `cfg.run_dir` (made here)."""
+    run_dir = cfg.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    rank_config = write_rank_config(cfg, run_dir / "config.json")
+    view = NodeView(nodes_per_group=cfg.job.nodes_per_group)
+    wake = threading.Event()  # a rank's output ended, or the job changed: look at once
+    built: list[Supervisor] = []  # the rank threads publish through the supervisor made below
+
+    def publish() -> None:
+        for supervisor in built:
+            supervisor.publish()
+
+    settings = HealthSettings.of(cfg, coordinator.settings.endpoints, node_device(cfg))
+    parts = Parts(
+        ranks=NodeGroup(cfg, view, rank_config, wake, publish),
+        upkeep=EtcdUpkeep(cfg, coordinator, view, run_dir, wake.set),
+        health=HealthMonitor(settings, cfg.health.interval_s, wake.set),
+        notifier=notifier or Notifier(),
+    )
+    built.append(Supervisor(cfg, view, parts, wake))
+    return built[0]
