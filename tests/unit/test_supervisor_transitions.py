@@ -1,0 +1,352 @@
+"""The supervisor driven through every move of its transition table with fake parts.
+
+No etcd, no processes, no threads: the ranks, the etcd upkeep and the health monitor
+are fakes that answer as the protocols of ``daemon/supervision/parts.py`` say, the
+rest (waiting, the restart budget, after_stop, the health gate) is the real logic.
+Each scenario sets up one situation, runs the state's handler once (as a tick does),
+and checks the state the node moved to and what it asked of its parts.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from daemon.config import load_daemon_config
+from daemon.coordination import Fence, JobView
+from daemon.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
+from daemon.health import HealthReport
+from daemon.node_state.reports import Join, UpkeepReport
+from daemon.node_state.states import TERMINAL, TRANSITIONS, State
+from daemon.node_state.view import NodeView
+from daemon.ranks.spec import GroupPart
+from daemon.ranks.stop_cause import FENCED_OUT, JobEnded, StopCause
+from daemon.ranks.workers import ExitKind, GroupExit
+from daemon.supervision.parts import Parts
+from daemon.supervision.supervisor import HANDLERS, Supervisor
+from daemon.supervision.systemd import Notifier
+
+JOB = Path(__file__).resolve().parents[2] / "tests" / "integration" / "daemon_job.toml"
+LIGHTHOUSE = "10.0.0.1:29510"
+FAILED = GroupExit(ExitKind.FAILED, [1], "rank 0 exited with 1")
+
+
+@dataclass
+class FakeRanks:
+    restart_reason: str | None = None
+    last_codes: list[int | None] | None = None
+    running: bool = False
+    outcome: GroupExit | None = None  # what poll() returns
+    all_stopped: bool = False  # what stopped() returns
+    cause: StopCause = FENCED_OUT  # what take_cause() returns
+    calls: list[str] = field(default_factory=list)
+
+    def next_replica_uuid(self) -> str:
+        return "uuid"
+
+    def start(self, slot: int, lighthouse: str, part: GroupPart | None = None) -> None:
+        self.calls.append(f"start {slot} {lighthouse}")
+
+    def tend_standbys(self, live: bool) -> None:
+        pass
+
+    def poll(self) -> GroupExit | None:
+        return self.outcome
+
+    def failure_word(self, kind: ExitKind, lighthouse: str | None) -> dict[str, Any] | None:
+        return {"quorum_id": 1, "kind": kind.value}
+
+    def finishing(self) -> bool:
+        return False
+
+    def stop(self, cause: StopCause) -> None:
+        self.calls.append("stop")
+
+    def drain(self) -> None:
+        self.calls.append("drain")
+
+    def pause(self) -> None:
+        self.calls.append("pause")
+
+    def resume(self, why: str) -> None:
+        self.calls.append("resume")
+
+    def stopped(self, grace_s: float) -> bool:
+        return self.all_stopped
+
+    def kill(self) -> None:
+        self.calls.append("kill")
+
+    def take_cause(self) -> StopCause:
+        return self.cause
+
+
+@dataclass
+class FakeUpkeep:
+    view: NodeView
+    refusal: str = ""
+    fenced: bool = False
+    joined: Join = Join.JOINED
+    must_pause: bool = False
+    verdict: tuple[Fence, str] = (Fence.KEEP, "etcd confirmed the lease")
+    free_slot: int | None = 0  # what claim() finds
+    slot_lost: bool = False  # what the next round reports
+    calls: list[str] = field(default_factory=list)
+
+    def join(self) -> Join:
+        return self.joined
+
+    def tick(self) -> UpkeepReport:
+        return UpkeepReport(self.slot_lost, LIGHTHOUSE, lighthouse_up=True)
+
+    def serving_http(self, port: int) -> None:
+        pass
+
+    def ranks_must_pause(self) -> bool:
+        return self.must_pause
+
+    def ranks_started(self) -> None:
+        self.calls.append("ranks_started")
+
+    def fence_verdict(self) -> tuple[Fence, str]:
+        return self.verdict
+
+    def claim(self) -> int | None:
+        self.view.slot = self.free_slot  # as the real one writes the node's view
+        return self.free_slot
+
+    def give_back(self) -> bool:
+        self.view.slot = None
+        return True
+
+    def holds_seat(self, job: JobView) -> bool:
+        return True
+
+    def ask_member(self, job: JobView, member: tuple[int, str]) -> None:
+        pass
+
+    def ask_members(self, job: JobView, silence: float) -> bool:
+        return False
+
+    def start_generation(self, gid: int, seen: int, store: dict[str, Any]) -> bool:
+        return True
+
+    def end_generation(self, gid: int, ended: int) -> None:
+        pass
+
+    def announce_failure(self, word: dict[str, Any] | None) -> None:
+        self.calls.append("announce_failure")
+
+    def set_state(self, state: str, **extra: object) -> None:
+        self.calls.append(f"set_state {state}")
+
+    def fail_job(self, message: str) -> None:
+        self.calls.append("fail_job")
+
+    def release(self) -> None:
+        self.calls.append("release")
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class FakeHealth:
+    latest: HealthReport | None = field(default_factory=lambda: HealthReport((), at=0.0))
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+@dataclass
+class Node:
+    sup: Supervisor
+    ranks: FakeRanks
+    upkeep: FakeUpkeep
+
+    @property
+    def view(self) -> NodeView:
+        return self.sup.view
+
+
+def node(state: State, *overrides: str) -> Node:
+    """A supervisor in `state` with fake parts: a one-node group holding slot 0 of a job
+    whose lighthouse is known and whose one group is enough (job.min_replicas = 1)."""
+    cfg = load_daemon_config(JOB, ["node.id=node-a", *overrides])
+    view = NodeView(state=state, registered=state != State.JOINING)
+    view.slot, view.lighthouse = 0, LIGHTHOUSE
+    view.job = JobView({}, {0: "node-a"}, "node-a", LIGHTHOUSE, None, None, None)
+    ranks, upkeep = FakeRanks(), FakeUpkeep(view)
+    parts = Parts(ranks=ranks, upkeep=upkeep, health=FakeHealth(), notifier=Notifier({}))
+    return Node(Supervisor(cfg, view, parts, threading.Event()), ranks, upkeep)
+
+
+def handle(n: Node) -> State:
+    """One handler's turn, after the round a tick does before it."""
+    n.view.health = n.sup.health.latest
+    n.sup.upkept = n.sup.upkeep.tick()
+    n.sup.move(HANDLERS[n.view.state](n.sup))
+    return n.view.state
+
+
+def completed(n: Node) -> None:
+    assert n.view.job is not None
+    n.view.job = replace(n.view.job, state={"state": "completed", "step": 10})
+
+
+def no_slot(n: Node) -> None:
+    n.view.slot = None
+
+
+def stopped_by(cause: StopCause) -> Callable[[Node], None]:
+    def setup(n: Node) -> None:
+        n.ranks.all_stopped, n.ranks.cause = True, cause
+
+    return setup
+
+
+def refused(n: Node) -> None:
+    n.upkeep.joined, n.upkeep.refusal = Join.REFUSED, "another job file"
+
+
+def waited_out(n: Node) -> None:  # no lighthouse for longer than node.wait_timeout_s (1 s)
+    n.view.lighthouse = None
+    n.sup.entered_at = time.monotonic() - 10.0
+
+
+def running_ranks(outcome: GroupExit | None) -> Callable[[Node], None]:
+    def setup(n: Node) -> None:
+        n.ranks.running, n.ranks.outcome = True, outcome
+
+    return setup
+
+
+def verdict(fence: Fence) -> Callable[[Node], None]:
+    def setup(n: Node) -> None:
+        n.upkeep.verdict = (fence, "judged")
+
+    return setup
+
+
+def pause(n: Node) -> None:
+    n.upkeep.must_pause = True
+
+
+def nothing(n: Node) -> None:
+    pass
+
+
+def past_backoff(n: Node) -> None:
+    n.sup.restart_at = 0.0
+
+
+def fenced_out_without_a_slot(n: Node) -> None:
+    stopped_by(FENCED_OUT)(n)
+    no_slot(n)
+
+
+STARTED = ["ranks_started", "set_state running"]  # what the upkeep is told of a first start
+
+
+# (from, to, the situation, what the parts must have been asked, the exit code)
+SCENARIOS: list[tuple[State, State, Callable[[Node], None], list[str], int]] = [
+    (State.JOINING, State.CLAIMING, nothing, [], EXIT_OK),
+    (State.JOINING, State.FAILED, refused, ["kill", "release"], EXIT_BAD_INPUT),
+    (State.CLAIMING, State.WAITING, nothing, [], EXIT_OK),
+    (State.CLAIMING, State.DONE, completed, ["release"], EXIT_OK),
+    (State.WAITING, State.RUNNING, nothing, [f"start 0 {LIGHTHOUSE}", *STARTED], EXIT_OK),
+    (State.WAITING, State.CLAIMING, no_slot, [], EXIT_OK),
+    (State.WAITING, State.DONE, completed, ["release"], EXIT_OK),
+    (State.WAITING, State.FAILED, waited_out, ["kill", "fail_job", "release"], EXIT_FAILED),
+    (State.RUNNING, State.FENCED, pause, ["pause"], EXIT_OK),
+    (State.RUNNING, State.STOPPING, running_ranks(FAILED), ["stop", "announce_failure"], 0),
+    (
+        State.RUNNING,
+        State.DONE,
+        running_ranks(GroupExit(ExitKind.COMPLETED, [0], "")),
+        ["set_state completed", "release"],
+        EXIT_OK,
+    ),
+    (State.FENCED, State.RUNNING, verdict(Fence.KEEP), ["resume"], EXIT_OK),
+    (State.FENCED, State.STOPPING, verdict(Fence.DISCARD), ["stop"], EXIT_OK),
+    (State.STOPPING, State.RESTARTING, stopped_by(FAILED), [], EXIT_OK),
+    (State.STOPPING, State.WAITING, stopped_by(FENCED_OUT), [], EXIT_OK),
+    (State.STOPPING, State.CLAIMING, fenced_out_without_a_slot, [], EXIT_OK),
+    (State.STOPPING, State.DONE, stopped_by(JobEnded("completed elsewhere")), ["release"], 0),
+    (
+        State.STOPPING,
+        State.FAILED,
+        stopped_by(GroupExit(ExitKind.BAD_INPUT, [2], "train.steps must be positive")),
+        ["kill", "release"],
+        EXIT_BAD_INPUT,
+    ),
+    (State.RESTARTING, State.WAITING, past_backoff, [], EXIT_OK),
+    (State.RESTARTING, State.CLAIMING, no_slot, [], EXIT_OK),
+    (State.RESTARTING, State.DONE, completed, ["release"], EXIT_OK),
+    (State.DRAINING, State.DONE, stopped_by(FENCED_OUT), ["release"], EXIT_OK),
+]
+
+
+def _label(s: tuple[State, State, Callable[[Node], None], list[str], int]) -> str:
+    return f"{s[0].name}->{s[1].name}"
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=[_label(s) for s in SCENARIOS])
+def test_a_handler_moves_along_its_row(
+    scenario: tuple[State, State, Callable[[Node], None], list[str], int],
+) -> None:
+    frm, to, setup, asked, code = scenario
+    n = node(frm, "node.wait_timeout_s=1")
+    setup(n)
+    assert handle(n) == to
+    assert n.ranks.calls + n.upkeep.calls == asked
+    assert n.sup.exit_code == code
+
+
+LIVE = [s for s in State if s not in TERMINAL and s != State.DRAINING]
+
+
+@pytest.mark.parametrize("frm", LIVE, ids=[s.name for s in LIVE])
+def test_a_sigterm_drains_every_live_state_in_the_next_tick(frm: State) -> None:
+    n = node(frm)
+    n.sup.request_drain()
+    n.sup.tick()
+    assert n.view.state == State.DRAINING
+    assert "drain" in n.ranks.calls
+    assert n.sup.exit_code == EXIT_OK
+
+
+def test_a_lost_slot_stops_running_ranks_in_the_tick_that_finds_it() -> None:
+    n = node(State.RUNNING)
+    n.ranks.running = True
+    n.upkeep.slot_lost = True
+    n.sup.tick()
+    assert n.view.state == State.STOPPING
+    assert n.ranks.calls == ["stop"]
+
+
+def test_the_scenarios_cover_every_move_of_the_table() -> None:
+    table = {(frm, to) for frm, targets in TRANSITIONS.items() for to in targets}
+    covered = {(frm, to) for frm, to, *_ in SCENARIOS} | {(s, State.DRAINING) for s in LIVE}
+    assert covered == table
+
+
+def test_a_tick_follows_a_failed_group_through_its_restart_without_waiting_a_tick_each() -> None:
+    """STOPPING -> RESTARTING in one tick; once the backoff is over, WAITING -> RUNNING in
+    the next: each handler that moves runs the next state's in the same tick."""
+    n = node(State.STOPPING, "node.restart_backoff_s=0")
+    stopped_by(FAILED)(n)
+    n.sup.tick()
+    assert n.view.state == State.RUNNING
+    assert n.view.restarts == {"rank_exit": 1}
+    assert n.ranks.calls == [f"start 0 {LIGHTHOUSE}"]
+    assert n.upkeep.calls == STARTED
