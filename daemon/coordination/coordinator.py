@@ -10,12 +10,11 @@ carries the instance (``daemon.coordination.identity``): :meth:`Coordinator.regi
 refuses a node id that another daemon process holds (:class:`NodeIdHeld`), and
 claims keys of this node id from the process's predecessor.
 
-Sessions. A node's record and slot are bound to one etcd lease kept alive by
-``keepalive._Session`` over the daemon's one keepalive stream; the ``leader`` and
-``lighthouse`` keys to the leader's own short lease (``leader_lease``).
-:meth:`Coordinator.ensure_session` replaces a lost lease and returns True: the caller
-then registers and claims again. A lease that our clock gave up on but etcd still
-holds (a restarted etcd restores leases) is kept, with its keys.
+Sessions. A node's record and slot are bound to one etcd lease (``session.NodeLease``,
+kept alive over the daemon's one keepalive stream); the ``leader`` and ``lighthouse``
+keys to the leader's own short lease (``leader_lease``). :meth:`Coordinator.ensure_session`
+replaces a lost lease and returns True: the caller then registers and claims again. A
+lease our clock gave up on but etcd still holds (a restarted etcd restores leases) is kept.
 
 Failures are mapped to the exceptions of ``etcd_client`` (re-exported here):
 :class:`EtcdUnavailable` is transient, :class:`EtcdAccessDenied` is a
@@ -24,7 +23,6 @@ configuration problem, :class:`SpecMismatch` refuses a node with another job fil
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -51,7 +49,7 @@ from daemon.coordination.identity import Identity, holder_of, new_instance
 from daemon.coordination.job_secret import get_or_make_secret
 from daemon.coordination.job_spec import put_spec
 from daemon.coordination.job_view import STATES, JobView, dump, parse_job
-from daemon.coordination.keepalive import LeaseKeepAlive, _Session
+from daemon.coordination.keepalive import LeaseKeepAlive
 from daemon.coordination.latest_checkpoint import publish_latest
 from daemon.coordination.leader_lease import DEFAULT_LEADER_TTL_S, LeaderLease
 from daemon.coordination.node_key import put_record
@@ -64,6 +62,7 @@ from daemon.coordination.progress import (
     progress_prefix,
     reached_key,
 )
+from daemon.coordination.session import NodeLease
 from trainer import logs
 
 log = logs.get()
@@ -123,11 +122,9 @@ class Coordinator:
         self._me = self.identity.holder()  # the value of the slot and leader keys we hold
         self._conn = _Connection(settings, settings.timeout_s)
         keepalive_timeout = max(0.5, min(settings.timeout_s, lease_ttl_s / 3.0))
-        self._keepalive = LeaseKeepAlive(_Connection(settings, keepalive_timeout))
-        self._session: _Session | None = None
+        keepalive = LeaseKeepAlive(_Connection(settings, keepalive_timeout))
+        self._lease_of = NodeLease(self._conn, keepalive, job, lease_ttl_s)  # record, slot
         self._leader = LeaderLease(settings, job, min(leader_ttl_s, lease_ttl_s))
-        self._failed_at = 0.0  # when a request here last found etcd unavailable
-        self._session_lock = threading.Lock()
         self._record: tuple[int, str] | None = None  # (lease, value) of our record as last put
         self._secret: bytes | None = None  # the job's (job_secret), once read
 
@@ -151,44 +148,20 @@ class Coordinator:
                 time.sleep(0.2)
 
     def ensure_session(self) -> bool:
-        """Make sure a live lease exists; True when a new one was created (re-register then).
-        No request while the keepalive thread is sure of the lease (``_Session.confirm``:
-        it is asked on the stream after a failed refresh, or a failed request here)."""
-        with self._session_lock:
-            old = self._session
-            if old is not None and old.alive and old.running:
-                recheck = self._failed_at >= old.deadline - old.ttl
-                if old.confirm(recheck):
-                    return False
-            # Our clock gave up on it; if etcd still holds it, nothing changed hands.
-            again = old.kept(self._conn) if old is not None else None
-            if again is not None:
-                self._session = again
-                log.info("etcd_lease_kept", job=self.job, lease=f"{again.lease_id:x}")
-                return False
-            grant = self._call(lambda c: c.lease(self.lease_ttl_s))
-            session = _Session(int(grant.id), int(grant.ttl), self._keepalive, self.job)
-            session.start()
-            self._session = session
-        log.info("etcd_session_created", job=self.job, lease=f"{grant.id:x}", ttl=grant.ttl)
-        return True
+        """Make sure a live lease exists; True when a new one was created (re-register then)."""
+        return self._lease_of.ensure(self._call)
 
     def lease_confirmation(self) -> tuple[str, float] | None:
         """(lease id in hex, send time of its last confirmed refresh), None without a session."""
-        session = self._session
-        if session is None or session.deadline < 0:
-            return None
-        return f"{session.lease_id:x}", session.deadline - session.ttl
+        return self._lease_of.confirmation()
 
     def session_unconfirmed(self, margin_s: float) -> bool:
         """Whether the lease may expire within `margin_s` (or has), as far as we know."""
-        session = self._session
-        return session is not None and time.monotonic() >= session.deadline - margin_s
+        return self._lease_of.unconfirmed(margin_s)
 
     @property
     def session_alive(self) -> bool:
-        session = self._session
-        return session is not None and session.alive
+        return self._lease_of.alive
 
     # --------------------------------------------------------------------- spec
 
@@ -388,14 +361,8 @@ class Coordinator:
 
     def close(self, revoke: bool = True) -> None:
         """Stop the keepalive; revoke the lease (drops node, slot and leader keys at once)."""
-        with self._session_lock:
-            session, self._session = self._session, None
-        if session is not None:
-            session.stop()
-            if revoke:
-                self._revoke_quietly(session.lease_id)
+        self._lease_of.close(revoke)
         self._leader.close(revoke)
-        self._keepalive.close()
         self._conn.close()
 
     # ---------------------------------------------------------------- internals
@@ -407,12 +374,10 @@ class Coordinator:
         try:
             return self._conn.call(fn)
         except SessionExpired:
-            session = self._session
-            if session is not None:
-                session.mark_gone()
+            self._lease_of.gone()
             raise
         except EtcdUnavailable:
-            self._failed_at = time.monotonic()
+            self._lease_of.failed_at = time.monotonic()
             raise
 
     def _txn(
@@ -432,18 +397,4 @@ class Coordinator:
         return list(response.kvs)
 
     def _lease(self) -> int:
-        session = self._session
-        if session is None:
-            raise CoordinationError("no etcd session yet: call ensure_session() first.")
-        if not session.alive:
-            raise SessionExpired(
-                "this node's etcd lease has expired; call ensure_session() and register again."
-            )
-        return session.lease_id
-
-    def _revoke_quietly(self, lease_id: int) -> None:
-        try:  # not self._call: "lease not found" here is about lease_id, not our session
-            self._conn.call(lambda c: c.revoke_lease(lease_id))
-        except CoordinationError as exc:
-            if not isinstance(exc, SessionExpired):
-                log.warning("etcd_lease_revoke_failed", lease=f"{lease_id:x}", error=str(exc))
+        return self._lease_of.lease_id()

@@ -391,7 +391,7 @@ def test_a_lease_etcd_expired_is_replaced_and_its_keys_are_gone(
     assert a.campaign()
     lease = a.lease_confirmation()
     assert lease is not None
-    b._revoke_quietly(int(lease[0], 16))  # what etcd's expiry does, from another client
+    b._lease_of.revoke(int(lease[0], 16))  # what etcd's expiry does, from another client
     wait_for(lambda: not a.session_alive, 10, "the keepalive to see the lease gone")
     assert a.ensure_session() is True
     fresh = a.lease_confirmation()

@@ -62,8 +62,8 @@ class InjectingCoordinator(Coordinator):
         if len(done) < len(ERRORS):
             name, make = ERRORS[len(done)]
             done.append(name)
-            if name == "lost_lease" and self._session is not None:
-                self._session.mark_gone()  # what the real client does on this error
+            if name == "lost_lease":
+                self._lease_of.gone()  # what the real client does on this error
             raise make()
         return super()._call(fn)
 

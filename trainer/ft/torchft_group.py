@@ -30,7 +30,6 @@ import hashlib
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import wait
-from datetime import timedelta
 from typing import Any
 
 import torch
@@ -40,23 +39,18 @@ from torch.distributed.fsdp import FSDPModule
 from trainer import logs
 from trainer.chaos import Chaos
 from trainer.config import FaultToleranceConfig
-from trainer.config.env import RankEnv, replica_id
+from trainer.config.env import RankEnv
 from trainer.contracts import rank_events as events
 from trainer.contracts.heartbeat import Heartbeat
 from trainer.data.shares import Quorum
 from trainer.ft import torchft_adapter as ft
 from trainer.ft.grad_buckets import buckets
+from trainer.ft.manager_build import build_manager, managed_process_group
 from trainer.ft.notice import Told
 from trainer.ft.quorum_watch import QuorumWatch
 from trainer.ft.replication import DRAIN_QUORUM_WAIT_S, NonFiniteStep, leave_unless_formed
 from trainer.ft.state import TrainState
 from trainer.ft.step_notices import StepNotices
-from trainer.ft.transport import (
-    advertise_host,
-    bind_host,
-    checkpoint_transport,
-    cross_group_nccl,
-)
 
 
 class LighthouseMoved(RuntimeError):
@@ -86,13 +80,6 @@ class TorchFTGroup:
         stop_requested: Callable[[], bool] = lambda: False,
         beat: Heartbeat | None = None,
     ) -> None:
-        from torchft.manager import Manager
-        from torchft.process_group import (
-            ManagedProcessGroup,
-            ProcessGroupGloo,
-            ProcessGroupNCCL,
-        )
-
         ft.check_torchft()
         self.beat = beat or Heartbeat(None)
         self.state = state
@@ -100,45 +87,9 @@ class TorchFTGroup:
         self.device = device
         self.log = logs.get()
         self._step_started = time.monotonic()
-        timeout = timedelta(seconds=cfg.timeout_s)
-        nccl = cross_group_nccl(cfg.backend, device)
-        # NCCL connects lazily: only gloo's build can be stuck.
-        pg = ft.scoped_process_group(
-            ProcessGroupNCCL if nccl else ProcessGroupGloo, interruptible=not nccl
-        )(timeout=timeout)
-        self.transport = checkpoint_transport(timeout)
-        # Rank 0's manager server listens on the bind address only (torchft: every interface).
-        with ft.manager_server_bound_to(bind_host()), ft.replica_uuid(env.replica_uuid):
-            self.manager = Manager(
-                pg=pg,
-                load_state_dict=self._load_healing,
-                state_dict=self._send_healing,
-                min_replica_size=env.min_replicas,
-                use_async_quorum=cfg.async_quorum,
-                timeout=timeout,
-                quorum_timeout=timedelta(seconds=cfg.quorum_timeout_s),
-                connect_timeout=timedelta(seconds=cfg.connect_timeout_s),
-                rank=env.rank,
-                world_size=env.world_size,
-                store_addr=env.master_addr,
-                store_port=env.master_port,
-                lighthouse_addr=env.lighthouse,
-                # The lowest id sorts first in a quorum (the checkpoint writer, see is_writer).
-                replica_id=replica_id(env.replica_group),
-                hostname=advertise_host(),
-                checkpoint_transport=self.transport,
-                # Every group initialises identical weights from train.seed.
-                init_sync=False,
-                # torchft 0.2.0's manager does not tell its ranks when a lighthouse call fails
-                # (they wait out the quorum timeout); retrying, with a fresh lighthouse client
-                # each time, rides out a leader change behind the daemon's forwarder.
-                quorum_retries=cfg.quorum_retries,
-            )
-        if env.replica_uuid is not None:
-            # The daemon keeps a group's replica id across its restarts: the replacement
-            # takes the place of the process it replaces at the lighthouse at once, where
-            # a new id would wait out the dead one's heartbeat timeout (DESIGN.md).
-            ft.count_as_new(self.manager)
+        self.manager, pg, self.transport = build_manager(
+            cfg, env, device, self._load_healing, self._send_healing
+        )
         self.pg = pg  # configured by each quorum for this rank's peers in every group
         self.recorder = recorder = ft.record_quorums(self.manager)
         # Each quorum's id into the heartbeat; a quorum that waited out the join timeout said.
@@ -149,7 +100,7 @@ class TorchFTGroup:
             if recorder.replica_ids is not None
             else "0"
         )
-        self.managed_pg = ManagedProcessGroup(self.manager)
+        self.managed_pg = managed_process_group(self.manager)
         # Whether this group was the writer in the quorum of its last committed step; a
         # drain that leaves a step's quorum unformed must not wait on it to ask.
         self._writer: bool | None = None
