@@ -25,15 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.support.harness import (
-    ROOT,
-    cleanup,
-    event_time,
-    largest_step_gap,
-    launch_group,
-    start_lighthouse,
-    wait_for,
-)
+from tests.support.harness import ROOT, event_time, largest_step_gap, wait_for
+from tests.support.rank_groups import cleanup, launch_group, start_lighthouse
 
 CONFIG = ROOT / "examples" / "single.toml"
 STEPS = 400

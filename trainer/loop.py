@@ -36,8 +36,9 @@ from trainer import logs
 from trainer.chaos import Chaos
 from trainer.config import TrainerConfig
 from trainer.config.env import RankEnv
-from trainer.data.shares import Quorum, RankPlan, group_share, rank_plan
+from trainer.data.shares import Quorum, group_share, rank_plan
 from trainer.data.sources import Sampler
+from trainer.forward_backward import ForwardBackward
 from trainer.ft.buffers import joined, split
 from trainer.ft.divergence import check_replicas
 from trainer.ft.non_finite import NonFiniteStreak
@@ -51,10 +52,10 @@ from trainer.ft.state import TrainState, local
 from trainer.ft.step_report import Attempt, StepReport
 from trainer.ft.straggler import ComputeClock, StragglerWatch
 from trainer.optim import clip_grad_norm
-from trainer.parallel.context import ContextParallel, sequence_slice
-from trainer.parallel.group_ops import group_any, group_sum, run_schedule
+from trainer.parallel.context import ContextParallel
+from trainer.parallel.group_ops import group_any, group_sum
 from trainer.parallel.mesh import Layout
-from trainer.parallel.parallelize import autocast, autocast_dtype
+from trainer.parallel.parallelize import autocast_dtype
 from trainer.workloads import LossFn
 
 if TYPE_CHECKING:  # torch.distributed.pipelining is imported only by pipelined runs
@@ -115,6 +116,22 @@ class Loop:
         self.clock = ComputeClock(self.layout.device)
         self.stragglers = StragglerWatch(self.cfg.ft, self.env.rank)
         self.compute_s: float | None = None  # this rank's compute in the last step
+        self.passes = ForwardBackward(
+            models=self.models,
+            sampler=self.sampler,
+            loss_fn=self.loss_fn,
+            device=self.layout.device,
+            sharded=self.sharded,
+            autocast=self.autocast,
+            cp=self.cp,
+            global_batch=self.global_batch,
+            unit=self.unit,
+            schedule=self.schedule,
+            pipeline_loss=self.pipeline_loss,
+            microbatches=self.cfg.parallel.microbatches,
+            first=self.first,
+            last=self.last,
+        )
 
     def done(self) -> bool:
         """Whether training is over: every step committed, or the group drained."""
@@ -311,7 +328,7 @@ class Loop:
         for rest in (range(whole.start, failed.share.start), range(failed.share.stop, whole.stop)):
             if rest:
                 plan = rank_plan(rest, 1, 0, self.micro, 1, self.global_batch, self.unit)
-                total = total + self._accumulate(step, plan)
+                total = total + self.passes.accumulate(step, plan)
         self.share = whole
         self.log.info(
             "gradients_reused",
@@ -334,64 +351,7 @@ class Loop:
             self.share, self.layout.dp_shard, self.layout.dp_rank, self.micro,
             quorum.participants, self.global_batch, self.unit,
         )  # fmt: skip
-        if self.schedule is not None:
-            return self._pipeline(step, plan)
-        return self._accumulate(step, plan)
-
-    def _filler(self, step: int) -> range:
-        """Items for a zero-weight pass (a rank with nothing left to train on in a step
-        still runs its group's collectives)."""
-        first = step * self.global_batch
-        return range(first, first + self.unit)
-
-    def _accumulate(self, step: int, plan: RankPlan) -> torch.Tensor:
-        """Forward and backward of each micro-batch; return the sum of this rank's
-        per-item losses."""
-        model = self.models[0]
-        # Summed on the device and read once per step: reading each micro-step's loss
-        # would stall a GPU once per micro-step.
-        total = torch.zeros((), dtype=torch.float64, device=self.layout.device)
-        last = len(plan.micro_batches) - 1
-        for i, (items, weight) in enumerate(zip(plan.micro_batches, plan.weights, strict=True)):
-            whole = self.sampler.take(items or self._filler(step), self.layout.device)
-            if self.sharded:
-                model.set_requires_gradient_sync(i == last)  # type: ignore[operator]
-            # A zero-weight pass runs in eval mode: it must not change the buffers (BatchNorm
-            # statistics of filler items), and BatchNorm refuses one item in training mode.
-            if not items:
-                model.eval()
-            with sequence_slice(self.cp, self.models, whole) as batch:
-                with autocast(self.layout.device, self.autocast):
-                    output = model(batch.inputs)
-                if not items:
-                    model.train()
-                loss = self.loss_fn(output, batch.targets)
-                (loss * weight).backward()  # type: ignore[no-untyped-call]
-            if items:
-                total += loss.detach().double() * len(items)
-        return total
-
-    def _pipeline(self, step: int, plan: RankPlan) -> torch.Tensor:
-        """One schedule run per micro-batch (whole schedule batches); return the sum of this
-        rank's per-item losses (0.0 off the last stage)."""
-        assert self.schedule is not None and self.pipeline_loss is not None
-        weighted = self.pipeline_loss
-        total = torch.zeros((), dtype=torch.float64, device=self.layout.device)
-        try:
-            for items, weight in zip(plan.micro_batches, plan.weights, strict=True):
-                batch = self.sampler.take(items or self._filler(step), self.layout.device)
-                weighted.weight = weight / self.cfg.parallel.microbatches
-                weighted.raw.clear()
-                run_schedule(self.schedule.step, batch, self.first, self.last)
-                # The last run's microbatches (a schedule's first run also computes a loss
-                # while it infers shapes).
-                raw = weighted.raw[-self.cfg.parallel.microbatches :]
-                if items and raw:
-                    total += torch.stack(raw).double().mean() * len(items)
-        finally:
-            weighted.weight = 1.0  # an evaluation runs the schedule unweighted
-            weighted.raw.clear()
-        return total
+        return self.passes.run(step, plan)
 
     def _quorum_settles(self) -> bool:
         """Whether every rank of the group saw this step's quorum form (the group leaves

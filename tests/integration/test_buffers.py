@@ -16,15 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.harness import (
-    ROOT,
-    Event,
-    Group,
-    cleanup,
-    launch_group,
-    start_lighthouse,
-    wait_for,
-)
+from tests.support.harness import ROOT, Event, wait_for
+from tests.support.rank_groups import Group, cleanup, launch_group, start_lighthouse
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.support.harness import ROOT, Event, launch_group
+from tests.support.harness import ROOT, Event
+from tests.support.rank_groups import launch_group
 from trainer.checkpoint.files import MARKER
 
 pytestmark = pytest.mark.integration

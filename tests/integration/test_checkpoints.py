@@ -22,13 +22,13 @@ from tests.support.harness import (
     alive,
     event_time,
     free_port,
-    launch_group,
     run_dir,
     start,
     start_daemon,
     wait_for,
 )
 from tests.support.pair_runs import kill_pair_after_checkpoint, run_pair_again
+from tests.support.rank_groups import launch_group
 from trainer.checkpoint.files import MARKER, Candidate, problem
 
 pytestmark = pytest.mark.integration

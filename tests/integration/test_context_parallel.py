@@ -22,10 +22,10 @@ from tests.support.harness import (
     Event,
     free_port,
     hurry,
-    launch_group,
     start_daemon,
     wait_for,
 )
+from tests.support.rank_groups import launch_group
 
 pytestmark = pytest.mark.integration
 

@@ -15,17 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.harness import (
-    PACE_S,
-    ROOT,
-    Event,
-    Group,
-    cleanup,
-    launch_group,
-    start_lighthouse,
-    wait_for,
-    write_pace,
-)
+from tests.support.harness import PACE_S, ROOT, Event, wait_for, write_pace
+from tests.support.rank_groups import Group, cleanup, launch_group, start_lighthouse
 from trainer.exits import EXIT_FAILED, EXIT_NO_QUORUM
 
 pytestmark = pytest.mark.integration

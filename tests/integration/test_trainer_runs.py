@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.support.harness import BIN, ROOT, Event, free_port, launch_group, read_events, start
+from tests.support.harness import BIN, ROOT, Event, free_port, read_events, start
+from tests.support.rank_groups import launch_group
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.harness import ROOT, Event, launch_group
+from tests.support.harness import ROOT, Event
+from tests.support.rank_groups import launch_group
 
 pytestmark = pytest.mark.integration
 

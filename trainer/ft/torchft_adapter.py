@@ -18,13 +18,11 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import socket
-import threading
 import time
 import types
 import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import timedelta
 from http.server import ThreadingHTTPServer
@@ -33,6 +31,8 @@ from typing import Any
 from torchft.checkpointing.http_transport import HTTPTransport
 
 from trainer.exits import NoQuorum
+from trainer.ft.bounded_waits import ConfigureAbandoned as ConfigureAbandoned
+from trainer.ft.bounded_waits import unless_interrupted, with_deadline
 
 # The list of reach-ins and the startup check, re-exported for the adapter's users.
 from trainer.ft.torchft_check import REACH_INS as REACH_INS
@@ -206,7 +206,7 @@ def scoped_process_group(base: type, interruptible: bool = False) -> type:
             build = super()._create_pg
             if not interruptible:
                 return build(store, rank, world_size)
-            return _unless_interrupted(lambda: build(store, rank, world_size), self.interrupter())
+            return unless_interrupted(lambda: build(store, rank, world_size), self.interrupter())
 
         # ProcessGroup.configure: public, but overriding it relies on the manager
         # passing "<store>/torchft/<quorum id>/<group rank>" as store_addr, first.
@@ -214,7 +214,7 @@ def scoped_process_group(base: type, interruptible: bool = False) -> type:
         # client with (only the quorum thread calls it, so swapping it here is safe).
         def configure(self, store_addr: str, *args: Any, **kwargs: Any) -> None:
             create = importlib.import_module("torchft.process_group").create_store_client
-            with _replaced("torchft.process_group", "create_store_client", _with_deadline(create)):
+            with _replaced("torchft.process_group", "create_store_client", with_deadline(create)):
                 super().configure(f"{store_addr}/{self.membership()}", *args, **kwargs)
 
     Scoped.__name__ = Scoped.__qualname__ = f"Scoped{base.__name__}"
@@ -244,90 +244,6 @@ def bury_process_group(pg: Any, keep_s: float) -> None:
     inner, pg._pg = pg._pg, None
     if inner is not None:
         _BURIED.append((now, inner))
-
-
-BUILD_POLL_S = 0.05  # how often a build of the backend asks whether to give up
-
-
-class ConfigureAbandoned(RuntimeError):
-    """A process group's build was given up: a notice concerned its quorum."""
-
-
-def _on_thread(fn: Callable[[], Any], name: str) -> Future[Any]:
-    """`fn()` on a daemon thread of its own, its result or error in the future returned.
-    For a C++ call that cannot be interrupted: the caller may stop waiting for it, and
-    the thread ends when the call does."""
-    done: Future[Any] = Future()
-
-    def run() -> None:
-        try:
-            done.set_result(fn())
-        except BaseException as e:  # handed to the caller
-            done.set_exception(e)
-
-    threading.Thread(target=run, daemon=True, name=name).start()
-    return done
-
-
-def _unless_interrupted(build: Callable[[], Any], interrupted: Callable[[], str | None]) -> Any:
-    """`build()` on a thread of its own; ConfigureAbandoned once `interrupted()` names a
-    reason first (the thread is left to end by its own timeout, its result dropped)."""
-    done = _on_thread(build, "torchft-pg-build")
-    while True:
-        try:
-            return done.result(BUILD_POLL_S)
-        except FutureTimeout:
-            reason = interrupted()
-            if reason:
-                raise ConfigureAbandoned(
-                    f"the process group's build was given up: {reason}"
-                ) from None
-
-
-STORE_PROBE_S = 2.0  # a live store's kernel accepts at once, even while its process is paused
-STORE_RECHECK_S = 0.25  # while the store client still connects, its port is probed this often
-
-
-def _store_answers(address: str, timeout_s: float) -> None:
-    """Raise TimeoutError unless `address` (host:port) accepts a TCP connection within
-    `timeout_s`. torch's store client retries a refused connection until its own timeout
-    (``ft.timeout_s``): a quorum whose store host's rank died just after the quorum formed
-    held every other group that long."""
-    host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
-            return
-    except (OSError, ValueError) as e:
-        raise TimeoutError(f"the quorum's store at {address} does not answer ({e})") from None
-
-
-def _with_deadline(create_store_client: Callable[..., Any]) -> Callable[..., Any]:
-    """torchft's create_store_client, raising TimeoutError after its `timeout`.
-
-    On a timeout the connecting thread is left behind (a C++ call cannot be
-    interrupted); it ends when the store's process dies or resumes, and whatever it
-    built is dropped. The manager reports the error and the next quorum goes on.
-    """
-
-    def create(store_addr: str, timeout: timedelta) -> Any:
-        address = store_addr.partition("/")[0]
-        _store_answers(address, min(STORE_PROBE_S, timeout.total_seconds()))
-        done = _on_thread(
-            lambda: create_store_client(store_addr, timeout=timeout), "torchft-store-connect"
-        )
-        deadline = time.monotonic() + timeout.total_seconds()
-        while True:  # a store whose process dies meanwhile refuses the next probe
-            try:
-                return done.result(max(0.0, min(STORE_RECHECK_S, deadline - time.monotonic())))
-            except FutureTimeout:
-                if time.monotonic() >= deadline:
-                    raise TimeoutError(
-                        f"the quorum's store at {address} did not answer within "
-                        f"{timeout.total_seconds():g}s (its process may be paused)"
-                    ) from None
-                _store_answers(address, STORE_PROBE_S)
-
-    return create
 
 
 # --- Listening addresses ---------------------------------------------------------------
