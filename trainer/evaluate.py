@@ -17,11 +17,11 @@ import torch
 from torch import nn
 
 from trainer.data.sources import Sampler
-from trainer.ft.step_report import StepReport
 from trainer.parallel.context import ContextParallel, sequence_slice
 from trainer.parallel.group_ops import group_sum, run_schedule
 from trainer.parallel.mesh import Layout
 from trainer.parallel.parallelize import autocast
+from trainer.step_report import StepReport
 from trainer.workloads import LossFn
 
 if TYPE_CHECKING:

@@ -49,13 +49,14 @@ from trainer.ft.replication import (
     leave_unless_formed,
 )
 from trainer.ft.state import TrainState, local
-from trainer.ft.step_report import Attempt, StepReport
+from trainer.ft.step_report import Attempt
 from trainer.ft.straggler import ComputeClock, StragglerWatch
 from trainer.optim import clip_grad_norm
 from trainer.parallel.context import ContextParallel
 from trainer.parallel.group_ops import group_any, group_sum
 from trainer.parallel.mesh import Layout
 from trainer.parallel.parallelize import autocast_dtype
+from trainer.step_report import StepReport
 from trainer.workloads import LossFn
 
 if TYPE_CHECKING:  # torch.distributed.pipelining is imported only by pipelined runs
@@ -102,7 +103,6 @@ class Loop:
         self.micro = (
             per_rank if self.schedule is not None else per_rank // self.cfg.train.grad_accum
         )
-        self.share = range(0)  # this group's items in the step under way
         # Whether a step may start on the previous step's quorum (see _forward_backward).
         self.may_guess = not self.sharded and self.schedule is None
         # Whether a failed attempt's gradients may be reused (see _reuse): one rank per
@@ -160,7 +160,7 @@ class Loop:
         self.clock.start()
         self.chaos.at("forward")
         try:
-            loss, deltas = self._gradients(step)
+            loss, deltas, share, self.drained = self._gradients(step)
         except StepAbandoned as e:
             self.drained = True
             if self.env.rank == 0:
@@ -182,7 +182,7 @@ class Loop:
             self._failed = None  # step 0 may load a checkpoint before its next attempt
         reported: float | None = None if healed else loss
         lr = float(self.state.scheduler.get_last_lr()[0])
-        items = self.share if committed else range(0)
+        items = share if committed else range(0)
         tokens = len(items) * self.tokens_per_item
         if committed:
             self.non_finite.committed()
@@ -213,17 +213,17 @@ class Loop:
             diverged=diverged,
         )
 
-    def _gradients(self, step: int) -> tuple[float, list[torch.Tensor]]:
+    def _gradients(self, step: int) -> tuple[float, list[torch.Tensor], range, bool]:
         """Forward and backward, gradients averaged across groups; return the step's mean
-        loss over all its items (every participating group's) and the buffers' changes
-        averaged across groups (see trainer/ft/buffers.py). Raises StepAbandoned when a
-        drain leaves a step whose quorum does not form."""
-        mine, quorum = self._forward_backward(step)
+        loss over all its items (every participating group's), the buffers' changes
+        averaged across groups (see trainer/ft/buffers.py), this group's items and its
+        drain vote (every rank leaves after this step). Raises StepAbandoned when a drain
+        leaves a step whose quorum does not form."""
+        mine, quorum, own = self._forward_backward(step)
         self.compute_s = self.clock.stop(self.replication.take_waited())
-        own = self.share
-        total = self._group_total(mine)
+        total, drain = self._group_total(mine)
         deltas = self.state.buffers.deltas(self.layout.fsdp_group())
-        if self.drained:
+        if drain:
             leave_unless_formed(self._quorum_settles())
         if self.chaos.at("gradients"):
             for p in self.params:
@@ -245,7 +245,7 @@ class Loop:
             split(both, deltas, head=len(part))
             loss, mean = (part if across is None else across[: len(part)]).tolist()
             self._watch(quorum, mean if across is not None else None)
-            return loss, deltas
+            return loss, deltas, own, drain
         # The part rides at the end of the gradients' last bucket: no all-reduce of its
         # own, and nothing is read from the device before the gradients are sent. The
         # buffers' changes go first, in the same exchange (a healing group's hold the
@@ -258,7 +258,7 @@ class Loop:
             self._failed = Attempt(step, quorum, own, mine)  # the exchange failed
         loss, mean = (part if averaged else kept).tolist()  # one read of the device
         self._watch(quorum, mean if averaged else None)
-        return loss, deltas
+        return loss, deltas, own, drain
 
     def _watch(self, quorum: Quorum, mean_s: float | None) -> None:
         """Compare this rank's compute with the other groups' (a failed exchange, a healing
@@ -283,9 +283,9 @@ class Loop:
     def _group_any(self, flags: list[bool]) -> list[bool]:
         return group_any(self.layout, flags)
 
-    def _forward_backward(self, step: int) -> tuple[torch.Tensor, Quorum]:
+    def _forward_backward(self, step: int) -> tuple[torch.Tensor, Quorum, range]:
         """Run this rank's part of its group's share of the step; return the sum of this
-        rank's per-item losses (a device scalar) and the step's quorum.
+        rank's per-item losses (a device scalar), the step's quorum and the group's share.
 
         The share needs the step's quorum. Where no collective across groups runs inside
         the backward (no FSDP hook, no pipeline), the likely quorum is assumed (the
@@ -295,28 +295,32 @@ class Loop:
         guess = self.replication.last_quorum() if self.may_guess else None
         quorum = guess or self.replication.quorum()
         failed, self._failed = self._failed, None
-        mine = self._reuse(step, quorum, failed) if failed else self._run_share(step, quorum)
+        if failed is not None:
+            mine, share = self._reuse(step, quorum, failed)
+        else:
+            mine, share = self._run_share(step, quorum)
         if guess is not None:
             actual = self.replication.quorum()
             if actual != guess and failed is None and self.may_reuse:
                 # Left alone (its peer died between steps), what was computed for the
                 # guess stands; _reuse computes any other quorum's share from scratch.
-                kept = Attempt(step, guess, self.share, mine)
-                mine, quorum = self._reuse(step, actual, kept, "quorum_shrank"), actual
+                kept = Attempt(step, guess, share, mine)
+                (mine, share), quorum = self._reuse(step, actual, kept, "quorum_shrank"), actual
             elif actual != guess:
                 self._drop_grads()
-                mine, quorum = self._run_share(step, actual), actual
-        return mine, quorum
+                (mine, share), quorum = self._run_share(step, actual), actual
+        return mine, quorum, share
 
     def _reuse(
         self, step: int, quorum: Quorum, failed: Attempt, why: str = "exchange_failed"
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, range]:
         """This group alone after its peer failed the exchange (or died before the step's
         quorum, `why` = "quorum_shrank"): the earlier attempt's gradients (same
         parameters; step() keeps them for the same step only) cover its old share, so
         only the rest of the step's items are computed. Its micro-batches were weighted
         for its old quorum, so they are rescaled to this one's (1 / old participants).
-        Any other quorum computes the whole share again."""
+        Any other quorum computes the whole share again. Returns the losses' sum and the
+        group's share."""
         if quorum != ALONE:
             self._drop_grads()
             return self._run_share(step, quorum)
@@ -329,7 +333,6 @@ class Loop:
             if rest:
                 plan = rank_plan(rest, 1, 0, self.micro, 1, self.global_batch, self.unit)
                 total = total + self.passes.accumulate(step, plan)
-        self.share = whole
         self.log.info(
             "gradients_reused",
             step=step + 1,  # numbered as train_step numbers it
@@ -337,21 +340,26 @@ class Loop:
             computed=len(whole) - len(failed.share),
             why=why,
         )
-        return total
+        return total, whole
 
     def _drop_grads(self) -> None:
         for p in self.params:
             p.grad = None
 
-    def _run_share(self, step: int, quorum: Quorum) -> torch.Tensor:
+    def _run_share(self, step: int, quorum: Quorum) -> tuple[torch.Tensor, range]:
         """Forward and backward of this rank's micro-batches of the group's share under
-        `quorum`; the sum of this rank's per-item losses."""
-        self.share = group_share(step, self.global_batch, quorum, self.unit)
+        `quorum`; the sum of this rank's per-item losses, and the share."""
+        share = group_share(step, self.global_batch, quorum, self.unit)
         plan = rank_plan(
-            self.share, self.layout.dp_shard, self.layout.dp_rank, self.micro,
-            quorum.participants, self.global_batch, self.unit,
-        )  # fmt: skip
-        return self.passes.run(step, plan)
+            share,
+            self.layout.dp_shard,
+            self.layout.dp_rank,
+            self.micro,
+            quorum.participants,
+            self.global_batch,
+            self.unit,
+        )
+        return self.passes.run(step, plan), share
 
     def _quorum_settles(self) -> bool:
         """Whether every rank of the group saw this step's quorum form (the group leaves
@@ -359,14 +367,11 @@ class Loop:
         pending = not self.replication.quorum_settles(DRAIN_QUORUM_WAIT_S)
         return not self._group_any([pending])[0]
 
-    def _group_total(self, mine: torch.Tensor) -> torch.Tensor:
-        """The group's sum of per-item losses, from each rank's: one all-reduce inside the
-        group that also agrees on the stop flag, so every rank leaves after the same step.
-        A one-rank group reads nothing from the device here."""
+    def _group_total(self, mine: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        """The group's sum of per-item losses, from each rank's, and its drain vote: one
+        all-reduce inside the group that also agrees on the stop flag, so every rank
+        leaves after the same step. A one-rank group reads nothing from the device here."""
         if self.layout.mesh is None:
-            self.drained = self.stop_requested()
-            return mine
-        total, (self.drained,) = group_sum(
-            self.layout, self.last, float(mine), [self.stop_requested()]
-        )
-        return torch.tensor(total, dtype=torch.float64, device=self.layout.device)
+            return mine, self.stop_requested()
+        total, (drain,) = group_sum(self.layout, self.last, float(mine), [self.stop_requested()])
+        return torch.tensor(total, dtype=torch.float64, device=self.layout.device), drain

@@ -18,6 +18,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from trainer.config.env import RankEnv
+from trainer.step_report import StepReport
 
 LABELS = ("phalanx_job", "node", "replica_group")
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -137,30 +138,27 @@ class TrainMetrics:
             "This rank's median compute over the other groups' (ft.straggler_steps steps).",
         )
 
-    def observe_step(
-        self, step: int, committed: bool, loss: float | None, lr: float, seconds: float, tokens: int,
-        participants: int, quorum_id: int | None, finite: bool = True, diverged: bool = False,
-        items: int = 0,
-    ) -> None:  # fmt: skip
+    def observe_step(self, r: StepReport) -> None:
+        """Every step attempt: its time, quorum and outcome; a committed one's progress."""
         if not self.enabled:
             return
-        if not finite:
+        if not r.finite:
             self.not_finite.inc()
-        if diverged:
+        if r.diverged:
             self.divergences.inc()
-        self.step_seconds.observe(seconds)
-        self.participants.set(participants)
-        if quorum_id is not None:
-            self.quorum_id.set(quorum_id)
-        if not committed:
+        self.step_seconds.observe(r.seconds)
+        self.participants.set(r.participants)
+        if r.quorum_id is not None:
+            self.quorum_id.set(r.quorum_id)
+        if not r.committed:
             self.commit_failures.inc()
             return
-        self.step.set(step)
-        if loss is not None:  # None: healed in this step, its forward ran on stale parameters
-            self.loss.set(loss)
-        self.lr.set(lr)
-        self.tokens.inc(tokens)
-        self.items.inc(items)
+        self.step.set(r.step)
+        if r.loss is not None:  # None: healed in this step, its forward ran on stale parameters
+            self.loss.set(r.loss)
+        self.lr.set(r.lr)
+        self.tokens.inc(r.tokens)
+        self.items.inc(len(r.items))
 
     def observe_rank(
         self, seconds: float, compute_s: float | None, straggler: bool, ratio: float | None

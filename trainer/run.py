@@ -39,7 +39,6 @@ from trainer.exits import EXIT_DRAINED
 from trainer.ft.buffers import Buffers, persistent_buffers
 from trainer.ft.replication import Replication, SingleGroup
 from trainer.ft.state import TrainState
-from trainer.ft.step_report import StepReport
 from trainer.ft.torchft_group import TorchFTGroup
 from trainer.loop import Loop
 from trainer.metrics import TrainMetrics
@@ -49,6 +48,7 @@ from trainer.parallel.digest import params_sha256
 from trainer.parallel.materialize import materialize
 from trainer.parallel.mesh import Layout, init_distributed
 from trainer.parallel.parallelize import parallelize
+from trainer.step_report import StepReport
 
 
 @dataclass
@@ -203,11 +203,7 @@ def train(b: Built) -> int:
         report = b.loop.step()
         if report is None:  # resumed at the final step, or a drain left this step
             break
-        b.metrics.observe_step(
-            report.step, report.committed, report.loss, report.lr, report.seconds,
-            report.tokens, report.participants, report.quorum_id, report.finite,
-            report.diverged, len(report.items),
-        )  # fmt: skip
+        b.metrics.observe_step(report)
         watch = b.loop.stragglers
         b.metrics.observe_rank(report.seconds, b.loop.compute_s, watch.flagged, watch.last_ratio)
         for seconds in b.replication.take_heals():

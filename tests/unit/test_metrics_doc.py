@@ -42,10 +42,11 @@ RANK_SCRIPT = textwrap.dedent(
     """
     from trainer.config.env import RankEnv
     from trainer.metrics import TrainMetrics
+    from trainer.step_report import StepReport
 
     m = TrainMetrics(RankEnv(rank=0, replica_group=1, job="doc-job", node="doc-node"))
-    m.observe_step(5, True, 1.5, 0.001, 0.2, 4096, 2, 7)
-    m.observe_step(6, False, 1.5, 0.001, 0.2, 4096, 1, 8)
+    m.observe_step(StepReport(5, True, 1.5, 0.001, 0.5, 2, 7, 0.2, 4096, range(32, 48)))
+    m.observe_step(StepReport(6, False, 1.5, 0.001, 0.5, 1, 8, 0.2, 0, finite=False))
     m.observe_heal(0.5)
     m.observe_rank(0.2, 0.15, True, 2.5)
     m.observe_eval(5, 1.25)

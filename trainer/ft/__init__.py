@@ -30,7 +30,7 @@ from trainer.ft.replication import (
     leave_unless_formed,
 )
 from trainer.ft.state import TrainState, local
-from trainer.ft.step_report import Attempt, StepReport
+from trainer.ft.step_report import Attempt
 from trainer.ft.torchft_adapter import SafeHTTPTransport, scoped_process_group
 from trainer.ft.torchft_group import TorchFTGroup, membership_token
 from trainer.ft.transport import SnapshotTransport, checkpoint_transport

@@ -1,5 +1,5 @@
-"""What one step attempt leaves behind: the report of a step, and a failed attempt's own
-gradients (see ``Loop._reuse``)."""
+"""A failed step attempt's own gradients, kept for the retry (see ``Loop._reuse``); the
+step's report is :class:`trainer.step_report.StepReport`."""
 
 from __future__ import annotations
 
@@ -19,19 +19,3 @@ class Attempt:
     quorum: Quorum
     share: range
     losses: torch.Tensor
-
-
-@dataclass
-class StepReport:
-    step: int  # committed steps after this one (1 for the first step)
-    committed: bool
-    loss: float | None  # None when the group healed after this step's forward (stale parameters)
-    lr: float
-    grad_norm: float
-    participants: int
-    quorum_id: int | None
-    seconds: float
-    tokens: int  # tokens this group trained on in the step
-    items: range = range(0)  # the step's items this group trained on (empty unless committed)
-    finite: bool = True  # False: a NaN/inf loss or gradient norm voted the step down
-    diverged: bool = False  # the groups' parameters differed (this group is in the majority)

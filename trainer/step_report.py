@@ -1,0 +1,22 @@
+"""What one step attempt reports: what the step log, the metrics, evaluation and the
+checkpointer each take whole (the loop's result, see trainer/loop.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StepReport:
+    step: int  # committed steps after this one (1 for the first step)
+    committed: bool
+    loss: float | None  # None when the group healed after this step's forward (stale parameters)
+    lr: float
+    grad_norm: float
+    participants: int
+    quorum_id: int | None
+    seconds: float
+    tokens: int  # tokens this group trained on in the step
+    items: range = range(0)  # the step's items this group trained on (empty unless committed)
+    finite: bool = True  # False: a NaN/inf loss or gradient norm voted the step down
+    diverged: bool = False  # the groups' parameters differed (this group is in the majority)
