@@ -42,6 +42,7 @@ from daemon.config import DaemonConfig, load_daemon_config
 from daemon.coordination import Coordinator, EtcdSettings
 from daemon.node_state import NodeView, State
 from daemon.node_state.reports import Join, UpkeepReport
+from daemon.supervision.reports import node_status
 from daemon.supervision.supervisor import TICK_S
 from daemon.supervision.upkeep import EtcdUpkeep
 from trainer import logs
@@ -64,7 +65,9 @@ class SimNode:
         self.view = NodeView()
         cfg.run_dir.mkdir(parents=True, exist_ok=True)
         self.wake = threading.Event()
-        self.upkeep = EtcdUpkeep(cfg, self.coord, self.view, cfg.run_dir, self.wake.set)
+        # The record is read from the node's status, as the daemon publishes it each tick.
+        status = lambda: node_status(self.view, cfg, lighthouse_up=False)  # noqa: E731
+        self.upkeep = EtcdUpkeep(cfg, self.coord, self.view, cfg.run_dir, status, self.wake.set)
         self.upkeep.serving_http(HTTP_PORT_BASE + index % 40000)
         self.report = UpkeepReport()
         self.registered_at: float | None = None

@@ -3,8 +3,9 @@
 The supervisor builds a :class:`NodeStatus` at the end of every tick, and after every
 rank event the view takes in (``Supervisor.publish``, under one lock), and publishes it
 by swapping one reference; ``/status``, ``/readyz``, ``/healthz`` and ``/metrics``
-(``daemon.surfaces``), served from the HTTP thread, read only that value, never the
-view the supervisor and the rank threads write.
+(``daemon.surfaces``), served from the HTTP thread, and the node's etcd record
+(``daemon.supervision.node_record``) read only that value, never the view the
+supervisor and the rank threads write.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class NodeStatus:
     etcd_errors: int = 0
     registered: bool = False
     step: int = 0
+    reached: int = 0  # the job's reached step as etcd recorded it when our ranks started
     loss: float | None = None
     participants: int | None = None
     restarts: Mapping[str, int] = field(default_factory=lambda: _frozen({}))

@@ -8,6 +8,7 @@ import threading
 from daemon.config import DaemonConfig, node_device, write_rank_config
 from daemon.coordination.coordinator import Coordinator
 from daemon.health import HealthMonitor, HealthSettings
+from daemon.node_state.status import NodeStatus
 from daemon.node_state.view import NodeView
 from daemon.ranks.node_group import NodeGroup
 from daemon.supervision.parts import Parts
@@ -31,10 +32,13 @@ def build_supervisor(
         for supervisor in built:
             supervisor.publish()
 
+    def published() -> NodeStatus:  # what the node's etcd record is read from
+        return built[0].published
+
     settings = HealthSettings.of(cfg, coordinator.settings.endpoints, node_device(cfg))
     parts = Parts(
         ranks=NodeGroup(cfg, view, rank_config, wake, publish),
-        upkeep=EtcdUpkeep(cfg, coordinator, view, run_dir, wake.set),
+        upkeep=EtcdUpkeep(cfg, coordinator, view, run_dir, published, wake.set),
         health=HealthMonitor(settings, cfg.health.interval_s, wake.set),
         notifier=notifier or Notifier(),
     )

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from daemon import __version__
@@ -25,7 +26,7 @@ from daemon.config import DaemonConfig
 from daemon.coordination.coordinator import Coordinator
 from daemon.coordination.identity import machine_id
 from daemon.coordination.progress import PROGRESS_EVERY_S
-from daemon.node_state.view import NodeView
+from daemon.node_state.status import NodeStatus
 from daemon.supervision.health_gate import failing
 
 _UNSET = object()
@@ -33,10 +34,12 @@ RECORD_GAP_S = 1.0
 
 
 class NodeRecord:
-    def __init__(self, cfg: DaemonConfig, coord: Coordinator, view: NodeView) -> None:
+    def __init__(
+        self, cfg: DaemonConfig, coord: Coordinator, status: Callable[[], NodeStatus]
+    ) -> None:
         self.cfg = cfg
         self.coord = coord
-        self.view = view
+        self.status = status  # the node's published status: what the record is read from
         self.http_port = cfg.node.http_port  # the bound port (EtcdUpkeep.serving_http)
         self._written: dict[str, Any] = {}
         self._written_at = -RECORD_GAP_S
@@ -47,10 +50,10 @@ class NodeRecord:
         self.machine = machine_id()  # tells this node's host from other machines'
 
     def build(self) -> dict[str, Any]:
-        v = self.view
+        v = self.status()
         spanning = {"node_rank": v.node_rank, "generation": v.generation}
         return {
-            **(spanning if v.nodes_per_group > 1 else {}),
+            **(spanning if self.cfg.job.nodes_per_group > 1 else {}),
             "waiting_for": v.waiting_for,
             "spare": v.spare,  # every seat was held when it last looked
             "health": failing(v.health),  # the failing checks' reasons; {} when healthy
@@ -61,7 +64,7 @@ class NodeRecord:
             "version": __version__,
             "group": v.slot,
             "state": v.state.value,
-            "pids": v.pids,
+            "pids": list(v.pids),
         }
 
     def update(self, force: bool = False) -> None:
@@ -76,7 +79,7 @@ class NodeRecord:
         """Write the progress if it is due, or if `asked` (the job's asks/progress value)
         is one not answered yet; raises the coordinator's errors. `epoch`, `epoch_step`:
         the leader epoch the ranks train under and our step when it began (fencing)."""
-        v, now = self.view, time.monotonic()
+        v, now = self.status(), time.monotonic()
         progress = {
             "step": v.step, "participants": v.participants,
             "epoch": epoch, "epoch_step": epoch_step,

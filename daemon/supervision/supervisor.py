@@ -351,12 +351,12 @@ class Supervisor:
     # ------------------------------------------------------ what handlers share
 
     def _stop(self, cause: StopCause) -> State:
-        """Begin stopping the group; STOPPING decides what next once it is gone. A spanning
-        group's generation moves on (unless another node moved it), so its other nodes
-        stop theirs at once."""
+        """Begin stopping the group (STOPPING decides what next); a spanning group's
+        generation moves on (unless another did), so its other nodes stop theirs at once."""
         ended = self.spanning.stopped() if self.spanning is not None else None
         if ended is not None and self.view.slot is not None:
-            self.view.generation = None  # in our record at once: the first node waits on it
+            self.view.generation = None  # published, so in our record at once: the first
+            self.publish()  # node waits on it (the record is read from the published status)
             self.upkeep.end_generation(self.view.slot, ended)
         self.group.stop(cause)
         return State.STOPPING

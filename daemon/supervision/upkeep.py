@@ -51,6 +51,7 @@ from daemon.coordination import (
 from daemon.leadership import Forwarder, Leadership, parse_address
 from daemon.node_state import NodeView, State
 from daemon.node_state.reports import Join, UpkeepReport
+from daemon.node_state.status import NodeStatus
 from daemon.supervision.attempts import Attempts, backoff_cap
 from daemon.supervision.fence_judge import FenceJudge
 from daemon.supervision.held_id import HeldIdWait
@@ -70,6 +71,7 @@ class EtcdUpkeep:
         coord: Coordinator,
         view: NodeView,
         run_dir: Path,
+        status: Callable[[], NodeStatus],
         wake: Callable[[], None] | None = None,
     ) -> None:
         self.cfg = cfg
@@ -82,7 +84,7 @@ class EtcdUpkeep:
         self.refusal = ""
         self._slot_lost = False  # since the last report
         self._published: dict[str, Any] | None = None  # the checkpoint record last published
-        self.record = NodeRecord(cfg, coord, view)
+        self.record = NodeRecord(cfg, coord, status)  # read from the published status
         cap_s = backoff_cap(cfg.etcd.lease_ttl_s)
         self._attempt = Attempts(view, coord.settings.endpoints, cap_s)  # errors become state
         self._bad_lighthouse: object = None

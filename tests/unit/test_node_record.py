@@ -18,6 +18,7 @@ from daemon.config import load_daemon_config
 from daemon.coordination.progress import PROGRESS_EVERY_S
 from daemon.node_state import NodeView, State
 from daemon.supervision.node_record import RECORD_GAP_S, NodeRecord
+from daemon.supervision.reports import node_status
 
 JOB = Path(__file__).parents[1] / "integration" / "daemon_job.toml"
 
@@ -50,7 +51,8 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
 def made(tmp_path: Path) -> tuple[NodeRecord, Sent, NodeView]:
     cfg = load_daemon_config(JOB, [f'node.run_dir="{tmp_path}"'], node_id="node-a")
     sent, view = Sent(), NodeView()
-    return NodeRecord(cfg, sent, view), sent, view  # type: ignore[arg-type]
+    status = lambda: node_status(view, cfg, lighthouse_up=False)  # noqa: E731  # as published
+    return NodeRecord(cfg, sent, status), sent, view  # type: ignore[arg-type]
 
 
 def test_the_record_is_written_when_it_changes_and_never_on_a_timer(
