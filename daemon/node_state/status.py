@@ -17,6 +17,7 @@ from typing import Any
 
 from daemon.coordination.job_view import JobView
 from daemon.health import HealthReport
+from daemon.node_state.reports import RanksReport
 from daemon.node_state.states import State
 from daemon.node_state.view import NodeView
 
@@ -74,9 +75,11 @@ class NodeStatus:
         min_replicas: int,
         lighthouse_up: bool,
         shared_fault: bool,
+        ranks: RanksReport | None = None,
     ) -> NodeStatus:
-        """The view as it is now, copied (called on the supervisor's thread): each field of
-        the view's name, its lists as tuples and its dicts as read-only copies."""
+        """The view as it is now, copied: each field of the view's name, its lists as
+        tuples and its dicts as read-only copies; and the ranks' report (the node group's,
+        a frozen value) for the fields of its names."""
         given: dict[str, Any] = {
             "node": node,
             "job_name": job_name,
@@ -89,7 +92,13 @@ class NodeStatus:
             for f in fields(cls)
             if f.name not in given and hasattr(view, f.name)
         }
-        return cls(**given, **copied)
+        shown = {f.name for f in fields(cls)}
+        reported = (
+            {f.name: getattr(ranks, f.name) for f in fields(RanksReport) if f.name in shown}
+            if ranks is not None
+            else {}
+        )
+        return cls(**given, **copied, **reported)
 
 
 def _copy(value: Any) -> Any:

@@ -21,9 +21,10 @@ class NodeView:
 
     Each field has one writer (``tests/unit/test_node_view_writers.py`` holds the code to
     it): the supervisor (``supervision/supervisor.py``), the etcd upkeep
-    (``supervision/upkeep.py``, its etcd health through ``supervision/attempts.py``), the election (``leadership/election.py``), the node group
-    (``ranks/node_group.py``), or the rank output threads through :meth:`track` (under
-    :attr:`lock`). Every other part only reads.
+    (``supervision/upkeep.py``, its etcd health through ``supervision/attempts.py``), the
+    election (``leadership/election.py``), or the rank output threads through :meth:`track`
+    (under :attr:`lock`). Every other part only reads. The node group holds no view: what
+    its ranks look like is its :class:`~daemon.node_state.reports.RanksReport`.
     """
 
     # The supervisor's.
@@ -49,15 +50,6 @@ class NodeView:
     most_groups: int = 0  # the most replica-group slots held at once, as read from etcd
     # The election's.
     leader: bool = False
-    # The node group's.
-    pids: list[int] = field(default_factory=list)
-    standby_pids: list[int] = field(default_factory=list)  # waiting standbys (daemon.ranks.standby)
-    phases: list[str] = field(default_factory=list)  # each local rank's phase (daemon.ranks.hang)
-    quiet_since: float | None = None  # monotonic: when the stillest local rank last beat
-    hang_timeouts: dict[str, float] = field(default_factory=dict)  # seconds per phase, now
-    hang_learned: bool = False  # the step's timeout was learned from step times
-    step_time_quantile_s: float | None = None  # the quantile of step times it came from
-    step_time_median_s: float | None = None
     # The job's reached step as etcd recorded it when this node's ranks last started: a
     # start-over is seen after a restart of every node too (the upkeep's).
     reached: int = 0

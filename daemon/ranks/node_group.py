@@ -1,7 +1,9 @@
 """The supervisor's handle on this node's ranks: at most one :class:`WorkerGroup` at a time.
 
-It numbers the attempts, remembers why the current group is being stopped, keeps
-``view.pids`` in step with the live ranks, and logs each start. Each method does
+It numbers the attempts, remembers why the current group is being stopped, says what
+its ranks look like (:meth:`NodeGroup.report`, a frozen value), and logs each start.
+It holds no view of the node: a rank's event goes to the `fold` it is given (the
+view's ``track``), then to `tracked` (the supervisor's publish). Each method does
 one thing and returns at once; the waiting (STOPPING, DRAINING) is the
 supervisor's, one :meth:`stopped` call per tick.
 """
@@ -13,12 +15,13 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from daemon.config import DaemonConfig
-from daemon.node_state.view import NodeView
+from daemon.node_state.reports import RanksReport
 from daemon.ranks.failure_notice import failure_word
-from daemon.ranks.hang import HangLimits, StepTimes, Timeouts, timeouts
+from daemon.ranks.hang import HangLimits, StepTimes, timeouts
 from daemon.ranks.spec import GroupPart, GroupSpec
 from daemon.ranks.standby import REFILL_DELAY_S, StandbyPool
 from daemon.ranks.stop_cause import GroupRestart, StopCause
@@ -47,13 +50,15 @@ class NodeGroup:
     def __init__(
         self,
         cfg: DaemonConfig,
-        view: NodeView,
+        fold: Callable[[dict[str, Any]], int | None],
         rank_config: Path,
         wake: threading.Event | None = None,
         tracked: Callable[[], None] | None = None,
     ) -> None:
         self.cfg = cfg
-        self.view = view
+        # Takes in a rank's event; the step the job had reached when it started over, if
+        # the event says so (NodeView.track).
+        self.fold = fold
         self.rank_config = rank_config
         self.wake = wake
         self.tracked = tracked  # called once a rank event is in the view (Supervisor.publish)
@@ -75,7 +80,9 @@ class NodeGroup:
         # group's restarts: a restarted group is no slower than the one it replaces).
         self.limits = HangLimits.from_config(cfg)
         self.step_times = StepTimes()
-        self.timeouts = self._learn([])
+        self.timeouts = timeouts(self.limits, self.step_times)
+        self._phases: tuple[str, ...] = ()  # each rank's, as the last poll saw them
+        self._quiet_since: float | None = None  # when the stillest rank last beat (poll)
 
     @property
     def running(self) -> bool:
@@ -102,7 +109,6 @@ class NodeGroup:
             self.standbys.take() if self.standbys is not None else None,
             master_port=part.master_port if part is not None else None,
         )
-        self.view.pids = self.current.pids
         fields: dict[str, Any] = {"slot": slot, "attempt": self.attempt, "pids": self.current.pids}
         if part is not None:
             fields.update(node_rank=part.seat.node_rank, generation=part.generation)
@@ -113,7 +119,21 @@ class NodeGroup:
             self.log.info("group_restarted", reason=self.restart_reason, **fields)
         self.restart_reason = None
 
-    def tend_standbys(self, live: bool) -> None:
+    def report(self) -> RanksReport:
+        """What the ranks look like now: pids, standbys, phases and hang timeouts."""
+        t, pool = self.timeouts, self.standbys
+        return RanksReport(
+            pids=tuple(self.current.pids) if self.current is not None else (),
+            standby_pids=tuple(pool.pids) if pool is not None else (),
+            phases=self._phases,
+            quiet_since=self._quiet_since,
+            hang_timeouts=MappingProxyType(dict(t.by_phase)),
+            hang_learned=t.learned,
+            step_time_quantile_s=t.step_quantile_s,
+            step_time_median_s=t.step_median_s,
+        )
+
+    def tend_standbys(self, live: bool, slot: int | None) -> None:
         """Once per tick: keep a standby per local rank while the node is `live` (holds or
         seeks a slot, not draining), none otherwise. Standbys a start used are replaced at
         once where they are forked warm or warm up at idle priority (they take only CPU
@@ -131,18 +151,19 @@ class NodeGroup:
         ):
             pool.reap()
         else:  # the start's own values (slot, lighthouse, store port) come on takeover
-            pool.fill(GroupSpec.for_node(self.cfg, self.view.slot or 0, "", self.rank_config))
-        self.view.standby_pids = pool.pids
+            pool.fill(GroupSpec.for_node(self.cfg, slot or 0, "", self.rank_config))
 
     def poll(self) -> GroupExit | None:
         """The group's outcome, None while it runs; a completed group is reaped at once."""
         assert self.current is not None
-        self.view.pids = self.current.pids
         outcome = self.current.poll(self.timeouts)
-        self.timeouts = self._learn(self.current.take_samples())
-        self.view.phases = [r.beat.phase for r in self.current.ranks]
+        samples = self.current.take_samples()
+        if samples:  # the timeouts learn the step times
+            self.step_times = self.step_times.add(samples)
+            self.timeouts = timeouts(self.limits, self.step_times)
+        self._phases = tuple(r.beat.phase for r in self.current.ranks)
         beats = [r.progressed_at for r in self.current.ranks if r.progressed_at > 0]
-        self.view.quiet_since = min(beats, default=None)
+        self._quiet_since = min(beats, default=None)
         if outcome is not None and outcome.kind == ExitKind.COMPLETED:
             self.kill()  # every rank has exited 0: this only reaps
         return outcome
@@ -197,30 +218,18 @@ class NodeGroup:
         if self.current is not None:
             outcome = self.current.poll(self.timeouts)
             self.last_codes = outcome.codes if outcome else None
-        self.current, self.view.pids, self.view.phases = None, [], []
+        self.current, self._phases = None, ()
         return True
 
     def kill(self) -> None:
         """SIGKILL the ranks (and the standbys: this ends the node or its group for good)."""
         if self.standbys is not None:
             self.standbys.kill()
-            self.view.standby_pids = []
         if self.current is not None:
             self.current.kill()
             outcome = self.current.poll(self.timeouts)
             self.last_codes = outcome.codes if outcome else None
-        self.current, self.view.pids, self.view.phases = None, [], []
-
-    def _learn(self, samples: list[float]) -> Timeouts:
-        """The timeouts with the step times `samples` learned, shown in the view."""
-        if samples or not self.view.hang_timeouts:
-            self.step_times = self.step_times.add(samples)
-            t = timeouts(self.limits, self.step_times)
-            self.view.hang_timeouts = dict(t.by_phase)
-            self.view.hang_learned, self.view.step_time_quantile_s = t.learned, t.step_quantile_s
-            self.view.step_time_median_s = t.step_median_s
-            return t
-        return self.timeouts
+        self.current, self._phases = None, ()
 
     def take_cause(self) -> StopCause:
         cause, self.cause = self.cause, None
@@ -229,7 +238,7 @@ class NodeGroup:
 
     def _on_rank_event(self, rank: int, event: dict[str, Any]) -> None:
         """Called from the rank output threads: track progress, then relay the event."""
-        lost_from = self.view.track(event, self.cfg.node_id)
+        lost_from = self.fold(event)
         if self.tracked is not None:
             self.tracked()
         logs.relay(event)

@@ -4,6 +4,7 @@ health monitor and systemd's notifier, over one run directory (parts.py)."""
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 from daemon.config import DaemonConfig, node_device, write_rank_config
 from daemon.coordination.coordinator import Coordinator
@@ -32,12 +33,15 @@ def build_supervisor(
         for supervisor in built:
             supervisor.publish()
 
+    def fold(event: dict[str, Any]) -> int | None:  # a rank's event, from its output thread
+        return view.track(event, cfg.node_id)
+
     def published() -> NodeStatus:  # what the node's etcd record is read from
         return built[0].published
 
     settings = HealthSettings.of(cfg, coordinator.settings.endpoints, node_device(cfg))
     parts = Parts(
-        ranks=NodeGroup(cfg, view, rank_config, wake, publish),
+        ranks=NodeGroup(cfg, fold, rank_config, wake, publish),
         upkeep=EtcdUpkeep(cfg, coordinator, view, run_dir, published, wake.set),
         health=HealthMonitor(settings, cfg.health.interval_s, wake.set),
         notifier=notifier or Notifier(),

@@ -6,14 +6,18 @@ slot (``never_replicated``; issue 34: it used to end quietly)."""
 from __future__ import annotations
 
 from daemon.config import DaemonConfig
+from daemon.node_state.reports import RanksReport
 from daemon.node_state.status import NodeStatus
 from daemon.node_state.view import NodeView
 from daemon.supervision.health_gate import shared_fault
 from trainer import logs
 
 
-def node_status(view: NodeView, cfg: DaemonConfig, lighthouse_up: bool) -> NodeStatus:
-    """The view as the supervisor's tick leaves it, copied into one frozen value."""
+def node_status(
+    view: NodeView, cfg: DaemonConfig, lighthouse_up: bool, ranks: RanksReport | None = None
+) -> NodeStatus:
+    """The view as the supervisor's tick leaves it, with the ranks' last report, copied
+    into one frozen value."""
     return NodeStatus.of(
         view,
         cfg.node_id,
@@ -21,6 +25,7 @@ def node_status(view: NodeView, cfg: DaemonConfig, lighthouse_up: bool) -> NodeS
         cfg.job.min_replicas,
         lighthouse_up=lighthouse_up,
         shared_fault=shared_fault(view.health, view.job, cfg.node_id),
+        ranks=ranks,
     )
 
 

@@ -32,7 +32,7 @@ member holds a group up and the ranks beat.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -48,7 +48,7 @@ WAITING_PHASES = frozenset({"step", "quorum", "heal"})  # where a silent member 
 
 
 def too_still(
-    quiet_since: float | None, now: float, phases: list[str], step_median_s: float | None
+    quiet_since: float | None, now: float, phases: Sequence[str], step_median_s: float | None
 ) -> bool:
     """Whether running ranks have been still long enough to ask about their group's
     members: every rank in a phase a dead member blocks (a step's collectives, the

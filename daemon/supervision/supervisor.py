@@ -35,7 +35,7 @@ from daemon import __version__
 from daemon.config import DaemonConfig
 from daemon.coordination.fencing import Fence
 from daemon.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
-from daemon.node_state.reports import Join, UpkeepReport
+from daemon.node_state.reports import Join, RanksReport, UpkeepReport
 from daemon.node_state.states import TERMINAL, IllegalTransition, State, allowed
 from daemon.node_state.view import NodeView
 from daemon.ranks.stop_cause import (
@@ -76,13 +76,11 @@ class Supervisor:
         self.cfg = cfg
         self.view = view
         self.group, self.upkeep, self.health = parts.ranks, parts.upkeep, parts.health
-        self.notifier = parts.notifier
-        self.log = logs.get()
-        # Set when a rank's (or standby's) output ends, or the job changed in etcd: the loop
-        # looks at once, not next tick.
-        self.wake = wake
+        self.notifier, self.log = parts.notifier, logs.get()
+        self.wake = wake  # a rank's output ended, or the job changed in etcd: look at once
         self._publishing = threading.Lock()  # builds and swaps of the published status
         self.upkept = UpkeepReport()  # the last round's (the published status has it too)
+        self.ranked = RanksReport()  # the node group's, after the last tick's calls
         self.waiting = Waiting(cfg, view)
         self.budget = RestartBudget.for_node(cfg.node)
         nodes = cfg.job.nodes_per_group  # a group across nodes: its generations (spanning.py)
@@ -142,11 +140,10 @@ class Supervisor:
             self.move(HANDLERS[before](self))
             if self.view.state == before:
                 break
-        self.group.tend_standbys(
-            self.view.state in STANDBY_STATES and not self.drain_requested.is_set()
-        )
-        self.view.ticks += 1
-        self.view.last_tick = time.monotonic()
+        live = self.view.state in STANDBY_STATES and not self.drain_requested.is_set()
+        self.group.tend_standbys(live, self.view.slot)
+        self.ranked = self.group.report()  # what the ranks look like after this tick
+        self.view.ticks, self.view.last_tick = self.view.ticks + 1, time.monotonic()
         self.publish()
         self.notifier.watchdog()
 
@@ -154,7 +151,8 @@ class Supervisor:
         """Swap in what /status and /metrics show (node_state.status), after each tick and
         each rank event (rank output threads), under one lock: the newest build wins."""
         with self._publishing:
-            self.published = node_status(self.view, self.cfg, self.upkept.lighthouse_up)
+            up, ranked = self.upkept.lighthouse_up, self.ranked
+            self.published = node_status(self.view, self.cfg, up, ranked)
 
     def move(self, to: State) -> None:
         frm = self.view.state
@@ -265,8 +263,9 @@ class Supervisor:
                 return self._stop(GroupRestart(moved))
             # A member dead without a word blocks our ranks: the other groups' ranks
             # blocked with its abandon the step at once, ours stop next round (must_stop).
-            still = too_still(v.quiet_since, time.monotonic(), v.phases, v.step_time_median_s)
-            if still and self.upkeep.ask_members(v.job, v.quiet_since or 0.0):
+            r = self.ranked  # as the last tick left them
+            still = too_still(r.quiet_since, time.monotonic(), r.phases, r.step_time_median_s)
+            if still and self.upkeep.ask_members(v.job, r.quiet_since or 0.0):
                 word = self.group.failure_word(ExitKind.HUNG, v.job.lighthouse)
                 self.upkeep.announce_failure(word)
         if gate.running_group_leaves(self.view, self.cfg):

@@ -19,6 +19,7 @@ import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -27,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from daemon.coordination.job_view import JobView
 from daemon.health import CheckResult, HealthReport
+from daemon.node_state.reports import RanksReport
 from daemon.node_state.status import NodeStatus
 from daemon.node_state.view import NodeView
 from daemon.surfaces.metrics import DaemonMetrics
@@ -79,12 +81,17 @@ def node_metrics_text(tmp: Path) -> str:
     )  # fmt: skip
     checks = (CheckResult("checkpoint_dir", True, "writable"), CheckResult("clock", False, "off"))
     health = HealthReport(checks, at=0.0, failed_in_a_row=1)
-    view = NodeView(leader=True, slot=1, etcd_up=True, pids=[os.getpid()], job=job, health=health)
-    view.hang_timeouts = {"start": 300.0, "step": 35.0, "quorum": 300.0}
-    view.hang_learned, view.step_time_quantile_s, view.step_time_median_s = True, 0.2, 0.1
+    view = NodeView(leader=True, slot=1, etcd_up=True, job=job, health=health)
     view.restarts["rank_exit"] = 1
+    ranks = RanksReport(
+        pids=(os.getpid(),),
+        hang_timeouts=MappingProxyType({"start": 300.0, "step": 35.0, "quorum": 300.0}),
+        hang_learned=True,
+        step_time_quantile_s=0.2,
+        step_time_median_s=0.1,
+    )
     # The forwarder has a target and, on this leader, the lighthouse process is alive.
-    status = NodeStatus.of(view, "doc-node", "doc-job", 2, lighthouse_up=True, shared_fault=False)
+    status = NodeStatus.of(view, "doc-node", "doc-job", 2, True, shared_fault=False, ranks=ranks)
     metrics = DaemonMetrics(lambda: status, tmp / "metrics")  # wipes and creates the directory
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp / "metrics")}
     subprocess.run([sys.executable, "-c", RANK_SCRIPT], cwd=ROOT, env=env, check=True, timeout=120)

@@ -4,32 +4,33 @@ as a supervisor tick left it, which the HTTP thread reads while the view changes
 from __future__ import annotations
 
 import dataclasses
+from types import MappingProxyType
 
 import pytest
 
+from daemon.node_state.reports import RanksReport
 from daemon.node_state.states import State
 from daemon.node_state.status import NodeStatus
 from daemon.node_state.view import NodeView
 from daemon.surfaces.server import status_document
 
 
-def published(view: NodeView) -> NodeStatus:
-    return NodeStatus.of(view, "node-a", "job", 2, lighthouse_up=True, shared_fault=False)
+def published(view: NodeView, ranks: RanksReport | None = None) -> NodeStatus:
+    return NodeStatus.of(view, "node-a", "job", 2, True, shared_fault=False, ranks=ranks)
 
 
 def test_the_status_is_the_view_as_it_was_published_and_cannot_be_changed() -> None:
-    view = NodeView(state=State.RUNNING, slot=1, pids=[11, 12], registered=True)
+    view = NodeView(state=State.RUNNING, slot=1, registered=True)
     view.restarts["rank_exit"] = 1
     view.stragglers[0] = 1.7
-    view.hang_timeouts = {"step": 30.0}
-    status = published(view)
+    timeouts = {"step": 30.0}
+    ranks = RanksReport(pids=(11, 12), hang_timeouts=MappingProxyType(timeouts))
+    status = published(view, ranks)
     # The supervisor and the rank threads go on writing the view...
     view.state, view.step = State.STOPPING, 9
-    view.pids.append(13)
     view.restarts["rank_exit"] = 2
     view.stragglers.clear()
-    view.hang_timeouts["step"] = 5.0
-    # ...what was published stays the tick's whole.
+    # ...what was published stays the tick's whole, with the ranks' report of that tick.
     assert (status.state, status.step, status.pids) == (State.RUNNING, 0, (11, 12))
     assert dict(status.restarts) == {"rank_exit": 1} and dict(status.stragglers) == {0: 1.7}
     assert dict(status.hang_timeouts) == {"step": 30.0}

@@ -25,10 +25,6 @@ OWNERS = {
     "daemon/supervision/seats.py": {"slot", "node_rank", "spare"},
     "daemon/supervision/attempts.py": {"etcd_up", "etcd_errors"},
     "daemon/leadership/election.py": {"leader"},
-    "daemon/ranks/node_group.py": {
-        "pids", "standby_pids", "phases", "quiet_since", "hang_timeouts", "hang_learned", "step_time_quantile_s",
-        "step_time_median_s",
-    },
     "daemon/node_state/view.py": {  # track (the rank output threads) and completed_for
         "step", "loss", "participants", "largest_quorum", "committed_steps", "heals",
         "started_over", "started_over_from", "last_heal_s", "rank_error", "stragglers", "train_done", "latest_checkpoint", "invalid_checkpoints", "completed_seen_at",

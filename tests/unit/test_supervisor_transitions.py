@@ -22,7 +22,7 @@ from daemon.config import load_daemon_config
 from daemon.coordination import Fence, JobView
 from daemon.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from daemon.health import HealthReport
-from daemon.node_state.reports import Join, UpkeepReport
+from daemon.node_state.reports import Join, RanksReport, UpkeepReport
 from daemon.node_state.states import TERMINAL, TRANSITIONS, State
 from daemon.node_state.view import NodeView
 from daemon.ranks.spec import GroupPart
@@ -53,8 +53,11 @@ class FakeRanks:
     def start(self, slot: int, lighthouse: str, part: GroupPart | None = None) -> None:
         self.calls.append(f"start {slot} {lighthouse}")
 
-    def tend_standbys(self, live: bool) -> None:
+    def tend_standbys(self, live: bool, slot: int | None) -> None:
         pass
+
+    def report(self) -> RanksReport:
+        return RanksReport(pids=(101,) if self.running else ())
 
     def poll(self) -> GroupExit | None:
         return self.outcome
