@@ -134,8 +134,8 @@ def test_coordination_errors_in_every_state_never_stop_the_node(
                 and coord.injected.get(State.RUNNING) == every_kind
                 and settled()
                 and sup.view.state == State.RUNNING
-                and len(sup.view.pids) == 2
-                and list(sup.view.pids)
+                and len(sup.ranked.pids) == 2
+                and list(sup.ranked.pids)
             ),
             120,
             "training",
@@ -149,9 +149,9 @@ def test_coordination_errors_in_every_state_never_stop_the_node(
                 sup.view.state == State.RUNNING
                 and settled()
                 and sup.view.step > 3
-                and len(sup.view.pids) == 2
-                and sup.view.pids != first
-                and list(sup.view.pids)
+                and len(sup.ranked.pids) == 2
+                and list(sup.ranked.pids) != first
+                and list(sup.ranked.pids)
             ),
             120,
             "the restarted group to train",
