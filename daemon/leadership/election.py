@@ -29,6 +29,7 @@ why, resigns so that another node can lead, and does not campaign again for
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 
@@ -62,9 +63,18 @@ class Lighthouse(StrEnum):
 
 
 class Leadership:
-    def __init__(self, cfg: DaemonConfig, coord: Coordinator, run_dir: Path) -> None:
+    def __init__(
+        self,
+        cfg: DaemonConfig,
+        coord: Coordinator,
+        run_dir: Path,
+        shown: Callable[[], None] = lambda: None,
+    ) -> None:
         self.cfg = cfg
         self.coord = coord
+        # Publishes the node's status (Supervisor.publish): called before leader_elected
+        # and lighthouse_started are logged, so whoever reads a line sees it in /status.
+        self.shown = shown
         self.log_path = run_dir / "lighthouse.log"
         self.lighthouse: LighthouseProcess | None = None
         self.phase = Lighthouse.NONE
@@ -161,6 +171,7 @@ class Leadership:
             serving = self.epoch if self.phase == Lighthouse.SERVING else None
             view.leader = self.coord.campaign(serving)
         if view.leader and not was_leader:
+            self.shown()
             self.log.info("leader_elected", node=self.cfg.node_id)
         if not view.leader:
             if self.lighthouse is not None:
@@ -243,6 +254,7 @@ class Leadership:
         assert lh is not None
         if lh.listening():
             self.phase = Lighthouse.SERVING
+            self.shown()
             self.log.info(
                 "lighthouse_started", port=lh.port, internal_port=lh.internal_port, pid=lh.pid
             )

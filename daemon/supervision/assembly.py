@@ -42,7 +42,7 @@ def build_supervisor(
     settings = HealthSettings.of(cfg, coordinator.settings.endpoints, node_device(cfg))
     parts = Parts(
         ranks=NodeGroup(cfg, fold, rank_config, wake, publish),
-        upkeep=EtcdUpkeep(cfg, coordinator, view, run_dir, published, wake.set),
+        upkeep=EtcdUpkeep(cfg, coordinator, view, run_dir, published, wake.set, publish),
         health=HealthMonitor(settings, cfg.health.interval_s, wake.set),
         notifier=notifier or Notifier(),
     )

@@ -73,12 +73,10 @@ class EtcdUpkeep:
         run_dir: Path,
         status: Callable[[], NodeStatus],
         wake: Callable[[], None] | None = None,
+        publish: Callable[[], None] = lambda: None,
     ) -> None:
-        self.cfg = cfg
-        self.coord = coord
-        self.view = view
-        self.log = logs.get()
-        self.leadership = Leadership(cfg, coord, run_dir)
+        self.cfg, self.coord, self.view, self.log = cfg, coord, view, logs.get()
+        self.leadership = Leadership(cfg, coord, run_dir, publish)  # publish: what it logs
         self.forwarder = Forwarder(port=cfg.node.lighthouse_proxy_port)
         self.follower = JobFollower(coord, cfg.node_id, wake)
         self.refusal = ""
