@@ -233,7 +233,7 @@ class Supervisor:
             error = self.waiting.report(missing, since=self.entered_at, shown=v.waiting_for)
             v.waiting_for = missing
             return State.WAITING if error is None else self._fail(error, EXIT_FAILED)
-        assert lighthouse is not None  # missing() asks for it first
+        assert lighthouse is not None and (job or not spanning)  # missing() asks for both
         part = None
         if job is not None and spanning is not None:
             seat = (v.slot, v.node_rank)
