@@ -7,7 +7,9 @@ hash of its node id and the attempt, where *k* is the number of registered nodes
 that hold no slot (the joiners competing now, counted by one count-only read), so
 joiners spread over as many slots as there are joiners and the slots stay the
 lowest ones. A lone joiner (k = 1) takes the lowest free slot, as before. A lost
-race returns the slots held now in the same transaction, and the node picks again.
+race returns the slots held now in the same transaction, and the node picks again
+among as many of the lowest free slots as joiners remain (those who won since count
+no more), so a retry never leaves a lower slot empty.
 
 Where a replica group spans several nodes (``job.nodes_per_group`` > 1) the same claim
 takes a *seat*, ``seats/<gid>/<node rank>``: seats are numbered group by group
@@ -141,5 +143,9 @@ def claim_free(
         )
         if ok:
             return gid
-        held = held_slots(prefix, list(responses[0]), nodes_per_group)
+        now = held_slots(prefix, list(responses[0]), nodes_per_group)
+        # Those who won since were joiners too: the rest compete for fewer slots, and
+        # picking among the lowest `joiners` free ones still would skip a lower slot.
+        joiners = max(1, joiners - max(0, len(now) - len(held)))
+        held = now
     return None
