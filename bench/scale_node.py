@@ -42,7 +42,7 @@ from daemon.config import DaemonConfig, load_daemon_config
 from daemon.coordination import Coordinator, EtcdSettings
 from daemon.node_state import NodeView, State
 from daemon.node_state.reports import Join, UpkeepReport
-from daemon.supervision.reports import node_status
+from daemon.supervision.reports import node_status, upkeep_input
 from daemon.supervision.supervisor import TICK_S
 from daemon.supervision.upkeep import EtcdUpkeep
 from trainer import logs
@@ -65,11 +65,11 @@ class SimNode:
         self.view = NodeView()
         cfg.run_dir.mkdir(parents=True, exist_ok=True)
         self.wake = threading.Event()
+        self.report = UpkeepReport()  # the upkeep's last
         # The record is read from the node's status, as the daemon publishes it each tick.
-        status = lambda: node_status(self.view, cfg, lighthouse_up=False)  # noqa: E731
-        self.upkeep = EtcdUpkeep(cfg, self.coord, self.view, cfg.run_dir, status, self.wake.set)
+        status = lambda: node_status(self.view, cfg, self.report)  # noqa: E731
+        self.upkeep = EtcdUpkeep(cfg, self.coord, cfg.run_dir, status, self.wake.set)
         self.upkeep.serving_http(HTTP_PORT_BASE + index % 40000)
-        self.report = UpkeepReport()
         self.registered_at: float | None = None
         self.running_at: float | None = None  # when RUNNING was last entered
         self.step_base = 0
@@ -98,13 +98,15 @@ class SimNode:
         view = self.view
         if view.state == State.RUNNING and self.running_at is not None:
             view.step = self.step_base + int((now - self.running_at) * STEPS_PER_S)
-            view.participants = len(view.job.groups) if view.job is not None else None
-        self.report = self.upkeep.tick()
+            job = self.report.job
+            view.participants = len(job.groups) if job is not None else None
+        self.report = self.upkeep.tick(upkeep_input(view))
         if self.report.slot_lost and view.state in (State.RUNNING, State.FENCED):
-            self.move(State.CLAIMING if view.slot is None else State.WAITING)
+            self.move(State.CLAIMING if self.report.slot is None else State.WAITING)
         for _ in range(len(State)):  # a move runs the new state's handler in the same round
             before = view.state
             self.move(self.handle(before))
+            self.report = self.upkeep.report()
             if view.state == before:
                 break
         self.ticks += 1
@@ -130,19 +132,20 @@ class SimNode:
         if state == State.CLAIMING:
             return State.CLAIMING if upkeep.claim() is None else State.WAITING
         if state == State.WAITING:
-            if view.slot is None:
+            if self.report.slot is None:
                 return State.CLAIMING
-            if self.report.lighthouse is None:
+            if self.report.ranks_lighthouse is None:
                 return State.WAITING
             upkeep.ranks_started()
-            job_state = view.job.state if view.job is not None else None
+            job = self.report.job
+            job_state = job.state if job is not None else None
             if not job_state or job_state.get("state") not in ("running", "completed"):
-                upkeep.set_state("running")
+                upkeep.set_state("running", view.step)
             return State.RUNNING
         if state == State.RUNNING:
             return State.FENCED if upkeep.ranks_must_pause() else State.RUNNING
         if state == State.FENCED:
-            verdict, _ = upkeep.fence_verdict()
+            verdict, _ = upkeep.fence_verdict(upkeep_input(view))
             if verdict == "keep":
                 return State.RUNNING
             return State.FENCED if verdict == "hold" else State.WAITING  # discard: restart
@@ -159,8 +162,8 @@ def stats(nodes: list[SimNode]) -> dict[str, Any]:
         "registered": sum(n.view.registered for n in nodes),
         "last_registered": max(registered, default=None),
         "last_running": max(running, default=None),
-        "slots": sum(n.view.slot is not None for n in nodes),
-        "leaders": [n.cfg.node_id for n in nodes if n.view.leader],
+        "slots": sum(n.report.slot is not None for n in nodes),
+        "leaders": [n.cfg.node_id for n in nodes if n.report.leader],
         "ticks": sum(n.ticks for n in nodes),
         "busy_s": sum(n.busy_s for n in nodes),
         "late_s": sum(n.late_s for n in nodes),
@@ -175,7 +178,7 @@ def stall(nodes: list[SimNode]) -> dict[str, Any]:
         "stalled_at": time.monotonic(),
         "confirmed": [c[1] if c is not None else None for c in confirmed],
         "leases": [c[0] if c is not None else None for c in confirmed],
-        "leaders": [n.cfg.node_id for n in nodes if n.view.leader],
+        "leaders": [n.cfg.node_id for n in nodes if n.report.leader],
     }
 
 

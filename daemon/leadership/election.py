@@ -40,7 +40,6 @@ from daemon.leadership.gate import alive as gate_alive
 from daemon.leadership.lighthouse import LighthouseError, LighthouseProcess, parse_address
 from daemon.leadership.lighthouse_status import Lost, lost_members, read_status
 from daemon.leadership.will import Will
-from daemon.node_state.view import NodeView
 from trainer import logs
 
 START_TIMEOUT_S = 10.0
@@ -76,6 +75,7 @@ class Leadership:
         # and lighthouse_started are logged, so whoever reads a line sees it in /status.
         self.shown = shown
         self.log_path = run_dir / "lighthouse.log"
+        self.leader = False  # we hold the leader key, as far as we know
         self.lighthouse: LighthouseProcess | None = None
         self.phase = Lighthouse.NONE
         self.started_at = 0.0
@@ -97,26 +97,25 @@ class Leadership:
     def lighthouse_alive(self) -> bool:
         return self.lighthouse is not None and self.lighthouse.alive
 
-    def must_campaign(self, view: NodeView) -> bool:
+    def must_campaign(self, job: JobView | None) -> bool:
         """Nobody leads, the view and our belief disagree about whether we do, or we lead
         on a leader lease that our clock or etcd gave up on (``campaign`` keeps it, or
         takes the key again on a new one)."""
-        job = view.job
         if job is None or job.leader is None:
             return True
-        if view.leader and not self.coord.leader_lease_held:
+        if self.leader and not self.coord.leader_lease_held:
             return True
-        return (job.leader == self.cfg.node_id) != view.leader
+        return (job.leader == self.cfg.node_id) != self.leader
 
-    def takeover_due(self, view: NodeView) -> bool:
+    def takeover_due(self, job: JobView | None, lighthouse: str | None) -> bool:
         """Whether to campaign now for a vacant leader key. A follower whose probe of the
         last published lighthouse's gate is answered (its daemon lives, and every group
         still trains through it) holds back, probing each round, for as long as that
         leader's node may still serve before its own fence: the leader takes its key
         again when etcd lets it (its leader lease lapsed in an etcd hiccup), and nothing
-        changes for the ranks. One that is not answered campaigns at once."""
-        job = view.job
-        if view.leader or job is None or job.leader is not None:
+        changes for the ranks. One that is not answered campaigns at once. `lighthouse`:
+        the address last published (the upkeep keeps it while the key is absent)."""
+        if self.leader or job is None or job.leader is not None:
             self._vacant_since, self._holding_back = None, False
             return True
         now = time.monotonic()
@@ -124,7 +123,7 @@ class Leadership:
         if first:
             self._vacant_since, self._holding_back = now, self.lighthouse is None
         if self._holding_back:  # probed every round: a killed leader's port may close late
-            answers = _reachable(view.lighthouse, self.coord.job_secret())
+            answers = _reachable(lighthouse, self.coord.job_secret())
             returning = self._leader_returning(job)
             self._holding_back = answers or returning
             if first:
@@ -151,9 +150,9 @@ class Leadership:
         deposed, self.deposed = self.deposed, False
         return deposed
 
-    def update(self, view: NodeView) -> None:
+    def update(self, job: JobView | None, lighthouse: str | None) -> None:
         """One round: campaign if needed, then start, probe or publish the lighthouse while
-        leader.
+        leader. `job`: the job as etcd shows it; `lighthouse`: the address last published.
 
         Raises the coordinator's errors (the caller turns them into events)."""
         if self.must_resign:  # retried each round until etcd takes it
@@ -161,19 +160,19 @@ class Leadership:
             self.must_resign = False
         if time.monotonic() < self.cooldown_until:
             return  # resigned after a failed start: let another node lead
-        was_leader = view.leader
-        if view.job is not None and view.job.leader is not None:
+        was_leader = self.leader
+        if job is not None and job.leader is not None:
             self._vacant_since = None  # the next vacancy is probed afresh (takeover_due)
-            self._last_leader, self._back_from_fence = view.job.leader, False
-        if self.must_campaign(view):
-            if not self.takeover_due(view):
+            self._last_leader, self._back_from_fence = job.leader, False
+        if self.must_campaign(job):
+            if not self.takeover_due(job, lighthouse):
                 return
             serving = self.epoch if self.phase == Lighthouse.SERVING else None
-            view.leader = self.coord.campaign(serving)
-        if view.leader and not was_leader:
+            self.leader = self.coord.campaign(serving)
+        if self.leader and not was_leader:
             self.shown()
             self.log.info("leader_elected", node=self.cfg.node_id)
-        if not view.leader:
+        if not self.leader:
             if self.lighthouse is not None:
                 self.deposed = self.phase == Lighthouse.SERVING
                 self.log.info("lighthouse_stopped", reason="no longer leader")
@@ -186,12 +185,11 @@ class Leadership:
             self.log.warning("lighthouse_died", code=code)
             self.stop()
         if self.phase == Lighthouse.NONE:
-            self._start(view)
+            self._start()
         if self.phase == Lighthouse.STARTING:
-            self._probe(view)
+            self._probe()
         if self.phase == Lighthouse.SERVING:
             assert self.lighthouse is not None
-            job = view.job
             if self.epoch is None and job is not None and job.leader == self.cfg.node_id:
                 self.epoch = job.leader_epoch
             address = f"{self.cfg.advertise_host}:{self.lighthouse.port}"
@@ -227,7 +225,7 @@ class Leadership:
             )
         self.announced = lost
 
-    def _start(self, view: NodeView) -> None:
+    def _start(self) -> None:
         node = self.cfg.node
         lh = LighthouseProcess(
             self.cfg.lighthouse,
@@ -240,7 +238,7 @@ class Leadership:
         try:
             lh.start()
         except (LighthouseError, FileNotFoundError) as e:
-            self._cannot_serve(view, str(e))
+            self._cannot_serve(str(e))
             return
         self.lighthouse, self.phase, self.started_at = lh, Lighthouse.STARTING, time.monotonic()
         # Taking over is starting one and publishing it: wait for it here a little (it
@@ -249,7 +247,7 @@ class Leadership:
         while not lh.listening() and lh.alive and time.monotonic() < deadline:
             time.sleep(0.01)
 
-    def _probe(self, view: NodeView) -> None:
+    def _probe(self) -> None:
         lh = self.lighthouse
         assert lh is not None
         if lh.listening():
@@ -259,18 +257,17 @@ class Leadership:
                 "lighthouse_started", port=lh.port, internal_port=lh.internal_port, pid=lh.pid
             )
         elif not lh.alive:
-            self._cannot_serve(view, f"the lighthouse exited at start; see {self.log_path}")
+            self._cannot_serve(f"the lighthouse exited at start; see {self.log_path}")
         elif time.monotonic() - self.started_at > START_TIMEOUT_S:
             self._cannot_serve(
-                view,
                 f"the lighthouse did not listen within {START_TIMEOUT_S:.0f}s; see {self.log_path}",
             )
 
-    def _cannot_serve(self, view: NodeView, why: str) -> None:
+    def _cannot_serve(self, why: str) -> None:
         self.log.error("lighthouse_failed", error=why, action="resigning leadership")
         self.cooldown_until = time.monotonic() + COOLDOWN_S
         self.stop()
-        view.leader, self.must_resign = False, True
+        self.leader, self.must_resign = False, True
 
     def stop(self) -> None:
         if self.will is not None:  # leading ends on our terms: nothing to revoke at death
@@ -281,7 +278,7 @@ class Leadership:
             self.lighthouse = None
         self.phase, self.epoch = Lighthouse.NONE, None
 
-    def fence(self, view: NodeView) -> None:
+    def fence(self) -> None:
         """Our lease may expire before etcd hears from us again: stop serving now, so
         that this lighthouse is gone before another node can be elected and start one.
         The leader key is left to its lease (etcd cannot be told)."""
@@ -289,15 +286,15 @@ class Leadership:
             self.log.warning("lighthouse_stopped", reason="fenced: lease unconfirmed")
         self.stop()
         self._vacant_since, self._back_from_fence = None, True  # see _leader_returning
-        if view.leader:
+        if self.leader:
             self.coord.drop_leadership()  # its key lapses with the leader lease
-        view.leader = False
+        self.leader = False
 
-    def resign(self, view: NodeView) -> None:
+    def resign(self) -> None:
         """Stop the lighthouse and give up the leader key now (not after the lease TTL);
         logged before the key goes, so no other node's election comes before the line."""
         self.stop()
-        if view.leader:
-            view.leader = False
+        if self.leader:
+            self.leader = False
             self.log.info("leader_resigned")
             self.coord.resign()

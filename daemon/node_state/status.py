@@ -1,4 +1,5 @@
-"""What the node shows: one frozen value, copied from the view and swapped whole.
+"""What the node shows: one frozen value, copied from the view and the parts' reports, and
+swapped whole.
 
 The supervisor builds a :class:`NodeStatus` at the end of every tick, and after every
 rank event the view takes in (``Supervisor.publish``, under one lock), and publishes it
@@ -17,7 +18,7 @@ from typing import Any
 
 from daemon.coordination.job_view import JobView
 from daemon.health import HealthReport
-from daemon.node_state.reports import RanksReport
+from daemon.node_state.reports import RanksReport, UpkeepReport
 from daemon.node_state.states import State
 from daemon.node_state.view import NodeView
 
@@ -73,18 +74,17 @@ class NodeStatus:
         node: str,
         job_name: str,
         min_replicas: int,
-        lighthouse_up: bool,
         shared_fault: bool,
         ranks: RanksReport | None = None,
+        upkept: UpkeepReport | None = None,
     ) -> NodeStatus:
         """The view as it is now, copied: each field of the view's name, its lists as
-        tuples and its dicts as read-only copies; and the ranks' report (the node group's,
-        a frozen value) for the fields of its names."""
+        tuples and its dicts as read-only copies; and the reports of the ranks (the node
+        group's) and of the etcd upkeep, frozen values, for the fields of their names."""
         given: dict[str, Any] = {
             "node": node,
             "job_name": job_name,
             "min_replicas": min_replicas,
-            "lighthouse_up": lighthouse_up,
             "shared_fault": shared_fault,
         }
         copied = {
@@ -93,11 +93,13 @@ class NodeStatus:
             if f.name not in given and hasattr(view, f.name)
         }
         shown = {f.name for f in fields(cls)}
-        reported = (
-            {f.name: getattr(ranks, f.name) for f in fields(RanksReport) if f.name in shown}
-            if ranks is not None
-            else {}
-        )
+        reported = {
+            f.name: getattr(report, f.name)
+            for report in (ranks, upkept)
+            if report is not None
+            for f in fields(report)
+            if f.name in shown
+        }
         return cls(**given, **copied, **reported)
 
 

@@ -1,4 +1,4 @@
-"""What one daemon knows: its state, its slot, its group's progress (for /status, metrics, etcd)."""
+"""What the supervisor and its ranks know of the node: its state, its group's progress."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from daemon.coordination.coordinator import JobView
 from daemon.health import HealthReport
 from daemon.node_state.states import State
 from trainer.contracts import rank_events as events
@@ -17,14 +16,15 @@ __all__ = ["NodeView", "State"]
 
 @dataclass
 class NodeView:
-    """What the node knows, read by /status, the metrics and the node's etcd record.
+    """The supervisor's state and what the ranks' events say, copied each tick into the
+    published status (node_state/status.py) that /status, the metrics and the node's etcd
+    record read.
 
-    Each field has one writer (``tests/unit/test_node_view_writers.py`` holds the code to
-    it): the supervisor (``supervision/supervisor.py``), the etcd upkeep
-    (``supervision/upkeep.py``, its etcd health through ``supervision/attempts.py``), the
-    election (``leadership/election.py``), or the rank output threads through :meth:`track`
-    (under :attr:`lock`). Every other part only reads. The node group holds no view: what
-    its ranks look like is its :class:`~daemon.node_state.reports.RanksReport`.
+    Two writers: the supervisor (``supervision/supervisor.py``) and the rank output
+    threads through :meth:`track` (under :attr:`lock`); ``tests/unit/test_node_view_writers.py``
+    holds the code to it. No other part sees it: the etcd upkeep is handed an
+    :class:`~daemon.node_state.reports.UpkeepInput` and reports an ``UpkeepReport``, the
+    node group reports a ``RanksReport``, the health monitor a ``HealthReport``.
     """
 
     # The supervisor's.
@@ -38,20 +38,8 @@ class NodeView:
     completed_seen_at: float | None = None  # when the job was first seen completed
     generation: int | None = None  # the spanning group's generation the ranks run under
     health: HealthReport | None = None  # the health monitor's last report (daemon.health)
-    # The upkeep's.
-    slot: int | None = None
-    node_rank: int = 0  # this node's seat in a group that spans nodes (GROUP_RANK)
-    nodes_per_group: int = 1
-    spare: bool = False  # the last claim found every slot (seat) held: a spare node
-    lighthouse: str | None = None
-    etcd_up: bool = False
-    etcd_errors: int = 0
-    job: JobView | None = None
-    most_groups: int = 0  # the most replica-group slots held at once, as read from etcd
-    # The election's.
-    leader: bool = False
-    # The job's reached step as etcd recorded it when this node's ranks last started: a
-    # start-over is seen after a restart of every node too (the upkeep's).
+    # The job's reached step as etcd recorded it when this node's ranks last started (the
+    # upkeep's answer): a start-over is seen after a restart of every node too.
     reached: int = 0
     # The rank output threads' (track).
     step: int = 0
@@ -79,15 +67,6 @@ class NodeView:
     def healthy(self) -> bool:
         """The last health report found nothing wrong (False before the first)."""
         return self.health is not None and self.health.ok
-
-    @property
-    def seat(self) -> int | None:
-        """The seat's number (the slot's where a group is one node), None without one."""
-        return None if self.slot is None else self.slot * self.nodes_per_group + self.node_rank
-
-    @property
-    def slot_label(self) -> str:
-        return "-" if self.slot is None else str(self.slot)
 
     def track(self, event: dict[str, Any], node_id: str) -> int | None:
         """Fold one rank event into the view (called from the rank output threads). Returns
@@ -143,38 +122,22 @@ class NodeView:
                     self.stragglers.pop(rank, None)
         return started_over_from
 
-    @property
-    def job_completed(self) -> bool:
-        return bool(self.job and self.job.state and self.job.state.get("state") == "completed")
-
-    def behind_the_end(self) -> bool:
-        """The job completed elsewhere at a step more than one past this group's: the
-        groups that finished it have left, so this one could only train alone what is
-        done (no grace to finish: docs/failure-modes.md)."""
-        state = self.job.state if self.job_completed and self.job else None
-        end = state.get("step") if state else None
-        return isinstance(end, int) and self.step < end - 1
-
-    def completed_for(self, now: float) -> float:
-        """How long the job has been seen completed (by another node; 0 when it is not)."""
-        if not self.job_completed:
+    def completed_for(self, now: float, completed: bool) -> float:
+        """How long the job has been seen completed (by another node; 0 when it is not):
+        `completed`, as the upkeep's last report shows the job."""
+        if not completed:
             return 0.0
         self.completed_seen_at = self.completed_seen_at or now
         return now - self.completed_seen_at
 
-    def unreplicated(self) -> dict[str, int] | None:
-        """The numbers of a run in which other groups held slots but this node's group never
-        shared a quorum with any of them (it trained alone, or not at all); None otherwise."""
-        if self.most_groups <= 1 or self.largest_quorum > 1:
+    def unreplicated(self, most_groups: int) -> dict[str, int] | None:
+        """The numbers of a run in which other groups held slots (at most `most_groups` at
+        once, as the upkeep read them) but this node's group never shared a quorum with
+        any of them (it trained alone, or not at all); None otherwise."""
+        if most_groups <= 1 or self.largest_quorum > 1:
             return None
         return {
-            "groups_holding_slots": self.most_groups,
+            "groups_holding_slots": most_groups,
             "largest_quorum": self.largest_quorum,
             "committed_steps": self.committed_steps,
         }
-
-    def missing_groups(self, need: int) -> str | None:
-        """Whether fewer than `need` replica groups hold a slot (every seat, where groups
-        span nodes) and what is missing, or None."""
-        have = len(self.job.whole_groups(self.nodes_per_group)) if self.job is not None else 0
-        return None if have >= need else f"replica groups: {have} of job.min_replicas={need}"

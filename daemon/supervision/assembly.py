@@ -25,13 +25,17 @@ def build_supervisor(
     run_dir = cfg.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     rank_config = write_rank_config(cfg, run_dir / "config.json")
-    view = NodeView(nodes_per_group=cfg.job.nodes_per_group)
+    view = NodeView()
     wake = threading.Event()  # a rank's output ended, or the job changed: look at once
     built: list[Supervisor] = []  # the rank threads publish through the supervisor made below
 
-    def publish() -> None:
+    def publish() -> None:  # a rank's event, from its output thread
         for supervisor in built:
             supervisor.publish()
+
+    def shown() -> None:  # the election, mid-round: what it is about to log is shown
+        for supervisor in built:
+            supervisor.publish(supervisor.upkeep.report())
 
     def fold(event: dict[str, Any]) -> int | None:  # a rank's event, from its output thread
         return view.track(event, cfg.node_id)
@@ -42,7 +46,7 @@ def build_supervisor(
     settings = HealthSettings.of(cfg, coordinator.settings.endpoints, node_device(cfg))
     parts = Parts(
         ranks=NodeGroup(cfg, fold, rank_config, wake, publish),
-        upkeep=EtcdUpkeep(cfg, coordinator, view, run_dir, published, wake.set, publish),
+        upkeep=EtcdUpkeep(cfg, coordinator, run_dir, published, wake.set, shown),
         health=HealthMonitor(settings, cfg.health.interval_s, wake.set),
         notifier=notifier or Notifier(),
     )

@@ -1,7 +1,7 @@
 """One coordination step at a time, with every etcd error turned into state.
 
 :class:`Attempts` runs a step for the upkeep and the parts it drives: etcd unreachable
-(or a lost lease) sets ``view.etcd_up`` false, logs ``etcd_unavailable`` once per
+(or a lost lease) sets :attr:`Attempts.up` false, logs ``etcd_unavailable`` once per
 outage and backs off (``BACKOFF_FIRST_S`` doubling to a cap: :meth:`due` says when the
 next round may send again); a conflict (a lost compare-and-swap,
 ``NotLeader``, a key that keeps changing) is logged as ``etcd_retry`` and tried next
@@ -15,7 +15,6 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from daemon.coordination import CoordinationError, EtcdUnavailable
-from daemon.node_state import NodeView
 from trainer import logs
 
 T = TypeVar("T")
@@ -34,8 +33,9 @@ def backoff_cap(lease_ttl_s: float) -> float:
 
 
 class Attempts:
-    def __init__(self, view: NodeView, endpoints: list[str], cap_s: float = BACKOFF_CAP_S) -> None:
-        self.view = view
+    def __init__(self, endpoints: list[str], cap_s: float = BACKOFF_CAP_S) -> None:
+        self.up = False  # etcd answered the last step (the upkeep reports it)
+        self.errors = 0  # steps that failed, in this daemon's life
         self.endpoints = endpoints
         self.cap_s = cap_s
         self.log = logs.get()
@@ -56,8 +56,8 @@ class Attempts:
         except refusals:
             raise
         except EtcdUnavailable as e:  # includes a lost lease (SessionExpired)
-            self.view.etcd_errors += 1
-            if self.view.etcd_up or not self._outage_reported:  # also when never reached
+            self.errors += 1
+            if self.up or not self._outage_reported:  # also when never reached
                 self._outage_reported = True
                 self.log.warning(
                     "etcd_unavailable",
@@ -67,17 +67,17 @@ class Attempts:
                     ranks="untouched",
                     retrying=True,
                 )
-            self.view.etcd_up = False
+            self.up = False
             self.retry_at = time.monotonic() + self._backoff
             self._backoff = min(self.cap_s, self._backoff * 2)
             return False, None
         except CoordinationError as e:  # NotLeader, a lost compare-and-swap, "keeps changing"
-            self.view.etcd_errors += 1
+            self.errors += 1
             self.log.warning("etcd_retry", error=str(e), kind=type(e).__name__, during=what)
             return False, None
-        if not self.view.etcd_up:
+        if not self.up:
             self.log.info("etcd_up", endpoints=self.endpoints)
-        self.view.etcd_up = True
+        self.up = True
         self._outage_reported = False
         self._backoff = BACKOFF_FIRST_S
         return True, value

@@ -31,7 +31,6 @@ from typing import Any
 from daemon.config import DaemonConfig
 from daemon.coordination.job_view import JobView
 from daemon.health import HealthReport
-from daemon.node_state.view import NodeView
 
 FIRST_CHECK = "the first health check"
 
@@ -119,8 +118,10 @@ def shared_fault(report: HealthReport | None, job: JobView | None, node_id: str)
     return True
 
 
-def running_group_leaves(view: NodeView, cfg: DaemonConfig) -> bool:
+def running_group_leaves(
+    health: HealthReport | None, job: JobView | None, slot: int | None, cfg: DaemonConfig
+) -> bool:
     """health.leave_after failed checks in a row, with job.min_replicas other groups
-    training on healthy nodes: this node's running group makes way."""
-    others = healthy_groups_besides(view.job, cfg.node_id, view.slot)
-    return must_leave(view.health, cfg.health.leave_after, True, others, cfg.job.min_replicas)
+    training on healthy nodes: this node's running group (in `slot`) makes way."""
+    others = healthy_groups_besides(job, cfg.node_id, slot)
+    return must_leave(health, cfg.health.leave_after, True, others, cfg.job.min_replicas)

@@ -19,7 +19,7 @@ from typing import Any
 
 from daemon.coordination import Coordinator, Fence, JobView
 from daemon.coordination.progress import ASK_WAIT_S, Progress, answered, with_steps
-from daemon.node_state import NodeView
+from daemon.node_state.reports import UpkeepInput
 from daemon.supervision.fence_judge import FenceJudge
 
 __all__ = ["ASK_WAIT_S", "ProgressAsk"]
@@ -56,10 +56,11 @@ class ProgressAsk:
         """The lost lease is judged: the next one asks again."""
         self._ask = None
 
-    def verdict(self, judge: FenceJudge, view: NodeView, snapshot_at: float) -> tuple[Fence, str]:
+    def verdict(
+        self, judge: FenceJudge, job: JobView | None, node: UpkeepInput, snapshot_at: float
+    ) -> tuple[Fence, str]:
         """What paused ranks may do (FenceJudge.verdict); after a lost lease, judged against
-        the others' current steps, asked for here. `snapshot_at`: when view.job was read."""
-        job = view.job
+        the others' current steps, asked for here. `snapshot_at`: when `job` was read."""
         if judge.lease_lost and not judge.fenced and job and snapshot_at >= judge.answered_at:
             asked = self.nodes(job)
             if asked is None:
@@ -67,10 +68,10 @@ class ProgressAsk:
             if not asked[1]:
                 self.done()
                 why = f"not every running node answered within {ASK_WAIT_S:g} s"
-                return judge.discard(view.step, f"{why}: they may have gone on without us")
+                return judge.discard(node.step, f"{why}: they may have gone on without us")
             job = replace(job, nodes=asked[0])
         verdict = judge.verdict(
-            job, view.step, snapshot_at, view.waiting_for, view.invalid_checkpoints
+            job, node.step, snapshot_at, node.waiting_for, node.invalid_checkpoints
         )
         if not judge.lease_lost:
             self.done()

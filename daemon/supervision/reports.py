@@ -1,12 +1,15 @@
-"""What the node reports of itself: the status it publishes each tick (for /status,
-/readyz, /healthz and /metrics: ``daemon.node_state.status``), and, as it exits, a group
-that ended a completed job without ever sharing a quorum with another group that held a
-slot (``never_replicated``; issue 34: it used to end quietly)."""
+"""What the node reports of itself: what it hands the etcd upkeep each round, the status it
+publishes each tick (for /status, /readyz, /healthz and /metrics:
+``daemon.node_state.status``), and, as it exits, a group that ended a completed job
+without ever sharing a quorum with another group that held a slot (``never_replicated``)."""
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 from daemon.config import DaemonConfig
-from daemon.node_state.reports import RanksReport
+from daemon.node_state.reports import RanksReport, UpkeepInput, UpkeepReport
+from daemon.node_state.states import State
 from daemon.node_state.status import NodeStatus
 from daemon.node_state.view import NodeView
 from daemon.supervision.health_gate import shared_fault
@@ -14,24 +17,43 @@ from trainer import logs
 
 
 def node_status(
-    view: NodeView, cfg: DaemonConfig, lighthouse_up: bool, ranks: RanksReport | None = None
+    view: NodeView,
+    cfg: DaemonConfig,
+    upkept: UpkeepReport | None = None,
+    ranks: RanksReport | None = None,
 ) -> NodeStatus:
-    """The view as the supervisor's tick leaves it, with the ranks' last report, copied
-    into one frozen value."""
+    """The view as the supervisor's tick leaves it, with the upkeep's and the ranks' last
+    reports, copied into one frozen value."""
+    job = upkept.job if upkept is not None else None
     return NodeStatus.of(
         view,
         cfg.node_id,
         cfg.job.name,
         cfg.job.min_replicas,
-        lighthouse_up=lighthouse_up,
-        shared_fault=shared_fault(view.health, view.job, cfg.node_id),
+        shared_fault=shared_fault(view.health, job, cfg.node_id),
         ranks=ranks,
+        upkept=upkept,
     )
 
 
-def report_unreplicated(view: NodeView) -> None:
-    numbers = view.unreplicated()
-    if numbers is None or not (view.train_done or view.job_completed):
+def upkeep_input(view: NodeView) -> UpkeepInput:
+    """What the etcd upkeep is handed of the node: the view's fields it needs, copied
+    under the view's lock (the rank output threads write it)."""
+    with view.lock:
+        checkpoint = view.latest_checkpoint
+        return UpkeepInput(
+            registered=view.registered,
+            running=view.state == State.RUNNING,
+            step=view.step,
+            waiting_for=view.waiting_for,
+            invalid_checkpoints=frozenset(view.invalid_checkpoints),
+            latest_checkpoint=MappingProxyType(dict(checkpoint)) if checkpoint else None,
+        )
+
+
+def report_unreplicated(view: NodeView, upkept: UpkeepReport) -> None:
+    numbers = view.unreplicated(upkept.most_groups)
+    if numbers is None or not (view.train_done or upkept.job_completed):
         return
     logs.get().warning(
         "never_replicated",

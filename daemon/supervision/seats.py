@@ -15,7 +15,6 @@ from typing import Any
 
 from daemon.config import DaemonConfig
 from daemon.coordination import Coordinator, JobView
-from daemon.node_state import NodeView
 from daemon.supervision.attempts import Attempts
 from daemon.supervision.seat_probe import SeatProbe
 from trainer import logs
@@ -26,13 +25,14 @@ class Seats:
         self,
         cfg: DaemonConfig,
         coord: Coordinator,
-        view: NodeView,
         attempt: Attempts,
         run_dir: Path,
     ) -> None:
         self.cfg = cfg
         self.coord = coord
-        self.view = view
+        self.slot: int | None = None  # the group's id (GROUP_ID); None without a seat
+        self.node_rank = 0  # the seat within a group that spans nodes (GROUP_RANK)
+        self.spare = False  # the last claim found every slot (seat) held
         self._attempt = attempt
         self.log = logs.get()
         self.nodes = cfg.job.nodes_per_group
@@ -40,71 +40,73 @@ class Seats:
         self._all_taken: object = None  # the slots and seats when none was free
         self._probe = SeatProbe(coord, attempt, self.nodes)
 
-    def claim(self) -> int | None:
+    @property
+    def seat(self) -> int | None:
+        """The seat's number (the slot's where a group is one node), None without one."""
+        return None if self.slot is None else self.slot * self.nodes + self.node_rank
+
+    def claim(self, job: JobView | None) -> int | None:
         """Claim a slot (None: all taken, or etcd away), the one held last asked for first,
         even from a previous life. A node that found every slot taken (a spare) claims
         again only once the job's slots changed, as its watch shows, not every round."""
         if not self._attempt.due():
             return None
-        job = self.view.job
         taken = (job.groups, job.seats) if job is not None else None
         if taken is not None and taken == self._all_taken:
             return None
         remembered = self.slot_file.read_text().strip() if self.slot_file.exists() else ""
-        preferred = self.view.seat
+        preferred = self.seat
         if preferred is None and remembered.isdigit():
             preferred = int(remembered)
         ok, seat = self._attempt("claim", lambda: self._claim(preferred))
         self._all_taken = taken if ok and seat is None else None
-        self.view.spare = ok and seat is None
+        self.spare = ok and seat is None
         if seat is not None:
-            self.view.slot, self.view.node_rank = divmod(seat, self.nodes)
+            self.slot, self.node_rank = divmod(seat, self.nodes)
             self.slot_file.write_text(f"{seat}\n")
-            logs.bind(replica_group=self.view.slot)
-            fields = {"node_rank": self.view.node_rank} if self.nodes > 1 else {}
-            self.log.info("slot_claimed", slot=self.view.slot, **fields)
+            logs.bind(replica_group=self.slot)
+            fields = {"node_rank": self.node_rank} if self.nodes > 1 else {}
+            self.log.info("slot_claimed", slot=self.slot, **fields)
         return seat
 
     def reclaim(self) -> bool | None:
         """After a new session: claim the slot held before again. True: kept (or none was
         held); False: lost to another node; None: etcd away."""
-        held = self.view.seat
+        held = self.seat
         if held is None:
             return True
         ok, seat = self._attempt("reclaim", lambda: self._claim(held))
         if not ok:
             return None
         if seat == held:
-            self.log.info("slot_reclaimed", slot=self.view.slot)
+            self.log.info("slot_reclaimed", slot=self.slot)
             return True
-        self.log.warning("slot_lost", previous=self.view.slot, seat=held, now=seat)
-        self.view.slot, self.view.node_rank = (
-            divmod(seat, self.nodes) if seat is not None else (None, 0)
-        )
+        self.log.warning("slot_lost", previous=self.slot, seat=held, now=seat)
+        self.slot, self.node_rank = divmod(seat, self.nodes) if seat is not None else (None, 0)
         return False
 
     def release(self) -> None:
         """Give the slot back (raises the coordinator's errors: the caller's attempt)."""
-        if self.view.seat is not None:
-            self.coord.release_slot(self.view.seat, self.nodes)
+        if self.seat is not None:
+            self.coord.release_slot(self.seat, self.nodes)
 
     def give_back(self) -> bool:
         """Give the seat back now, as an unhealthy node does (health_gate.py); the slot
         file still names it, so it is asked for first once the node is healthy. False
         when etcd is away (the seat is still held: try again next round)."""
-        held, slot = self.view.seat, self.view.slot
+        held, slot = self.seat, self.slot
         if held is None:
             return True
         ok, _ = self._attempt("give_back", self.release)
         if ok:
-            self.view.slot, self.view.node_rank = None, 0
+            self.slot, self.node_rank = None, 0
             self.log.warning("seat_given_back", slot=slot, seat=held, why="unhealthy")
         return ok
 
     def probe(self, job: JobView, member: tuple[int, str]) -> None:
         """The seated member (node rank, node id) our group waits on is asked for a sign of
         life; its seat is revoked when it gives none (seat_probe.py)."""
-        gid = self.view.slot
+        gid = self.slot
         if gid is None:
             return
         rank, node = member
@@ -116,7 +118,7 @@ class Seats:
         without a word leaves them blocked in a collective or the quorum): every other
         seated member of the group is asked for a sign of life, once per silence. True
         when a member's seat was revoked this round."""
-        gid = self.view.slot
+        gid = self.slot
         if gid is None:
             return False
         revoked = False
@@ -130,16 +132,16 @@ class Seats:
         holder or none (a seat revoked while this node was out of touch), etcd itself is
         asked; a seat not ours there is let go (logged ``seat_lost``) and claimed anew.
         True while etcd cannot say."""
-        held, gid = self.view.seat, self.view.slot
+        held, gid = self.seat, self.slot
         if held is None or self.nodes == 1 or gid is None:
             return True
-        if job.seats.get(gid, {}).get(self.view.node_rank) == self.cfg.node_id:
+        if job.seats.get(gid, {}).get(self.node_rank) == self.cfg.node_id:
             return True
         ok, holder = self._attempt("seat", lambda: self.coord.seat_holder(held, self.nodes))
         if not ok or holder == self.cfg.node_id:
             return True
         self.log.warning("seat_lost", slot=gid, seat=held, holder=holder)
-        self.view.slot, self.view.node_rank = None, 0
+        self.slot, self.node_rank = None, 0
         return False
 
     def bump_generation(self, gid: int, seen: int) -> int | None:

@@ -52,7 +52,7 @@ from daemon.supervision import health_gate as gate
 from daemon.supervision.after_stop import after_stop
 from daemon.supervision.generation import next_part
 from daemon.supervision.parts import Parts
-from daemon.supervision.reports import node_status, report_unreplicated
+from daemon.supervision.reports import node_status, report_unreplicated, upkeep_input
 from daemon.supervision.restarts import RestartBudget
 from daemon.supervision.seat_probe import too_still
 from daemon.supervision.spanning import SpanningGroup
@@ -73,15 +73,14 @@ class Supervisor:
     def __init__(
         self, cfg: DaemonConfig, view: NodeView, parts: Parts, wake: threading.Event
     ) -> None:
-        self.cfg = cfg
-        self.view = view
+        self.cfg, self.view = cfg, view
         self.group, self.upkeep, self.health = parts.ranks, parts.upkeep, parts.health
         self.notifier, self.log = parts.notifier, logs.get()
         self.wake = wake  # a rank's output ended, or the job changed in etcd: look at once
         self._publishing = threading.Lock()  # builds and swaps of the published status
         self.upkept = UpkeepReport()  # the last round's (the published status has it too)
         self.ranked = RanksReport()  # the node group's, after the last tick's calls
-        self.waiting = Waiting(cfg, view)
+        self.waiting = Waiting(cfg)
         self.budget = RestartBudget.for_node(cfg.node)
         nodes = cfg.job.nodes_per_group  # a group across nodes: its generations (spanning.py)
         self.spanning = SpanningGroup(nodes) if nodes > 1 else None
@@ -90,7 +89,7 @@ class Supervisor:
         self.entered_at = time.monotonic()  # when the current state began
         self.restart_at = 0.0  # when RESTARTING's backoff ends
         self.note: dict[str, Any] = {}  # fields for the next state_changed event
-        self.published = node_status(view, cfg, lighthouse_up=False)  # see publish
+        self.published = node_status(view, cfg)  # see publish
 
     # ------------------------------------------------------------------ the loop
 
@@ -113,7 +112,7 @@ class Supervisor:
             self.health.stop()
             self.group.kill()
             self.upkeep.close()
-        report_unreplicated(self.view)
+        report_unreplicated(self.view, self.upkept)
         fields: dict[str, Any] = {"state": self.view.state.value, "code": self.exit_code}
         if self.exit_code != EXIT_OK:  # a rank error the group got past is not why it ended
             fields["error"] = self.view.last_error
@@ -128,7 +127,7 @@ class Supervisor:
         self.view.health = self.health.latest  # one immutable report (daemon.health)
         if self.drain_requested.is_set() and state not in (*TERMINAL, State.DRAINING):
             self.move(self._drain())
-        self.upkept = self.upkeep.tick()
+        self.upkept = self.upkeep.tick(upkeep_input(self.view))
         if self.upkept.slot_lost and self.view.state in (State.RUNNING, State.FENCED):
             self.move(self._stop(SLOT_LOST))
         # Each live state's handler (HANDLERS); a move runs the next one in the same tick
@@ -138,21 +137,22 @@ class Supervisor:
                 break
             before = self.view.state
             self.move(HANDLERS[before](self))
+            self.upkept = self.upkeep.report()  # as the handler's verbs left it
             if self.view.state == before:
                 break
         live = self.view.state in STANDBY_STATES and not self.drain_requested.is_set()
-        self.group.tend_standbys(live, self.view.slot)
+        self.group.tend_standbys(live, self.upkept.slot)
         self.ranked = self.group.report()  # what the ranks look like after this tick
         self.view.ticks, self.view.last_tick = self.view.ticks + 1, time.monotonic()
         self.publish()
         self.notifier.watchdog()
 
-    def publish(self) -> None:
-        """Swap in what /status and /metrics show (node_state.status), after each tick and
-        each rank event (rank output threads), under one lock: the newest build wins."""
+    def publish(self, upkept: UpkeepReport | None = None) -> None:
+        """Swap in what /status and /metrics show (node_state.status), under one lock: after
+        each tick, each rank event, and mid-round with the upkeep's report (the election)."""
         with self._publishing:
-            up, ranked = self.upkept.lighthouse_up, self.ranked
-            self.published = node_status(self.view, self.cfg, up, ranked)
+            self.upkept = upkept or self.upkept
+            self.published = node_status(self.view, self.cfg, self.upkept, self.ranked)
 
     def move(self, to: State) -> None:
         frm = self.view.state
@@ -164,7 +164,7 @@ class Supervisor:
         self.log.info("state_changed", **{"from": frm.value, "to": to.value}, **note)
         self.view.state, self.entered_at = to, time.monotonic()
         self.view.waiting_for = None
-        self.notifier.status(f"{to.value} group={self.view.slot_label} step={self.view.step}")
+        self.notifier.status(f"{to.value} group={self.upkept.slot_label} step={self.view.step}")
 
     def request_drain(self) -> None:
         """Called from the SIGTERM handler: only sets a flag, the loop does the work."""
@@ -184,9 +184,9 @@ class Supervisor:
         return State.CLAIMING
 
     def _claiming(self) -> State:
-        if self.view.job_completed:
+        if self.upkept.job_completed:
             return self._done("job completed")
-        shared = gate.shared_fault(self.view.health, self.view.job, self.cfg.node_id)
+        shared = gate.shared_fault(self.view.health, self.upkept.job, self.cfg.node_id)
         # An unhealthy node claims no seat (but on a fault every node shares).
         blocked = gate.claim_blocked(self.view.health, shared)
         if blocked is not None:
@@ -194,8 +194,8 @@ class Supervisor:
             self.view.waiting_for = blocked
             return State.CLAIMING
         # None: every slot is taken (stand by) or etcd is away
-        if self.upkeep.claim() is None:
-            self.view.waiting_for = SPARE if self.view.spare else None  # not the health's
+        if self.upkeep.claim() is None:  # what it waits for is a seat, not the health
+            self.view.waiting_for = SPARE if self.upkeep.report().spare else None
             return State.CLAIMING
         if shared:
             self.log.warning(
@@ -204,12 +204,12 @@ class Supervisor:
         return State.WAITING
 
     def _waiting(self) -> State:
-        v, spanning = self.view, self.spanning
-        if v.job_completed:
+        v, up, spanning = self.view, self.upkept, self.spanning
+        if up.job_completed:
             return self._done("job completed")
-        if v.slot is None:
+        if up.slot is None:
             return State.CLAIMING
-        shared = gate.shared_fault(v.health, v.job, self.cfg.node_id)
+        shared = gate.shared_fault(v.health, up.job, self.cfg.node_id)
         if not shared and gate.must_leave(v.health, self.cfg.health.leave_after, False, 0, 0):
             return State.CLAIMING if self.upkeep.give_back() else State.WAITING
         # No ranks start on an unhealthy node (but on a fault every node shares).
@@ -218,17 +218,17 @@ class Supervisor:
             self.waiting.say(blocked, since=self.entered_at, shown=v.waiting_for)
             v.waiting_for = blocked
             return State.WAITING
-        lighthouse = self.upkept.lighthouse
-        missing = self.waiting.missing(lighthouse is not None)
-        job = v.job if spanning is not None else None  # a group across nodes
+        lighthouse = up.ranks_lighthouse
+        missing = self.waiting.missing(up)
+        job = up.job if spanning is not None else None  # a group across nodes
         if job is not None and spanning is not None:
             # Asked at once, while our failed ranks' quorum requests expire (seat_probe.py).
-            member = spanning.blocker(job, v.slot, v.node_rank)
+            member = spanning.blocker(job, up.slot, up.node_rank)
             if member is not None:
                 self.upkeep.ask_member(job, member)
             if missing is None and not self.upkeep.holds_seat(job):
                 return State.CLAIMING  # revoked while we were out of touch (seat_probe.py)
-            missing = missing or spanning.missing(job, v.slot, v.node_rank)
+            missing = missing or spanning.missing(job, up.slot, up.node_rank)
         if missing is not None:
             error = self.waiting.report(missing, since=self.entered_at, shown=v.waiting_for)
             v.waiting_for = missing
@@ -236,27 +236,28 @@ class Supervisor:
         assert lighthouse is not None and (job or not spanning)  # missing() asks for both
         part = None
         if job is not None and spanning is not None:
-            seat = (v.slot, v.node_rank)
+            seat = (up.slot, up.node_rank)
             part = next_part(spanning, job, seat, self.cfg, self.group, self.upkeep)
             if part is None:
                 return State.WAITING  # etcd away or another node moved first: next round
-        self.upkeep.ranks_started()
-        self.group.start(v.slot, lighthouse, part)
+        reached = self.upkeep.ranks_started()
+        self.view.reached = v.reached if reached is None else reached
+        self.group.start(up.slot, lighthouse, part)
         if part is not None and job is not None and spanning is not None:
-            spanning.started(job, v.slot, part.generation)
+            spanning.started(job, up.slot, part.generation)
             v.generation = part.generation
-        job_state = v.job.state if v.job else None
+        job_state = up.job.state if up.job else None
         if not job_state or job_state.get("state") not in ("running", "completed"):
-            self.upkeep.set_state("running")
+            self.upkeep.set_state("running", v.step)
         return State.RUNNING
 
     def _running(self) -> State:
-        v = self.view
+        v, up = self.view, self.upkept
         if self.upkeep.ranks_must_pause():  # nothing may commit here now
             self.group.pause()
             return State.FENCED
-        if self.spanning is not None and v.job is not None and v.slot is not None:
-            moved = self.spanning.must_stop(v.job, v.slot)
+        if self.spanning is not None and up.job is not None and up.slot is not None:
+            moved = self.spanning.must_stop(up.job, up.slot)
             # Ranks that have begun to leave (the job's end, or a drain the group agreed
             # on) go on by themselves: the member that left first finished the same step.
             if moved is not None and not self.group.finishing():
@@ -265,29 +266,29 @@ class Supervisor:
             # blocked with its abandon the step at once, ours stop next round (must_stop).
             r = self.ranked  # as the last tick left them
             still = too_still(r.quiet_since, time.monotonic(), r.phases, r.step_time_median_s)
-            if still and self.upkeep.ask_members(v.job, r.quiet_since or 0.0):
-                word = self.group.failure_word(ExitKind.HUNG, v.job.lighthouse)
+            if still and self.upkeep.ask_members(up.job, r.quiet_since or 0.0):
+                word = self.group.failure_word(ExitKind.HUNG, up.job.lighthouse)
                 self.upkeep.announce_failure(word)
-        if gate.running_group_leaves(self.view, self.cfg):
-            assert self.view.health is not None
-            return self._stop(Unhealthy(self.view.health.summary()))
-        if self.view.started_over and self.cfg.job.on_no_state == "stop":
-            return self._stop(NoState(self.view.started_over_from))
+        if gate.running_group_leaves(v.health, up.job, up.slot, self.cfg):
+            assert v.health is not None
+            return self._stop(Unhealthy(v.health.summary()))
+        if v.started_over and self.cfg.job.on_no_state == "stop":
+            return self._stop(NoState(v.started_over_from))
         outcome = self.group.poll()
         if outcome is None:
             # Another node completed the job: this group gets drain_grace_s to finish too,
             # unless it is too far behind to finish with the others.
-            waited = self.view.completed_for(time.monotonic())
-            if waited >= self.cfg.node.drain_grace_s or self.view.behind_the_end():
+            waited = v.completed_for(time.monotonic(), up.job_completed)
+            if waited >= self.cfg.node.drain_grace_s or up.behind_the_end(v.step):
                 return self._stop(JobEnded("the job completed elsewhere"))
             return State.RUNNING
         if outcome.kind == ExitKind.COMPLETED:  # with the replication `phalanx status` shows
-            quorum, groups = v.largest_quorum, v.most_groups
-            self.upkeep.set_state("completed", largest_quorum=quorum, groups=groups)
+            quorum, groups = v.largest_quorum, up.most_groups
+            self.upkeep.set_state("completed", v.step, largest_quorum=quorum, groups=groups)
             return self._done("training completed")
         fields = {"kind": outcome.kind.value, "reason": outcome.reason, "codes": outcome.codes}
         self.log.warning("group_failed", **fields)
-        lighthouse = self.view.job.lighthouse if self.view.job else None
+        lighthouse = up.job.lighthouse if up.job else None
         self.upkeep.announce_failure(self.group.failure_word(outcome.kind, lighthouse))
         return self._stop(outcome)
 
@@ -297,7 +298,7 @@ class Supervisor:
         if outcome is not None:  # a paused rank was killed from outside
             self.log.warning("group_failed", kind=outcome.kind.value, reason=outcome.reason)
             return self._stop(outcome)
-        verdict, why = self.upkeep.fence_verdict()  # HOLD while etcd is away
+        verdict, why = self.upkeep.fence_verdict(upkeep_input(self.view))  # HOLD: etcd away
         if verdict == Fence.KEEP:
             self.group.resume(why)
             return State.RUNNING
@@ -313,8 +314,8 @@ class Supervisor:
         self.waiting.after_exit(self.group.last_codes, now)
         v = after_stop(
             self.group.take_cause(),
-            slot_held=self.view.slot is not None,
-            missing_groups=self.view.missing_groups(self.cfg.job.min_replicas),
+            slot_held=self.upkept.slot is not None,
+            missing_groups=self.upkept.missing_groups(self.cfg.job.min_replicas),
             budget=self.budget,
             now=now,
             last_error=self.view.last_error,
@@ -333,9 +334,9 @@ class Supervisor:
         return v.state
 
     def _restarting(self) -> State:
-        if self.view.job_completed:
+        if self.upkept.job_completed:
             return self._done("job completed")
-        if self.view.slot is None:
+        if self.upkept.slot is None:
             return State.CLAIMING
         return State.RESTARTING if time.monotonic() < self.restart_at else State.WAITING
 
@@ -353,10 +354,10 @@ class Supervisor:
         """Begin stopping the group (STOPPING decides what next); a spanning group's
         generation moves on (unless another did), so its other nodes stop theirs at once."""
         ended = self.spanning.stopped() if self.spanning is not None else None
-        if ended is not None and self.view.slot is not None:
+        if ended is not None and self.upkept.slot is not None:
             self.view.generation = None  # published, so in our record at once: the first
             self.publish()  # node waits on it (the record is read from the published status)
-            self.upkeep.end_generation(self.view.slot, ended)
+            self.upkeep.end_generation(self.upkept.slot, ended)
         self.group.stop(cause)
         return State.STOPPING
 
@@ -364,7 +365,7 @@ class Supervisor:
 
     def _drain(self) -> State:
         self.log.info("draining", grace_s=self.cfg.node.drain_grace_s)
-        self.notifier.stopping(f"draining group={self.view.slot_label}")
+        self.notifier.stopping(f"draining group={self.upkept.slot_label}")
         # A spanning group's generation is left as it is: the ranks of all its nodes agree
         # to stop after the same step (and the writer group saves it); the others wait
         # for a node to take this one's seat, given back as it leaves.
@@ -380,7 +381,7 @@ class Supervisor:
         self.view.failure, self.exit_code = message, code
         self.group.kill()
         if code == EXIT_FAILED:
-            self.upkeep.fail_job(message)
+            self.upkeep.fail_job(message, self.view.step)
         self.upkeep.release()
         self.log.error("node_failed", error=message, code=code)
         return State.FAILED

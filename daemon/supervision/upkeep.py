@@ -4,7 +4,7 @@
 in the daemon, and no coordination error leaves it as an exception. Each one
 becomes what the state machine needs to know:
 
-* etcd unreachable (or a lost lease): ``view.etcd_up`` goes false, the round is
+* etcd unreachable (or a lost lease): ``etcd_up`` goes false, the round is
   retried with backoff (attempts.py, which turns every error into state); only once
   the lease is in doubt does :attr:`fenced` go true (``daemon.coordination.fencing``:
   the lighthouse stops, the supervisor pauses the ranks);
@@ -16,8 +16,12 @@ becomes what the state machine needs to know:
   :data:`Join.REFUSED` with its message;
 * a lost slot after a new session: ``slot_lost`` in the round's :class:`UpkeepReport`.
 
-Each round (:meth:`EtcdUpkeep.tick`) returns an :class:`UpkeepReport`, the values the
-supervisor acts on; its handlers ask the rest through the verbs ``parts.Upkeep`` lists
+Each round (:meth:`EtcdUpkeep.tick`) is handed an :class:`UpkeepInput` (the node's step,
+state and checkpoints, as values) and returns an :class:`UpkeepReport`: the job, the
+slot and seat, etcd's health and leadership, the values the supervisor acts on (and,
+after a verb, :meth:`EtcdUpkeep.report`). The upkeep's parts each keep their own
+(seats.py the seat, attempts.py etcd's health, the election leadership); nothing of
+theirs is shared with the supervisor's other parts. Its handlers ask the rest through the verbs ``parts.Upkeep`` lists
 (claim, give back, start or end a generation, the fence's verdict, the job's state),
 never this object's parts. A node id held by another live daemon is waited on, then
 refused (held_id.py). A new session (the old lease lost by our clock) re-registers and
@@ -27,7 +31,7 @@ re-claims before it revokes the old lease: the node's keys never all vanish at o
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +39,6 @@ from daemon.config import DaemonConfig
 from daemon.config.preflight import node_device
 from daemon.coordination import (
     LEASE_FILE,
-    NOTICE_FILE,
     AddressHeld,
     Coordinator,
     EtcdAccessDenied,
@@ -48,18 +51,17 @@ from daemon.coordination import (
     fence_margin_s,
     refresh_every_s,
 )
-from daemon.leadership import Forwarder, Leadership, parse_address
-from daemon.node_state import NodeView, State
-from daemon.node_state.reports import Join, UpkeepReport
+from daemon.leadership import Leadership
+from daemon.node_state.reports import Join, UpkeepInput, UpkeepReport
 from daemon.node_state.status import NodeStatus
 from daemon.supervision.attempts import Attempts, backoff_cap
 from daemon.supervision.fence_judge import FenceJudge
 from daemon.supervision.held_id import HeldIdWait
 from daemon.supervision.job_follow import JobFollower
 from daemon.supervision.lease_file import LeaseFile
+from daemon.supervision.lighthouse_follow import LighthouseFollow
 from daemon.supervision.node_record import NodeRecord
 from daemon.supervision.progress_ask import ProgressAsk
-from daemon.supervision.rank_notice import RankNotice
 from daemon.supervision.seats import Seats
 from trainer import logs
 
@@ -69,32 +71,33 @@ class EtcdUpkeep:
         self,
         cfg: DaemonConfig,
         coord: Coordinator,
-        view: NodeView,
         run_dir: Path,
         status: Callable[[], NodeStatus],
         wake: Callable[[], None] | None = None,
         publish: Callable[[], None] = lambda: None,
     ) -> None:
-        self.cfg, self.coord, self.view, self.log = cfg, coord, view, logs.get()
+        self.cfg, self.coord, self.log = cfg, coord, logs.get()
+        self.node = UpkeepInput()  # as the last round was handed it
+        self.job: JobView | None = None  # as etcd shows it (the watch, or a whole read)
+        self.most_groups = 0  # the most slots held at once, as read
         self.leadership = Leadership(cfg, coord, run_dir, publish)  # publish: what it logs
-        self.forwarder = Forwarder(port=cfg.node.lighthouse_proxy_port)
+        proxy = cfg.node.lighthouse_proxy_port  # the ranks' lighthouse: our forwarder
+        self.follow = LighthouseFollow(proxy, run_dir, coord.job_secret)
         self.follower = JobFollower(coord, cfg.node_id, wake)
         self.refusal = ""
         self._slot_lost = False  # since the last report
-        self._published: dict[str, Any] | None = None  # the checkpoint record last published
+        self._published: Mapping[str, Any] | None = None  # the checkpoint record last published
         self.record = NodeRecord(cfg, coord, status)  # read from the published status
         cap_s = backoff_cap(cfg.etcd.lease_ttl_s)
-        self._attempt = Attempts(view, coord.settings.endpoints, cap_s)  # errors become state
-        self._bad_lighthouse: object = None
+        self._attempt = Attempts(coord.settings.endpoints, cap_s)  # errors become state
         self.held_id = HeldIdWait(cfg.etcd.lease_ttl_s + cfg.etcd.timeout_s + 1.0)
         self.judge = FenceJudge(cfg.node_id)  # partition safety (fence_judge.py)
         self._epoch_doubt_s = epoch_doubt_s(cfg.etcd.leader_ttl_s, cfg.etcd.lease_ttl_s)
         self.progress_ask = ProgressAsk(coord, self._attempt)
-        self.snapshot_at = 0.0  # when view.job was last read
+        self.snapshot_at = 0.0  # when the job was last read whole
         self.lease_file = LeaseFile(run_dir / LEASE_FILE)
         self._confirmed_at: float | None = None  # the lease's last confirmation seen
-        self.notice = RankNotice(run_dir / NOTICE_FILE)  # the ranks told at once
-        self._seats = Seats(cfg, coord, view, self._attempt, run_dir)  # slot, seat, generation
+        self._seats = Seats(cfg, coord, self._attempt, run_dir)  # slot, seat, generation
 
     # ------------------------------------------------------------------ joining
 
@@ -147,7 +150,7 @@ class EtcdUpkeep:
 
     def claim(self) -> int | None:
         """Claim a slot (a seat); None: every one is held (a spare) or etcd is away."""
-        return self._seats.claim()
+        return self._seats.claim(self.job)
 
     def give_back(self) -> bool:
         """Give the seat back now (an unhealthy node); False while etcd is away."""
@@ -180,15 +183,34 @@ class EtcdUpkeep:
 
     # -------------------------------------------------------------------- rounds
 
-    def tick(self) -> UpkeepReport:
+    def tick(self, node: UpkeepInput) -> UpkeepReport:
         """One round of upkeep: fence, session, leadership, the job view, forwarder, record,
         checkpoint; returns what the supervisor acts on."""
+        self.node = node
         self._round()
-        target = self.forwarder.target is not None  # and our lighthouse's, while we lead
-        up = target and (not self.view.leader or self.leadership.lighthouse_alive)
-        report = UpkeepReport(self._slot_lost, self.forwarder.url if target else None, up)
+        report = self.report(slot_lost=self._slot_lost)
         self._slot_lost = False
         return report
+
+    def report(self, slot_lost: bool = False) -> UpkeepReport:
+        """What the upkeep knows now, as one frozen value."""
+        url, leader = self.follow.ranks_url, self.leadership.leader
+        seats = self._seats
+        return UpkeepReport(
+            slot_lost=slot_lost,
+            ranks_lighthouse=url,  # and our lighthouse's process lives, while we lead
+            lighthouse_up=url is not None and (not leader or self.leadership.lighthouse_alive),
+            lighthouse=self.follow.address,
+            job=self.job,
+            slot=seats.slot,
+            node_rank=seats.node_rank,
+            nodes_per_group=seats.nodes,
+            spare=seats.spare,
+            etcd_up=self._attempt.up,
+            etcd_errors=self._attempt.errors,
+            leader=leader,
+            most_groups=self.most_groups,
+        )
 
     def serving_http(self, port: int) -> None:
         """The status server's bound port, published in the node's record."""
@@ -203,26 +225,26 @@ class EtcdUpkeep:
         it and the ranks' state is not judged yet (see fence_verdict)."""
         return self.judge.must_pause()
 
-    def ranks_started(self) -> None:
-        """Fresh ranks: nothing of theirs is left to judge after a lost lease; the job's
-        reached step is read for them to be compared with (a start-over)."""
+    def ranks_started(self) -> int | None:
+        """Fresh ranks: nothing of theirs is left to judge after a lost lease. Returns the
+        job's reached step as etcd recorded it (None while etcd is away), for their steps
+        to be compared with (a start-over)."""
         self.judge.ranks_started()
         ok, reached = self._attempt("reached", self.coord.read_reached)
-        if ok and reached is not None:
-            self.view.reached = reached
+        return reached if ok else None
 
-    def fence_verdict(self) -> tuple[Fence, str]:
+    def fence_verdict(self, node: UpkeepInput) -> tuple[Fence, str]:
         """What paused ranks may do: KEEP, DISCARD, or HOLD while etcd is away (the judge's
         verdict; after a lost lease, against the others' steps: progress_ask.py)."""
-        return self.progress_ask.verdict(self.judge, self.view, self.snapshot_at)
+        return self.progress_ask.verdict(self.judge, self.job, node, self.snapshot_at)
 
     def _round(self) -> None:
-        if not self.view.registered:
+        if not self.node.registered:
             return
         margin = fence_margin_s(self.cfg.etcd.lease_ttl_s)
         if not self.judge.fenced and self.coord.session_unconfirmed(margin):
-            self.judge.fence(self.view.step)
-            self.leadership.fence(self.view)
+            self.judge.fence(self.node.step)
+            self.leadership.fence()
         if not self._attempt.due():
             return
         renewed: bool | None = False
@@ -242,19 +264,15 @@ class EtcdUpkeep:
             self.follower.refence()  # the stream may have gone quiet while fenced
         if not self._read_job():  # etcd away: one request's timeout per round
             return
-        self._attempt("leadership", lambda: self.leadership.update(self.view))
-        running = self.view.state == State.RUNNING
+        self._attempt("leadership", lambda: self.leadership.update(self.job, self.follow.address))
+        running, step = self.node.running, self.node.step
         if self.leadership.take_deposed() and running:
-            self.judge.distrust(
-                "another node took over while our lighthouse served", self.view.step
-            )
-        job = self.view.job
-        if not self.view.etcd_up or job is None:
+            self.judge.distrust("another node took over while our lighthouse served", step)
+        job = self.job
+        if not self._attempt.up or job is None:
             return
-        self.judge.follow_epoch(job.leader_epoch, running, self.view.step, self._epoch_doubt_s)
-        self._follow_lighthouse(job.lighthouse)
-        self.notice.follow_lost(job.lost, job.lighthouse)
-        self.notice.follow_failed(job.failed, job.lighthouse)
+        self.judge.follow_epoch(job.leader_epoch, running, step, self._epoch_doubt_s)
+        self.follow.follow(job)
         self._publish_checkpoint()
         self._attempt("record", self._update_record)
 
@@ -278,7 +296,7 @@ class EtcdUpkeep:
             return True
         ok, _ = self._attempt("snapshot", self._load_job)
         if not ok:  # an unreachable etcd took the stream with the connection
-            self.follower.distrust(self.view.etcd_up)
+            self.follower.distrust(self._attempt.up)
         return ok
 
     def _load_job(self) -> JobView:
@@ -288,8 +306,8 @@ class EtcdUpkeep:
         return job
 
     def _show(self, job: JobView) -> None:
-        self.view.job = job
-        self.view.most_groups = max(self.view.most_groups, len(job.groups))
+        self.job = job
+        self.most_groups = max(self.most_groups, len(job.groups))
 
     def _lease_fresh(self) -> bool:
         """The session lives and etcd confirmed it within ``refresh_every_s``: this round
@@ -303,7 +321,7 @@ class EtcdUpkeep:
     def _rejoin(self) -> bool:
         """A new lease (etcd expired the old one, and our keys with it): register and
         claim a slot again, the one we held if it is still free."""
-        self.log.info("etcd_session_renewed", slot=self.view.slot)
+        self.log.info("etcd_session_renewed", slot=self._seats.slot)
         self.follower.invalidate()
         ok, _ = self._attempt("register", self._register)
         if not ok:
@@ -314,39 +332,23 @@ class EtcdUpkeep:
         self._slot_lost = not kept
         return True
 
-    def _follow_lighthouse(self, address: str | None) -> None:
-        """Point the forwarder at the published address; a key briefly absent during a
-        leader change keeps the old target, and a malformed value is reported and ignored."""
-        if not address:
-            return
-        if parse_address(address) is None:
-            if address != self._bad_lighthouse:
-                self.log.error("lighthouse_address_invalid", value=str(address)[:200])
-                self._bad_lighthouse = address
-            return
-        moved = self.view.lighthouse is not None and self.view.lighthouse != address
-        self.view.lighthouse = address
-        self.forwarder.set_target(address, self.coord.job_secret())
-        if moved:  # the ranks abandon a step that may wait on the old leader's group
-            self.notice.tell(address, "a new leader published it")
-
     def _register(self) -> None:
         self.record.forget()
         self._update_record(force=True)
 
     def _update_record(self, force: bool = False) -> None:
         self.record.update(force=force)
-        job, judge = self.view.job, self.judge
+        job, judge = self.job, self.judge
         asked = job.progress_asked if job else None
         self.record.update_progress(asked, judge.trained_epoch, judge.epoch_step)
 
     def _publish_checkpoint(self) -> None:
         """checkpoints/latest in etcd, from the main loop (rank threads only record it);
         a failed publication is tried again next round, unless a newer one came."""
-        record = self.view.latest_checkpoint
-        if record is None or record is self._published:
+        record = self.node.latest_checkpoint
+        if record is None or record == self._published:
             return
-        ok, _ = self._attempt("checkpoint", lambda: self.coord.publish_checkpoint(record))
+        ok, _ = self._attempt("checkpoint", lambda: self.coord.publish_checkpoint(dict(record)))
         if ok:
             self._published = record
             self.log.info("checkpoint_published", step=record["step"], path=record["path"])
@@ -355,33 +357,32 @@ class EtcdUpkeep:
 
     def announce_failure(self, word: dict[str, Any] | None) -> None:
         """Tell every daemon that this node's group failed (daemon/ranks/failure_notice.py)."""
-        gid = self.view.slot
+        gid = self._seats.slot
         if word is None or gid is None or not self.cfg.node.announce_failures:
             return
         self._attempt("failed", lambda: self.coord.announce_failed(gid, word))
         self.log.info("failure_announced", quorum_id=word["quorum_id"], slot=gid)
 
-    def set_state(self, state: str, **extra: object) -> None:
-        """The job's persistent state (running, completed, failed); best effort."""
+    def set_state(self, state: str, step: int, **extra: object) -> None:
+        """The job's persistent state (running, completed, failed) at `step`; best effort."""
         ok, _ = self._attempt(
-            "state",
-            lambda: self.coord.set_state(state, self.view.step, node=self.cfg.node_id, **extra),
+            "state", lambda: self.coord.set_state(state, step, node=self.cfg.node_id, **extra)
         )
         if not ok:
             self.log.warning("state_not_written", state=state)
 
-    def fail_job(self, message: str) -> None:
+    def fail_job(self, message: str, step: int) -> None:
         """Mark the job failed, but only when no other node's group carries it on."""
-        job = self.view.job
+        job = self.job
         if job is not None and job.holders() <= {self.cfg.node_id}:
-            self.set_state("failed", error=message)
+            self.set_state("failed", step, error=message)
 
     def release(self) -> None:
         """Give back the slot and leadership now, rather than after the lease TTL."""
         self._attempt.retry_at = 0.0
 
         def give_back() -> None:
-            self.leadership.resign(self.view)
+            self.leadership.resign()
             self._seats.release()
 
         ok, _ = self._attempt("release", give_back)
@@ -391,7 +392,7 @@ class EtcdUpkeep:
     def close(self) -> None:
         self.follower.close()
         self.leadership.stop()
-        self.forwarder.close()
+        self.follow.close()
         try:
             self.coord.close(revoke=True)
         except Exception as e:

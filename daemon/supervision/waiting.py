@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from daemon.config import DaemonConfig
-from daemon.node_state.view import NodeView
+from daemon.node_state.reports import UpkeepReport
 from trainer import logs
 
 REPORT_EVERY_S = 30.0
@@ -19,22 +19,21 @@ QUIET_MARGIN_S = 0.2  # past the heartbeat timeout: the lighthouse's tick and a 
 
 
 class Waiting:
-    def __init__(self, cfg: DaemonConfig, view: NodeView) -> None:
+    def __init__(self, cfg: DaemonConfig) -> None:
         self.cfg = cfg
-        self.view = view
         self.reported_at = 0.0
         self.quiet_until = 0.0  # no start before this (see after_exit)
         self.log = logs.get()
 
-    def missing(self, forwarding: bool, now: float | None = None) -> str | None:
-        """What is still missing (None: start the group); `forwarding`: the lighthouse
-        forwarder has a target."""
-        if not self.view.lighthouse or not forwarding:
+    def missing(self, upkept: UpkeepReport, now: float | None = None) -> str | None:
+        """What is still missing (None: start the group), as the upkeep's last report
+        shows the job and the lighthouse forwarder."""
+        if not upkept.lighthouse or upkept.ranks_lighthouse is None:
             return "a lighthouse address in etcd"
         now = time.monotonic() if now is None else now
         if now < self.quiet_until:
             return "the failed ranks' quorum requests to expire at the lighthouse"
-        return self.view.missing_groups(self.cfg.job.min_replicas)
+        return upkept.missing_groups(self.cfg.job.min_replicas)
 
     def after_exit(self, codes: list[int | None] | None, now: float) -> None:
         """A rank that failed on its own (an exit code, not a signal) may have died waiting

@@ -9,7 +9,6 @@ import time
 import pytest
 
 from daemon.coordination import EtcdUnavailable
-from daemon.node_state import NodeView
 from daemon.supervision.attempts import BACKOFF_CAP_S, BACKOFF_FIRST_S, Attempts, backoff_cap
 
 
@@ -23,16 +22,15 @@ def test_the_cap_is_a_quarter_of_the_lease_ttl_within_bounds(ttl: int, cap: floa
 
 
 def test_waits_double_up_to_the_cap_and_a_success_starts_them_over() -> None:
-    view = NodeView()
-    attempt = Attempts(view, ["10.0.0.1:2379"], backoff_cap(4))
+    attempt = Attempts(["10.0.0.1:2379"], backoff_cap(4))
     waits = []
     for _ in range(6):
         before = time.monotonic()
         assert attempt("snapshot", down) == (False, None)
         waits.append(round(attempt.retry_at - before, 1))
     assert waits == [BACKOFF_FIRST_S, 1.0, 1.0, 1.0, 1.0, 1.0]
-    assert not view.etcd_up
+    assert not attempt.up and attempt.errors == 6
     assert attempt("snapshot", lambda: 7) == (True, 7)
-    assert view.etcd_up
+    assert attempt.up
     attempt("snapshot", down)
     assert round(attempt.retry_at - time.monotonic(), 1) == BACKOFF_FIRST_S

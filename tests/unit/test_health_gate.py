@@ -80,7 +80,7 @@ def test_other_groups_count_when_their_running_nodes_say_they_are_healthy() -> N
 
 def test_readyz_is_ready_only_running_and_healthy_and_says_why_not() -> None:
     def published(view: NodeView) -> NodeStatus:  # as the supervisor's tick publishes it
-        return NodeStatus.of(view, "me", "job", 1, lighthouse_up=True, shared_fault=False)
+        return NodeStatus.of(view, "me", "job", 1, shared_fault=False)
 
     view = NodeView(state=State.RUNNING, registered=True, health=report(OK))
     assert readiness(published(view)) == (True, "ready\n")

@@ -77,18 +77,17 @@ def test_the_refusal_names_both_nodes_and_the_field() -> None:
 
 def test_a_group_that_never_shared_a_quorum_is_unreplicated() -> None:
     view = NodeView()
-    assert view.unreplicated() is None  # alone in the job: nothing to share
-    view.most_groups = 3
-    assert view.unreplicated() == {
+    assert view.unreplicated(1) is None  # alone in the job: nothing to share
+    assert view.unreplicated(3) == {
         "groups_holding_slots": 3, "largest_quorum": 0, "committed_steps": 0,
     }  # fmt: skip
     for step in (1, 2):
         view.track({"event": "step_items", "step": step, "participants": 1}, "n")
-    assert view.unreplicated() == {
+    assert view.unreplicated(3) == {
         "groups_holding_slots": 3, "largest_quorum": 1, "committed_steps": 2,
     }  # fmt: skip
     view.track({"event": "train_step", "step": 3, "participants": 2}, "n")
-    assert view.unreplicated() is None
+    assert view.unreplicated(3) is None
 
 
 def test_a_step_1_after_later_steps_says_the_job_started_over() -> None:

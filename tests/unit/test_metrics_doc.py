@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from daemon.coordination.job_view import JobView
 from daemon.health import CheckResult, HealthReport
-from daemon.node_state.reports import RanksReport
+from daemon.node_state.reports import RanksReport, UpkeepReport
 from daemon.node_state.status import NodeStatus
 from daemon.node_state.view import NodeView
 from daemon.surfaces.metrics import DaemonMetrics
@@ -81,7 +81,7 @@ def node_metrics_text(tmp: Path) -> str:
     )  # fmt: skip
     checks = (CheckResult("checkpoint_dir", True, "writable"), CheckResult("clock", False, "off"))
     health = HealthReport(checks, at=0.0, failed_in_a_row=1)
-    view = NodeView(leader=True, slot=1, etcd_up=True, job=job, health=health)
+    view = NodeView(health=health)
     view.restarts["rank_exit"] = 1
     ranks = RanksReport(
         pids=(os.getpid(),),
@@ -91,7 +91,10 @@ def node_metrics_text(tmp: Path) -> str:
         step_time_median_s=0.1,
     )
     # The forwarder has a target and, on this leader, the lighthouse process is alive.
-    status = NodeStatus.of(view, "doc-node", "doc-job", 2, True, shared_fault=False, ranks=ranks)
+    upkept = UpkeepReport(lighthouse_up=True, leader=True, slot=1, etcd_up=True, job=job)
+    status = NodeStatus.of(
+        view, "doc-node", "doc-job", 2, shared_fault=False, ranks=ranks, upkept=upkept
+    )
     metrics = DaemonMetrics(lambda: status, tmp / "metrics")  # wipes and creates the directory
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp / "metrics")}
     subprocess.run([sys.executable, "-c", RANK_SCRIPT], cwd=ROOT, env=env, check=True, timeout=120)

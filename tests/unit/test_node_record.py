@@ -17,6 +17,7 @@ import pytest
 from daemon.config import load_daemon_config
 from daemon.coordination.progress import PROGRESS_EVERY_S
 from daemon.node_state import NodeView, State
+from daemon.node_state.reports import UpkeepReport
 from daemon.supervision.node_record import RECORD_GAP_S, NodeRecord
 from daemon.supervision.reports import node_status
 
@@ -48,10 +49,14 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     return now
 
 
+UPKEPT: list[UpkeepReport] = []  # the upkeep's last report, as the status is built with it
+
+
 def made(tmp_path: Path) -> tuple[NodeRecord, Sent, NodeView]:
     cfg = load_daemon_config(JOB, [f'node.run_dir="{tmp_path}"'], node_id="node-a")
     sent, view = Sent(), NodeView()
-    status = lambda: node_status(view, cfg, lighthouse_up=False)  # noqa: E731  # as published
+    UPKEPT[:] = [UpkeepReport()]
+    status = lambda: node_status(view, cfg, UPKEPT[0])  # noqa: E731  # as published
     return NodeRecord(cfg, sent, status), sent, view  # type: ignore[arg-type]
 
 
@@ -73,7 +78,7 @@ def test_the_record_is_written_when_it_changes_and_never_on_a_timer(
     view.participants = 3  # a group joined the quorum: progress, not the record
     record.update()
     assert len(sent.records) == 2 and "participants" not in sent.records[-1]
-    view.slot = 4
+    UPKEPT[0] = UpkeepReport(slot=4)  # a claim
     record.update()
     assert sent.records[-1]["group"] == 4 and len(sent.records) == 3
 

@@ -20,7 +20,7 @@ from daemon.surfaces.server import StatusServer
 
 @pytest.fixture
 def served() -> Iterator[StatusServer]:
-    status = NodeStatus.of(NodeView(), "n", "j", 1, lighthouse_up=False, shared_fault=False)
+    status = NodeStatus.of(NodeView(), "n", "j", 1, shared_fault=False)
     server = StatusServer(lambda: status, "127.0.0.1", 0, lambda: b"phalanx_up 1\n").start()
     try:
         yield server

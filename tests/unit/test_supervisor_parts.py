@@ -35,6 +35,7 @@ SUB_OBJECTS = {
     "FenceJudge": "fence_judge",
     "HeldIdWait": "held_id",
     "JobFollower": "job_follow",
+    "LighthouseFollow": "lighthouse_follow",
 }
 UPKEEP_MODULES = {"upkeep", *SUB_OBJECTS.values()}  # they may use one another
 
@@ -86,7 +87,7 @@ def test_the_published_status_cannot_be_changed_through_its_collections() -> Non
     """A list or dict of the view is copied as a tuple or a read-only mapping: the HTTP
     thread reads what the tick built, whatever the view does next."""
     view = NodeView(restarts={"hang": 1})
-    status = NodeStatus.of(view, "me", "job", 1, lighthouse_up=True, shared_fault=False)
+    status = NodeStatus.of(view, "me", "job", 1, shared_fault=False)
     view.restarts["hang"] = 2
     assert status.restarts["hang"] == 1
     with pytest.raises(TypeError):

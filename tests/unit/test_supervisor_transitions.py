@@ -22,13 +22,14 @@ from daemon.config import load_daemon_config
 from daemon.coordination import Fence, JobView
 from daemon.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from daemon.health import HealthReport
-from daemon.node_state.reports import Join, RanksReport, UpkeepReport
+from daemon.node_state.reports import Join, RanksReport, UpkeepInput, UpkeepReport
 from daemon.node_state.states import TERMINAL, TRANSITIONS, State
 from daemon.node_state.view import NodeView
 from daemon.ranks.spec import GroupPart
 from daemon.ranks.stop_cause import FENCED_OUT, JobEnded, StopCause
 from daemon.ranks.workers import ExitKind, GroupExit
 from daemon.supervision.parts import Parts
+from daemon.supervision.reports import upkeep_input
 from daemon.supervision.supervisor import HANDLERS, Supervisor
 from daemon.supervision.systemd import Notifier
 
@@ -92,7 +93,8 @@ class FakeRanks:
 
 @dataclass
 class FakeUpkeep:
-    view: NodeView
+    """Holds slot 0 of a one-group job whose lighthouse is known; reports it as values."""
+
     refusal: str = ""
     fenced: bool = False
     joined: Join = Join.JOINED
@@ -100,13 +102,29 @@ class FakeUpkeep:
     verdict: tuple[Fence, str] = (Fence.KEEP, "etcd confirmed the lease")
     free_slot: int | None = 0  # what claim() finds
     slot_lost: bool = False  # what the next round reports
+    slot: int | None = 0
+    lighthouse: str | None = LIGHTHOUSE  # the address etcd publishes
+    job: JobView = field(
+        default_factory=lambda: JobView({}, {0: "node-a"}, "node-a", LIGHTHOUSE, None, None, None)
+    )
     calls: list[str] = field(default_factory=list)
+    handed: list[UpkeepInput] = field(default_factory=list)  # what each round was handed
 
     def join(self) -> Join:
         return self.joined
 
-    def tick(self) -> UpkeepReport:
-        return UpkeepReport(self.slot_lost, LIGHTHOUSE, lighthouse_up=True)
+    def tick(self, node: UpkeepInput) -> UpkeepReport:
+        self.handed.append(node)
+        return replace(self.report(), slot_lost=self.slot_lost)
+
+    def report(self) -> UpkeepReport:
+        return UpkeepReport(
+            ranks_lighthouse=LIGHTHOUSE if self.lighthouse else None,
+            lighthouse_up=self.lighthouse is not None,
+            lighthouse=self.lighthouse,
+            job=self.job,
+            slot=self.slot,
+        )
 
     def serving_http(self, port: int) -> None:
         pass
@@ -114,18 +132,19 @@ class FakeUpkeep:
     def ranks_must_pause(self) -> bool:
         return self.must_pause
 
-    def ranks_started(self) -> None:
+    def ranks_started(self) -> int | None:
         self.calls.append("ranks_started")
+        return None
 
-    def fence_verdict(self) -> tuple[Fence, str]:
+    def fence_verdict(self, node: UpkeepInput) -> tuple[Fence, str]:
         return self.verdict
 
     def claim(self) -> int | None:
-        self.view.slot = self.free_slot  # as the real one writes the node's view
+        self.slot = self.free_slot
         return self.free_slot
 
     def give_back(self) -> bool:
-        self.view.slot = None
+        self.slot = None
         return True
 
     def holds_seat(self, job: JobView) -> bool:
@@ -146,10 +165,10 @@ class FakeUpkeep:
     def announce_failure(self, word: dict[str, Any] | None) -> None:
         self.calls.append("announce_failure")
 
-    def set_state(self, state: str, **extra: object) -> None:
+    def set_state(self, state: str, step: int, **extra: object) -> None:
         self.calls.append(f"set_state {state}")
 
-    def fail_job(self, message: str) -> None:
+    def fail_job(self, message: str, step: int) -> None:
         self.calls.append("fail_job")
 
     def release(self) -> None:
@@ -186,9 +205,7 @@ def node(state: State, *overrides: str) -> Node:
     whose lighthouse is known and whose one group is enough (job.min_replicas = 1)."""
     cfg = load_daemon_config(JOB, ["node.id=node-a", *overrides])
     view = NodeView(state=state, registered=state != State.JOINING)
-    view.slot, view.lighthouse = 0, LIGHTHOUSE
-    view.job = JobView({}, {0: "node-a"}, "node-a", LIGHTHOUSE, None, None, None)
-    ranks, upkeep = FakeRanks(), FakeUpkeep(view)
+    ranks, upkeep = FakeRanks(), FakeUpkeep()
     parts = Parts(ranks=ranks, upkeep=upkeep, health=FakeHealth(), notifier=Notifier({}))
     return Node(Supervisor(cfg, view, parts, threading.Event()), ranks, upkeep)
 
@@ -196,18 +213,17 @@ def node(state: State, *overrides: str) -> Node:
 def handle(n: Node) -> State:
     """One handler's turn, after the round a tick does before it."""
     n.view.health = n.sup.health.latest
-    n.sup.upkept = n.sup.upkeep.tick()
+    n.sup.upkept = n.sup.upkeep.tick(upkeep_input(n.view))
     n.sup.move(HANDLERS[n.view.state](n.sup))
     return n.view.state
 
 
 def completed(n: Node) -> None:
-    assert n.view.job is not None
-    n.view.job = replace(n.view.job, state={"state": "completed", "step": 10})
+    n.upkeep.job = replace(n.upkeep.job, state={"state": "completed", "step": 10})
 
 
 def no_slot(n: Node) -> None:
-    n.view.slot = None
+    n.upkeep.slot = None
 
 
 def stopped_by(cause: StopCause) -> Callable[[Node], None]:
@@ -222,7 +238,7 @@ def refused(n: Node) -> None:
 
 
 def waited_out(n: Node) -> None:  # no lighthouse for longer than node.wait_timeout_s (1 s)
-    n.view.lighthouse = None
+    n.upkeep.lighthouse = None
     n.sup.entered_at = time.monotonic() - 10.0
 
 
@@ -353,3 +369,23 @@ def test_a_tick_follows_a_failed_group_through_its_restart_without_waiting_a_tic
     assert n.view.restarts == {"rank_exit": 1}
     assert n.ranks.calls == [f"start 0 {LIGHTHOUSE}"]
     assert n.upkeep.calls == STARTED
+
+
+def test_the_upkeep_is_handed_the_nodes_progress_as_a_value() -> None:
+    n = node(State.RUNNING)
+    n.ranks.running = True
+    n.view.step = 7
+    n.sup.tick()
+    handed = n.upkeep.handed[-1]
+    assert (handed.registered, handed.running, handed.step) == (True, True, 7)
+    n.view.step = 8  # the rank threads go on: what the round was handed stays
+    assert handed.step == 7
+
+
+def test_a_seat_claimed_in_a_tick_is_the_one_its_ranks_start_on_in_that_tick() -> None:
+    n = node(State.CLAIMING)
+    n.upkeep.slot, n.upkeep.free_slot = None, 3
+    n.sup.tick()  # CLAIMING -> WAITING -> RUNNING: each handler reads the upkeep's report
+    assert n.view.state == State.RUNNING
+    assert n.ranks.calls == [f"start 3 {LIGHTHOUSE}"]
+    assert n.sup.published.slot == 3

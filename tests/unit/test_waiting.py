@@ -9,28 +9,29 @@ import pytest
 
 from daemon.config import load_daemon_config
 from daemon.coordination.job_view import JobView
-from daemon.node_state.view import NodeView
+from daemon.node_state.reports import UpkeepReport
 from daemon.supervision.waiting import QUIET_MARGIN_S, REPORT_EVERY_S, Waiting
 
 JOB = Path(__file__).resolve().parents[2] / "tests" / "integration" / "daemon_job.toml"
 QUIET = "the failed ranks' quorum requests to expire at the lighthouse"
 
 
+JOBVIEW = JobView({}, {0: "a", 1: "b"}, "a", "127.0.0.1:1", None, None, None)
+# The upkeep follows the published lighthouse, and its forwarder has that target.
+UP = UpkeepReport(ranks_lighthouse="127.0.0.1:2", lighthouse="127.0.0.1:1", job=JOBVIEW)
+
+
 def waiting() -> Waiting:
-    cfg = load_daemon_config(JOB, ["lighthouse.heartbeat_timeout_ms=2000"])
-    view = NodeView()
-    view.lighthouse = "127.0.0.1:1"
-    view.job = JobView({}, {0: "a", 1: "b"}, "a", "127.0.0.1:1", None, None, None)
-    return Waiting(cfg, view)
+    return Waiting(load_daemon_config(JOB, ["lighthouse.heartbeat_timeout_ms=2000"]))
 
 
 def test_a_rank_that_failed_on_its_own_delays_the_next_start_by_the_heartbeat_timeout() -> None:
     w = waiting()
-    assert w.missing(True, now=100.0) is None
+    assert w.missing(UP, now=100.0) is None
     w.after_exit([1], now=100.0)  # e.g. it gave up waiting for a quorum
-    assert w.missing(True, now=100.0) == QUIET
-    assert w.missing(True, now=102.0 + QUIET_MARGIN_S / 2) == QUIET
-    assert w.missing(True, now=102.0 + QUIET_MARGIN_S) is None
+    assert w.missing(UP, now=100.0) == QUIET
+    assert w.missing(UP, now=102.0 + QUIET_MARGIN_S / 2) == QUIET
+    assert w.missing(UP, now=102.0 + QUIET_MARGIN_S) is None
 
 
 def test_killed_or_drained_ranks_restart_at_once() -> None:
@@ -39,7 +40,7 @@ def test_killed_or_drained_ranks_restart_at_once() -> None:
     w.after_exit([143], now=100.0)  # drained
     w.after_exit([-9, 1], now=100.0)  # rank 1 failed after rank 0, the lighthouse's client, died
     w.after_exit(None, now=100.0)
-    assert w.missing(True, now=100.0) is None
+    assert w.missing(UP, now=100.0) is None
 
 
 def test_a_wait_is_logged_when_it_changes_and_again_every_30_s(
@@ -61,3 +62,11 @@ def test_a_wait_is_logged_when_it_changes_and_again_every_30_s(
         {"event": "waiting", "waiting_for": full, "waited_s": 10.0},
         {"event": "waiting", "waiting_for": full, "waited_s": 50.0},
     ]
+
+
+def test_nothing_starts_without_a_lighthouse_or_enough_groups() -> None:
+    w = waiting()
+    no_forwarder = UpkeepReport(lighthouse="127.0.0.1:1", job=JOBVIEW)
+    assert w.missing(no_forwarder, now=1.0) == "a lighthouse address in etcd"
+    one_group = UpkeepReport(ranks_lighthouse="127.0.0.1:2", lighthouse="127.0.0.1:1", job=None)
+    assert w.missing(one_group, now=1.0) == "replica groups: 0 of job.min_replicas=1"
