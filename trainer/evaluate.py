@@ -11,21 +11,16 @@ talking to the others; a healed group or a cold restart evaluates the same items
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
-from torch import nn
 
 from trainer.data.sources import Sampler
-from trainer.parallel.context import ContextParallel, sequence_slice
+from trainer.forward_backward import ForwardBackward
+from trainer.parallel.context import sequence_slice
 from trainer.parallel.group_ops import group_sum, run_schedule
 from trainer.parallel.mesh import Layout
 from trainer.parallel.parallelize import autocast
 from trainer.step_report import StepReport
-from trainer.workloads import LossFn
-
-if TYPE_CHECKING:
-    from trainer.parallel.pipeline import Schedule
 
 
 @dataclass
@@ -34,15 +29,9 @@ class Evaluator:
     batches: int
     sampler: Sampler  # over eval_data: batch b reads items b*batch_size + row
     batch_size: int
-    models: list[nn.Module]
+    passes: ForwardBackward  # the training loop's: its models, loss, schedule, autocast
     layout: Layout
-    loss_fn: LossFn
     rows: range  # this rank's rows of a batch
-    autocast: torch.dtype | None
-    schedule: Schedule | None = None
-    first: bool = True
-    last: bool = True
-    cp: ContextParallel | None = None
 
     def due(self, report: StepReport) -> bool:
         """Whether to evaluate after this step: every `every`-th committed one."""
@@ -50,23 +39,26 @@ class Evaluator:
 
     @torch.no_grad()
     def evaluate(self) -> float:
-        for m in self.models:
+        models = self.passes.models
+        for m in models:
             m.eval()
         try:
             total = sum(self._batch(b) for b in range(self.batches))
         finally:
-            for m in self.models:
+            for m in models:
                 m.train()
         # One mean per data shard (each evaluates equal rows): their mean.
-        return group_sum(self.layout, self.last, total / self.batches)[0] / self.layout.dp_shard
+        mean = group_sum(self.layout, self.passes.last, total / self.batches)[0]
+        return mean / self.layout.dp_shard
 
     def _batch(self, index: int) -> float:
         first = index * self.batch_size
         items = range(first + self.rows.start, first + self.rows.stop)
         batch = self.sampler.take(items, self.layout.device)
-        if self.schedule is not None:
-            return run_schedule(self.schedule.eval, batch, self.first, self.last)
-        with sequence_slice(self.cp, self.models, batch) as mine:
-            with autocast(self.layout.device, self.autocast):
-                output = self.models[0](mine.inputs)
-            return float(self.loss_fn(output, mine.targets))
+        p = self.passes
+        if p.schedule is not None:
+            return run_schedule(p.schedule.eval, batch, p.first, p.last)
+        with sequence_slice(p.cp, p.models, batch) as mine:
+            with autocast(self.layout.device, p.autocast):
+                output = p.models[0](mine.inputs)
+            return float(p.loss_fn(output, mine.targets))

@@ -269,15 +269,9 @@ def _evaluator(cfg: TrainerConfig, work: workload.Workload, where: str, loop: Lo
         batches=cfg.train.eval_batches,
         sampler=Sampler(work.eval_data, work.collate),
         batch_size=cfg.train.batch_size,
-        models=loop.models,
+        passes=loop.passes,
         layout=loop.layout,
-        loss_fn=work.loss,
         rows=loop.rows,
-        autocast=loop.autocast,
-        schedule=loop.schedule,
-        first=loop.first,
-        last=loop.last,
-        cp=loop.cp,
     )
 
 

@@ -1,7 +1,7 @@
 """What the nodes share through etcd: the client and the embedded server, the job's
 view and spec, the copy of it that the watch keeps current, the slots and seats and
-the keys of groups that span nodes, the node's identity, and the lease fence that
-stops a node's ranks when its lease is gone. The coordinator is the one object that
+the keys of groups that span nodes, the node's identity, and the lease's timing (the
+rule that fences a node whose lease is in doubt is ``daemon.fencing``). The coordinator is the one object that
 speaks etcd's transactions for a daemon.
 """
 
@@ -25,17 +25,6 @@ from daemon.coordination.etcd_server import (
     ServerTls,
     find_etcd_binary,
 )
-from daemon.coordination.fencing import (
-    AHEAD_BY,
-    HOLD_S,
-    LEASE_FILE,
-    NOTICE_FILE,
-    Fence,
-    after_fence,
-    epoch_doubt_s,
-    fence_margin_s,
-    refresh_every_s,
-)
 from daemon.coordination.identity import (
     Identity,
     address_clash,
@@ -52,12 +41,9 @@ from daemon.coordination.job_view import (
     overall_spec_hash,
 )
 from daemon.coordination.job_watch import RESYNC_S, JobWatch
+from daemon.coordination.lease_timing import fence_margin_s, refresh_every_s
 
 __all__ = [
-    "AHEAD_BY",
-    "HOLD_S",
-    "LEASE_FILE",
-    "NOTICE_FILE",
     "RESYNC_S",
     "AddressHeld",
     "CoordinationError",
@@ -67,7 +53,6 @@ __all__ = [
     "EtcdSettings",
     "EtcdStartError",
     "EtcdUnavailable",
-    "Fence",
     "Identity",
     "JobCache",
     "JobView",
@@ -78,9 +63,7 @@ __all__ = [
     "SessionExpired",
     "SpecMismatch",
     "address_clash",
-    "after_fence",
     "differing_sections",
-    "epoch_doubt_s",
     "fence_margin_s",
     "find_etcd_binary",
     "holder_of",

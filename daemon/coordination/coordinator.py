@@ -377,7 +377,7 @@ class Coordinator:
             self._lease_of.gone()
             raise
         except EtcdUnavailable:
-            self._lease_of.failed_at = time.monotonic()
+            self._lease_of.unreachable()
             raise
 
     def _txn(

@@ -18,7 +18,7 @@ set up and torn down every second on etcd, for every node (issue 35). Here:
   client after a transient failure. The next refresh opens a new stream, on a fresh
   client where the last one was discarded (an etcd restart, an expired auth token).
 * :class:`_Session` is one lease and the daemon thread that refreshes it on that
-  stream every ``refresh_every_s(ttl)`` (``daemon.coordination.fencing``), and
+  stream every ``refresh_every_s(ttl)`` (``daemon.coordination.lease_timing``), and
   retries as often after a failure. It keeps the outcome of its last refresh, which
   :meth:`_Session.confirm` hands to the main loop without a request of its own.
 
@@ -41,7 +41,7 @@ import grpc  # type: ignore[import-untyped]  # no stubs; not in the mypy overrid
 from pyetcd import etcdrpc
 
 from daemon.coordination.etcd_client import CoordinationError, EtcdUnavailable, _Connection
-from daemon.coordination.fencing import refresh_every_s
+from daemon.coordination.lease_timing import refresh_every_s
 from trainer import logs
 
 log = logs.get()

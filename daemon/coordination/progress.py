@@ -11,12 +11,12 @@ lease, written when the step changed and the last write is ``PROGRESS_EVERY_S`` 
 
 * by ``phalanx status``, for its step column;
 * by a node that lost its lease while fenced and must judge its paused ranks
-  (``daemon.coordination.fencing.after_fence`` compares its step with the others').
+  (``daemon.fencing.rules.after_fence`` compares its step with the others').
   Progress up to ``PROGRESS_EVERY_S`` old could hide that the others went on, so that
   node first puts ``asks/progress`` under the job prefix: every daemon's watch hears
   it and the daemon writes its progress at once; an answer is a progress key modified
   after the ask's revision. A running node that has not answered within
-  ``ASK_WAIT_S`` makes the asker restart its ranks (``daemon.supervision.progress_ask``).
+  ``ASK_WAIT_S`` makes the asker restart its ranks (``daemon.fencing.progress_ask``).
 """
 
 from __future__ import annotations

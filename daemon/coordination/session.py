@@ -21,7 +21,7 @@ class NodeLease:
         self._conn, self._keepalive, self.job, self.ttl_s = conn, keepalive, job, ttl_s
         self._session: _Session | None = None
         self._lock = threading.Lock()
-        self.failed_at = 0.0  # when a request last found etcd unavailable (the caller's)
+        self._failed_at = 0.0  # when a request last found etcd unavailable (unreachable)
 
     def ensure(self, call: Callable[[Callable[[Any], Any]], Any]) -> bool:
         """Make sure a live lease exists; True when a new one was granted (through `call`,
@@ -30,7 +30,7 @@ class NodeLease:
         the stream after a failed refresh, or a failed request)."""
         with self._lock:
             old = self._session
-            recheck = old is not None and self.failed_at >= old.deadline - old.ttl
+            recheck = old is not None and self._failed_at >= old.deadline - old.ttl
             if old is not None and old.alive and old.running and old.confirm(recheck):
                 return False
             # Our clock gave up on it; if etcd still holds it, nothing changed hands.
@@ -45,6 +45,11 @@ class NodeLease:
             self._session = session
         log.info("etcd_session_created", job=self.job, lease=f"{grant.id:x}", ttl=grant.ttl)
         return True
+
+    def unreachable(self) -> None:
+        """A request just found etcd unavailable: the next :meth:`ensure` asks the keepalive
+        stream about a lease it would otherwise take as confirmed."""
+        self._failed_at = time.monotonic()
 
     def confirmation(self) -> tuple[str, float] | None:
         """(lease id in hex, send time of its last confirmed refresh), None without one."""

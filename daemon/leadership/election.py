@@ -15,12 +15,12 @@ its lighthouse lost (``lighthouse_status``), and keeps a will that revokes its l
 if its daemon dies (``will``). A daemon that is no longer leader stops its
 lighthouse; the ranks follow the new address through their daemon's forwarder, told
 at once (``daemon.supervision.rank_notice``); one deposed while it served restarts
-its ranks (``daemon.supervision.fence_judge``).
+its ranks (``daemon.fencing.judge``).
 
 Nothing here blocks for long: a lighthouse that is starting is waited for up to
 ``FIRST_PROBE_S`` in its round, then probed once per round until ``START_TIMEOUT_S``.
 A leader whose node lease may expire unrenewed stops its lighthouse first
-(:meth:`Leadership.fence`, ``daemon.coordination.fencing``). A leader whose lighthouse
+(:meth:`Leadership.fence`, ``daemon.fencing``). A leader whose lighthouse
 cannot start (its port is taken, the binary is missing, it dies or never listens) says
 why, resigns so that another node can lead, and does not campaign again for
 ``COOLDOWN_S``.
@@ -35,7 +35,7 @@ from pathlib import Path
 
 from daemon.config import DaemonConfig
 from daemon.coordination.coordinator import Coordinator, JobView
-from daemon.coordination.fencing import fence_margin_s
+from daemon.coordination.lease_timing import fence_margin_s
 from daemon.leadership.gate import alive as gate_alive
 from daemon.leadership.lighthouse import LighthouseError, LighthouseProcess, parse_address
 from daemon.leadership.lighthouse_status import Lost, lost_members, read_status

@@ -12,10 +12,10 @@ from pathlib import Path
 
 from daemon.config import DaemonConfig
 from daemon.config.netif import interface_for
-from daemon.coordination.fencing import LEASE_FILE, NOTICE_FILE
 from trainer.config import env as rank_vars
 from trainer.config.env import RankEnv
 from trainer.contracts import heartbeat as heartbeat_file
+from trainer.contracts import lease_file, notice_file
 
 RANK_ARGV = [sys.executable, "-m", "trainer"]
 
@@ -132,8 +132,8 @@ def rank_env(spec: GroupSpec, rank: int, master_port: int, attempt: int) -> dict
         lighthouse=s.lighthouse,
         min_replicas=s.min_replicas,
         heartbeat=heartbeat_path(s, rank),
-        lease_file=s.run_dir / LEASE_FILE,
-        notice=s.run_dir / NOTICE_FILE,
+        lease_file=s.run_dir / lease_file.NAME,
+        notice=s.run_dir / notice_file.NAME,
         job=s.job,
         node=s.node,
         replica_uuid=s.replica_uuid or None,

@@ -188,7 +188,7 @@ class WorkerGroup:
         return None
 
     def pause(self) -> None:
-        """SIGSTOP every rank and its descendants (a fenced node, see daemon.coordination.fencing)."""
+        """SIGSTOP every rank and its descendants (a fenced node, see daemon.fencing)."""
         self.paused = True
         kill_tree(self.pids, signal.SIGSTOP)
 

@@ -11,16 +11,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from daemon.coordination import NOTICE_FILE, JobView
+from daemon.coordination import JobView
 from daemon.leadership import Forwarder, parse_address
 from daemon.supervision.rank_notice import RankNotice
 from trainer import logs
+from trainer.contracts import notice_file
 
 
 class LighthouseFollow:
     def __init__(self, proxy_port: int, run_dir: Path, secret: Callable[[], bytes]) -> None:
         self.forwarder = Forwarder(port=proxy_port)
-        self.notice = RankNotice(run_dir / NOTICE_FILE)  # the ranks told at once
+        self.notice = RankNotice(run_dir / notice_file.NAME)  # the ranks told at once
         self.address: str | None = None  # the address etcd published, last followed
         self._secret = secret  # the job's, for the forwarder's handshake
         self._bad: object = None  # the malformed value last reported

@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from daemon.coordination import Fence, JobView
+from daemon.coordination import JobView
+from daemon.fencing import Fence
 from daemon.health import HealthReport
 from daemon.node_state.reports import Join, RanksReport, UpkeepInput, UpkeepReport
 from daemon.ranks.spec import GroupPart

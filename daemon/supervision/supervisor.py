@@ -33,8 +33,8 @@ from typing import Any
 
 from daemon import __version__
 from daemon.config import DaemonConfig
-from daemon.coordination.fencing import Fence
 from daemon.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
+from daemon.fencing import Fence
 from daemon.node_state.reports import Join, RanksReport, UpkeepReport
 from daemon.node_state.states import TERMINAL, IllegalTransition, State, allowed
 from daemon.node_state.view import NodeView

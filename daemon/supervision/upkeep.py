@@ -6,7 +6,7 @@ becomes what the state machine needs to know:
 
 * etcd unreachable (or a lost lease): ``etcd_up`` goes false, the round is
   retried with backoff (attempts.py, which turns every error into state); only once
-  the lease is in doubt does :attr:`fenced` go true (``daemon.coordination.fencing``:
+  the lease is in doubt does :attr:`fenced` go true (``daemon.fencing``:
   the lighthouse stops, the supervisor pauses the ranks);
 * a conflict (a compare-and-swap that lost a race, ``NotLeader``, a key that
   "keeps changing"): logged as ``etcd_retry`` and tried again next round;
@@ -38,32 +38,28 @@ from typing import Any
 from daemon.config import DaemonConfig
 from daemon.config.preflight import node_device
 from daemon.coordination import (
-    LEASE_FILE,
     AddressHeld,
     Coordinator,
     EtcdAccessDenied,
-    Fence,
     JobView,
     NodeIdHeld,
     SpecMismatch,
     address_clash,
-    epoch_doubt_s,
     fence_margin_s,
     refresh_every_s,
 )
+from daemon.fencing import Fence, FenceJudge, LeaseFile, ProgressAsk, epoch_doubt_s
 from daemon.leadership import Leadership
 from daemon.node_state.reports import Join, UpkeepInput, UpkeepReport
 from daemon.node_state.status import NodeStatus
 from daemon.supervision.attempts import Attempts, backoff_cap
-from daemon.supervision.fence_judge import FenceJudge
 from daemon.supervision.held_id import HeldIdWait
 from daemon.supervision.job_follow import JobFollower
-from daemon.supervision.lease_file import LeaseFile
 from daemon.supervision.lighthouse_follow import LighthouseFollow
 from daemon.supervision.node_record import NodeRecord
-from daemon.supervision.progress_ask import ProgressAsk
 from daemon.supervision.seats import Seats
 from trainer import logs
+from trainer.contracts import lease_file
 
 
 class EtcdUpkeep:
@@ -91,11 +87,11 @@ class EtcdUpkeep:
         cap_s = backoff_cap(cfg.etcd.lease_ttl_s)
         self._attempt = Attempts(coord.settings.endpoints, cap_s)  # errors become state
         self.held_id = HeldIdWait(cfg.etcd.lease_ttl_s + cfg.etcd.timeout_s + 1.0)
-        self.judge = FenceJudge(cfg.node_id)  # partition safety (fence_judge.py)
+        self.judge = FenceJudge(cfg.node_id)  # partition safety (daemon.fencing)
         self._epoch_doubt_s = epoch_doubt_s(cfg.etcd.leader_ttl_s, cfg.etcd.lease_ttl_s)
         self.progress_ask = ProgressAsk(coord, self._attempt)
         self.snapshot_at = 0.0  # when the job was last read whole
-        self.lease_file = LeaseFile(run_dir / LEASE_FILE)
+        self.lease_file = LeaseFile(run_dir / lease_file.NAME)
         self._confirmed_at: float | None = None  # the lease's last confirmation seen
         self._seats = Seats(cfg, coord, self._attempt, run_dir)  # slot, seat, generation
 
@@ -235,8 +231,11 @@ class EtcdUpkeep:
 
     def fence_verdict(self, node: UpkeepInput) -> tuple[Fence, str]:
         """What paused ranks may do: KEEP, DISCARD, or HOLD while etcd is away (the judge's
-        verdict; after a lost lease, against the others' steps: progress_ask.py)."""
-        return self.progress_ask.verdict(self.judge, self.job, node, self.snapshot_at)
+        verdict; after a lost lease, against the others' steps: daemon.fencing.progress_ask)."""
+        n = node
+        return self.progress_ask.verdict(
+            self.judge, self.job, n.step, self.snapshot_at, n.waiting_for, n.invalid_checkpoints
+        )
 
     def _round(self) -> None:
         if not self.node.registered:

@@ -3,7 +3,7 @@
 On a node whose cores the ranks use, every request is CPU taken from them, twice: the
 daemon's and etcd's; and at a thousand nodes every write is an event each other daemon
 receives. In the steady state a daemon sends its lease keepalives (about one a second,
-``daemon.coordination.fencing.refresh_every_s``) and its progress every
+``daemon.coordination.lease_timing.refresh_every_s``) and its progress every
 ``PROGRESS_EVERY_S``, and nothing else: no read of the job (the watch keeps its copy,
 ``daemon.coordination.job_cache``), no record write while nothing in it changes, no
 campaign while a leader holds the key. The daemon here is alone, so it leads: since
@@ -21,8 +21,8 @@ from typing import Any
 import pyetcd
 import pytest
 
-from daemon.coordination.fencing import refresh_every_s
 from daemon.coordination.leader_lease import DEFAULT_LEADER_TTL_S, leader_refresh_s
+from daemon.coordination.lease_timing import refresh_every_s
 from daemon.coordination.progress import PROGRESS_EVERY_S
 from daemon.supervision.node_record import RECORD_GAP_S
 from daemon.supervision.supervisor import TICK_S

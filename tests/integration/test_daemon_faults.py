@@ -25,7 +25,7 @@ from daemon.coordination.coordinator import (
     NotLeader,
     SessionExpired,
 )
-from daemon.coordination.fencing import fence_margin_s
+from daemon.coordination.lease_timing import fence_margin_s
 from daemon.leadership import election
 from daemon.node_state.states import State
 from daemon.supervision import supervisor

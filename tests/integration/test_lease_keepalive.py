@@ -15,7 +15,7 @@ import time
 import pytest
 
 from daemon.coordination.coordinator import Coordinator, EtcdSettings, EtcdUnavailable
-from daemon.coordination.fencing import refresh_every_s
+from daemon.coordination.lease_timing import refresh_every_s
 from tests.support.coordinators import MakeCoordinator, wait_for
 from tests.support.etcd_control import ControlledEtcd
 from tests.support.etcd_metrics import counter

@@ -1,5 +1,5 @@
 """A node back from a lost lease asks for everyone's progress before it judges its ranks
-(daemon/supervision/progress_ask.py), against a real etcd."""
+(daemon/fencing/progress_ask.py), against a real etcd."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from daemon.coordination.coordinator import Coordinator
 from daemon.coordination.progress import ASK_WAIT_S
-from daemon.supervision.progress_ask import ProgressAsk
+from daemon.fencing import ProgressAsk
 from tests.support.coordinators import MakeCoordinator
 
 pytestmark = pytest.mark.integration

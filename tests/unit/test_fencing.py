@@ -1,24 +1,16 @@
-"""The partition rule's decision after a fence (daemon.coordination.fencing.after_fence), branch by branch."""
+"""The partition rule's decision after a fence (daemon.fencing.rules.after_fence), branch by branch."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
-from daemon.coordination.fencing import (
-    AHEAD_BY,
-    HOLD_S,
-    Fence,
-    after_fence,
-    fence_margin_s,
-    job_moved_on,
-    refresh_every_s,
-)
 from daemon.coordination.job_view import JobView
+from daemon.coordination.lease_timing import fence_margin_s, refresh_every_s
+from daemon.fencing import AHEAD_BY, HOLD_S, Fence, FenceJudge, after_fence, job_moved_on
 from daemon.node_state.states import State
 from daemon.node_state.view import NodeView
 from daemon.supervision.after_stop import FENCED_OUT, after_stop
-from daemon.supervision.fence_judge import FenceJudge
 from daemon.supervision.restarts import RestartBudget
 
 

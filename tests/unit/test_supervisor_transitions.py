@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 
 from daemon.config import load_daemon_config
-from daemon.coordination import Fence, JobView
+from daemon.coordination import JobView
 from daemon.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
+from daemon.fencing import Fence
 from daemon.health import HealthReport
 from daemon.node_state.reports import Join, RanksReport, UpkeepInput, UpkeepReport
 from daemon.node_state.states import TERMINAL, TRANSITIONS, State

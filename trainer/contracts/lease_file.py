@@ -1,5 +1,5 @@
 """``<run_dir>/lease.json`` (``PHALANX_LEASE_FILE``): the node's etcd lease and when etcd
-last confirmed it, written by the daemon (``daemon/supervision/lease_file.py``) and read
+last confirmed it, written by the daemon (``daemon/fencing/lease_file.py``) and read
 by the writer group's rank 0 before it marks a checkpoint complete
 (``trainer.checkpoint.lease_fence``). Both sides use this module.
 

@@ -191,7 +191,7 @@ def scoped_process_group(base: type, interruptible: bool = False) -> type:
     It also gives connecting to that store a deadline (the process group's timeout):
     the store belongs to one quorum member, and a TCPStore client's constructor waits
     for the server's answer to a ping with no timeout. A member paused with SIGSTOP
-    (a fenced node, see daemon.coordination.fencing) still accepts connections in its kernel, so
+    (a fenced node, see daemon.fencing) still accepts connections in its kernel, so
     without a deadline the quorum thread of every other member would wait until that
     member is killed or resumed, past the timeout and into the hang detector.
     """

@@ -1,6 +1,6 @@
 """The other nodes' progress, current enough to judge paused ranks after a lost lease.
 
-``daemon.coordination.fencing.after_fence`` asks whether the others went on without
+``daemon.fencing.rules.after_fence`` asks whether the others went on without
 this node: their steps against ours. Progress is written only every
 ``PROGRESS_EVERY_S`` (``daemon.coordination.progress``), so the node asks for it
 first (one put every daemon watches), then reads the progress keys each round until
@@ -13,14 +13,14 @@ on steps that may be stale. One ask per lost lease; nothing is sent otherwise.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import replace
 from typing import Any
 
-from daemon.coordination import Coordinator, Fence, JobView
+from daemon.coordination import Coordinator, JobView
 from daemon.coordination.progress import ASK_WAIT_S, Progress, answered, with_steps
-from daemon.node_state.reports import UpkeepInput
-from daemon.supervision.fence_judge import FenceJudge
+from daemon.fencing.judge import FenceJudge
+from daemon.fencing.rules import Fence
 
 __all__ = ["ASK_WAIT_S", "ProgressAsk"]
 
@@ -57,10 +57,17 @@ class ProgressAsk:
         self._ask = None
 
     def verdict(
-        self, judge: FenceJudge, job: JobView | None, node: UpkeepInput, snapshot_at: float
+        self,
+        judge: FenceJudge,
+        job: JobView | None,
+        step: int,
+        snapshot_at: float,
+        shown: str | None,
+        invalid: Collection[str] = (),
     ) -> tuple[Fence, str]:
-        """What paused ranks may do (FenceJudge.verdict); after a lost lease, judged against
-        the others' current steps, asked for here. `snapshot_at`: when `job` was read."""
+        """What paused ranks at `step` may do (FenceJudge.verdict, which `shown` and
+        `invalid` are handed to); after a lost lease, judged against the others' current
+        steps, asked for here. `snapshot_at`: when `job` was read."""
         if judge.lease_lost and not judge.fenced and job and snapshot_at >= judge.answered_at:
             asked = self.nodes(job)
             if asked is None:
@@ -68,11 +75,9 @@ class ProgressAsk:
             if not asked[1]:
                 self.done()
                 why = f"not every running node answered within {ASK_WAIT_S:g} s"
-                return judge.discard(node.step, f"{why}: they may have gone on without us")
+                return judge.discard(step, f"{why}: they may have gone on without us")
             job = replace(job, nodes=asked[0])
-        verdict = judge.verdict(
-            job, node.step, snapshot_at, node.waiting_for, node.invalid_checkpoints
-        )
+        verdict = judge.verdict(job, step, snapshot_at, shown, invalid)
         if not judge.lease_lost:
             self.done()
         return verdict

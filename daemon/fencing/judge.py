@@ -1,4 +1,4 @@
-"""Partition safety for one node's ranks (``daemon.coordination.fencing``), as state the
+"""Partition safety for one node's ranks (rules.py), as state the
 upkeep owns: fenced while etcd has not confirmed our lease; a lost lease (a new
 session replaced it) judged once etcd answers, by :func:`after_fence`, as KEEP the
 paused ranks' state or DISCARD it; and the leader epoch the ranks train under, which
@@ -11,9 +11,8 @@ import time
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from daemon.coordination import Fence, after_fence
-from daemon.coordination.fencing import job_moved_on
 from daemon.coordination.job_view import JobView
+from daemon.fencing.rules import Fence, after_fence, job_moved_on
 from trainer import logs
 
 

@@ -1,15 +1,15 @@
-"""Partition safety: when a node must stop its ranks and lighthouse, and what it keeps after.
+"""The partition rule: when a node must stop its ranks and lighthouse, and what it keeps after.
 
 The rule (DESIGN.md, "Partitions"): under any network partition at most one set
 of replica groups commits steps, and a group on the losing side never becomes the
 state that survives (a healing source or a checkpoint).
 
 * **Fence.** A node whose lease has not been confirmed for ``TTL - margin``
-  (:func:`fence_margin_s`) is *fenced*: its lighthouse is stopped and its ranks are
+  (``daemon.coordination.lease_timing.fence_margin_s``) is *fenced*: its lighthouse is stopped and its ranks are
   paused with SIGSTOP (they neither commit, checkpoint, nor serve a heal). A new
   leader may be elected before that, once its short leader lease lapsed
   (``leader_lease``); a group that trained on under the old one meanwhile is
-  restarted (``daemon.supervision.fence_judge``: ``distrust``). An etcd outage
+  restarted (``daemon.fencing.judge``: ``distrust``). An etcd outage
   shorter than ``TTL - margin`` fences nobody.
 * **Unfence.** When etcd answers again: if the old lease is still alive nothing
   changed hands, and the ranks resume. If it was lost, :func:`after_fence`
@@ -38,10 +38,8 @@ from collections.abc import Collection, Mapping
 from enum import StrEnum
 from typing import Any
 
-from trainer.contracts import lease_file, notice_file
+from daemon.coordination.lease_timing import refresh_every_s
 
-LEASE_FILE = lease_file.NAME  # in run_dir: our lease and its last confirmation
-NOTICE_FILE = notice_file.NAME  # in run_dir: the daemon's notices to its ranks
 AHEAD_BY = 2  # a paused rank may still commit the step whose vote it had finished
 HOLD_S = 30.0
 
@@ -50,20 +48,6 @@ class Fence(StrEnum):
     HOLD = "hold"  # stay paused: no leader yet, or the new epoch's groups are not ahead yet
     KEEP = "keep"  # resume the ranks: their state cannot override a surviving commit
     DISCARD = "discard"  # restart the ranks: they heal from the survivors or a checkpoint
-
-
-def fence_margin_s(ttl_s: float) -> float:
-    """How long before the lease can expire a node fences itself."""
-    return max(1.0, ttl_s / 5.0)
-
-
-def refresh_every_s(ttl_s: float) -> float:
-    """How often the keepalive thread confirms the lease (``daemon.coordination.keepalive``),
-    and how old the confirmation may get before the daemon's round asks about the session: at
-    most once a second, and four times within the time the confirmation may age before the
-    node fences itself (ttl less the margin), so a slow answer or two never fences a node.
-    Each refresh is one message on the daemon's one keepalive stream."""
-    return min(1.0, (ttl_s - fence_margin_s(ttl_s)) / 4.0)
 
 
 def epoch_doubt_s(leader_ttl_s: float, lease_ttl_s: float) -> float:
