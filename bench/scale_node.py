@@ -34,6 +34,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ import daemon
 from daemon.config import DaemonConfig, load_daemon_config
 from daemon.coordination import Coordinator, EtcdSettings
 from daemon.node_state import NodeView, State
+from daemon.node_state.progress import RankProgress
 from daemon.node_state.reports import Join, UpkeepReport
 from daemon.supervision.reports import node_status, upkeep_input
 from daemon.supervision.supervisor import TICK_S
@@ -66,8 +68,9 @@ class SimNode:
         cfg.run_dir.mkdir(parents=True, exist_ok=True)
         self.wake = threading.Event()
         self.report = UpkeepReport()  # the upkeep's last
+        self.progress = RankProgress()  # as its ranks would report it
         # The record is read from the node's status, as the daemon publishes it each tick.
-        status = lambda: node_status(self.view, cfg, self.report)  # noqa: E731
+        status = lambda: node_status(self.view, cfg, self.report, None, self.progress)  # noqa: E731
         self.upkeep = EtcdUpkeep(cfg, self.coord, cfg.run_dir, status, self.wake.set)
         self.upkeep.serving_http(HTTP_PORT_BASE + index % 40000)
         self.registered_at: float | None = None
@@ -97,10 +100,11 @@ class SimNode:
     def tick(self, now: float) -> None:
         view = self.view
         if view.state == State.RUNNING and self.running_at is not None:
-            view.step = self.step_base + int((now - self.running_at) * STEPS_PER_S)
+            step = self.step_base + int((now - self.running_at) * STEPS_PER_S)
             job = self.report.job
-            view.participants = len(job.groups) if job is not None else None
-        self.report = self.upkeep.tick(upkeep_input(view))
+            joined = len(job.groups) if job is not None else None
+            self.progress = replace(self.progress, step=step, participants=joined)
+        self.report = self.upkeep.tick(upkeep_input(view, self.progress))
         if self.report.slot_lost and view.state in (State.RUNNING, State.FENCED):
             self.move(State.CLAIMING if self.report.slot is None else State.WAITING)
         for _ in range(len(State)):  # a move runs the new state's handler in the same round
@@ -115,7 +119,7 @@ class SimNode:
         if to == self.view.state:
             return
         if to == State.RUNNING:
-            self.running_at, self.step_base = time.monotonic(), self.view.step
+            self.running_at, self.step_base = time.monotonic(), self.progress.step
         self.view.state = to
 
     def handle(self, state: State) -> State:
@@ -140,12 +144,12 @@ class SimNode:
             job = self.report.job
             job_state = job.state if job is not None else None
             if not job_state or job_state.get("state") not in ("running", "completed"):
-                upkeep.set_state("running", view.step)
+                upkeep.set_state("running", self.progress.step)
             return State.RUNNING
         if state == State.RUNNING:
             return State.FENCED if upkeep.ranks_must_pause() else State.RUNNING
         if state == State.FENCED:
-            verdict, _ = upkeep.fence_verdict(upkeep_input(view))
+            verdict, _ = upkeep.fence_verdict(upkeep_input(view, self.progress))
             if verdict == "keep":
                 return State.RUNNING
             return State.FENCED if verdict == "hold" else State.WAITING  # discard: restart

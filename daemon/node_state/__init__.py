@@ -1,6 +1,8 @@
-"""What this node is and knows: the supervisor's states with their transition table,
-and the node's view (its slot, leadership, group progress) that the status page, the
-metrics and the node's etcd record are read from.
+"""The daemon's vocabulary: the supervisor's states with their transition table, its own
+view (view.py), the frozen reports its parts hand it (reports.py: the etcd upkeep's and
+the node group's; progress.py: what the ranks' events said) and the one status it
+publishes each tick (status.py), which the status page, the metrics and the node's etcd
+record read.
 """
 
 from __future__ import annotations

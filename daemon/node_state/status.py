@@ -18,6 +18,7 @@ from typing import Any
 
 from daemon.coordination.job_view import JobView
 from daemon.health import HealthReport
+from daemon.node_state.progress import RankProgress
 from daemon.node_state.reports import RanksReport, UpkeepReport
 from daemon.node_state.states import State
 from daemon.node_state.view import NodeView
@@ -77,15 +78,19 @@ class NodeStatus:
         shared_fault: bool,
         ranks: RanksReport | None = None,
         upkept: UpkeepReport | None = None,
+        progress: RankProgress | None = None,
     ) -> NodeStatus:
-        """The view as it is now, copied: each field of the view's name, its lists as
-        tuples and its dicts as read-only copies; and the reports of the ranks (the node
-        group's) and of the etcd upkeep, frozen values, for the fields of their names."""
+        """The supervisor's view as it is now, copied: each field of the view's name, its
+        lists as tuples and its dicts as read-only copies; and the frozen reports of the
+        ranks (the node group's), of the etcd upkeep and of the ranks' progress, for the
+        fields of their names. The last error: the daemon's failure, else the ranks'."""
+        rank_error = progress.rank_error if progress is not None else None
         given: dict[str, Any] = {
             "node": node,
             "job_name": job_name,
             "min_replicas": min_replicas,
             "shared_fault": shared_fault,
+            "last_error": view.failure or rank_error,
         }
         copied = {
             f.name: _copy(getattr(view, f.name))
@@ -95,7 +100,7 @@ class NodeStatus:
         shown = {f.name for f in fields(cls)}
         reported = {
             f.name: getattr(report, f.name)
-            for report in (ranks, upkept)
+            for report in (ranks, upkept, progress)
             if report is not None
             for f in fields(report)
             if f.name in shown

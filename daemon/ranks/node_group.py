@@ -2,8 +2,9 @@
 
 It numbers the attempts, remembers why the current group is being stopped, says what
 its ranks look like (:meth:`NodeGroup.report`, a frozen value), and logs each start.
-It holds no view of the node: a rank's event goes to the `fold` it is given (the
-view's ``track``), then to `tracked` (the supervisor's publish). Each method does
+It holds no view of the node: a rank's event is folded into its own
+:class:`~daemon.node_state.progress.ProgressFold` (read as a frozen
+:meth:`NodeGroup.progress`), then `tracked` is called (the supervisor's publish). Each method does
 one thing and returns at once; the waiting (STOPPING, DRAINING) is the
 supervisor's, one :meth:`stopped` call per tick.
 """
@@ -19,6 +20,7 @@ from types import MappingProxyType
 from typing import Any
 
 from daemon.config import DaemonConfig
+from daemon.node_state.progress import ProgressFold, RankProgress
 from daemon.node_state.reports import RanksReport
 from daemon.ranks.failure_notice import failure_word
 from daemon.ranks.hang import HangLimits, StepTimes, timeouts
@@ -50,18 +52,15 @@ class NodeGroup:
     def __init__(
         self,
         cfg: DaemonConfig,
-        fold: Callable[[dict[str, Any]], int | None],
         rank_config: Path,
         wake: threading.Event | None = None,
         tracked: Callable[[], None] | None = None,
     ) -> None:
         self.cfg = cfg
-        # Takes in a rank's event; the step the job had reached when it started over, if
-        # the event says so (NodeView.track).
-        self.fold = fold
+        self.fold = ProgressFold(cfg.node_id)  # the ranks' events (node_state/progress.py)
         self.rank_config = rank_config
         self.wake = wake
-        self.tracked = tracked  # called once a rank event is in the view (Supervisor.publish)
+        self.tracked = tracked  # called once a rank event is folded in (Supervisor.publish)
         self.log = logs.get()
         self.standbys = (
             StandbyPool(cfg.node.nproc, self._on_rank_event, wake) if cfg.node.standby else None
@@ -95,9 +94,17 @@ class NodeGroup:
             self.replica_uuid = str(uuid.uuid4())
         return self.replica_uuid
 
-    def start(self, slot: int, lighthouse: str, part: GroupPart | None = None) -> None:
+    def start(
+        self,
+        slot: int,
+        lighthouse: str,
+        part: GroupPart | None = None,
+        reached: int | None = None,
+    ) -> None:
         """Start the ranks in `slot`: a group of this node alone, or this node's `part` of
-        a group that spans nodes (its seat, the group's store port and replica uuid)."""
+        a group that spans nodes (its seat, the group's store port and replica uuid).
+        `reached`: the job's reached step in etcd (None: unread), for a start-over."""
+        self.fold.reached(reached)
         self.attempt += 1
         replica_uuid = part.replica_uuid if part is not None else self.next_replica_uuid()
         seat = part.seat if part is not None else None
@@ -118,6 +125,10 @@ class NodeGroup:
         else:
             self.log.info("group_restarted", reason=self.restart_reason, **fields)
         self.restart_reason = None
+
+    def progress(self) -> RankProgress:
+        """What the ranks' events said, folded (safe from any thread)."""
+        return self.fold.snapshot()
 
     def report(self) -> RanksReport:
         """What the ranks look like now: pids, standbys, phases and hang timeouts."""
@@ -238,7 +249,7 @@ class NodeGroup:
 
     def _on_rank_event(self, rank: int, event: dict[str, Any]) -> None:
         """Called from the rank output threads: track progress, then relay the event."""
-        lost_from = self.fold(event)
+        lost_from = self.fold.track(event)
         if self.tracked is not None:
             self.tracked()
         logs.relay(event)

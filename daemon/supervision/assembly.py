@@ -4,7 +4,6 @@ health monitor and systemd's notifier, over one run directory (parts.py)."""
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 from daemon.config import DaemonConfig, node_device, write_rank_config
 from daemon.coordination.coordinator import Coordinator
@@ -37,15 +36,12 @@ def build_supervisor(
         for supervisor in built:
             supervisor.publish(supervisor.upkeep.report())
 
-    def fold(event: dict[str, Any]) -> int | None:  # a rank's event, from its output thread
-        return view.track(event, cfg.node_id)
-
     def published() -> NodeStatus:  # what the node's etcd record is read from
         return built[0].published
 
     settings = HealthSettings.of(cfg, coordinator.settings.endpoints, node_device(cfg))
     parts = Parts(
-        ranks=NodeGroup(cfg, fold, rank_config, wake, publish),
+        ranks=NodeGroup(cfg, rank_config, wake, publish),
         upkeep=EtcdUpkeep(cfg, coordinator, run_dir, published, wake.set, shown),
         health=HealthMonitor(settings, cfg.health.interval_s, wake.set),
         notifier=notifier or Notifier(),

@@ -5,9 +5,8 @@ without ever sharing a quorum with another group that held a slot (``never_repli
 
 from __future__ import annotations
 
-from types import MappingProxyType
-
 from daemon.config import DaemonConfig
+from daemon.node_state.progress import RankProgress
 from daemon.node_state.reports import RanksReport, UpkeepInput, UpkeepReport
 from daemon.node_state.states import State
 from daemon.node_state.status import NodeStatus
@@ -21,9 +20,10 @@ def node_status(
     cfg: DaemonConfig,
     upkept: UpkeepReport | None = None,
     ranks: RanksReport | None = None,
+    progress: RankProgress | None = None,
 ) -> NodeStatus:
-    """The view as the supervisor's tick leaves it, with the upkeep's and the ranks' last
-    reports, copied into one frozen value."""
+    """The view as the supervisor's tick leaves it, with the upkeep's, the ranks' and their
+    progress's last reports, copied into one frozen value."""
     job = upkept.job if upkept is not None else None
     return NodeStatus.of(
         view,
@@ -33,27 +33,26 @@ def node_status(
         shared_fault=shared_fault(view.health, job, cfg.node_id),
         ranks=ranks,
         upkept=upkept,
+        progress=progress,
     )
 
 
-def upkeep_input(view: NodeView) -> UpkeepInput:
-    """What the etcd upkeep is handed of the node: the view's fields it needs, copied
-    under the view's lock (the rank output threads write it)."""
-    with view.lock:
-        checkpoint = view.latest_checkpoint
-        return UpkeepInput(
-            registered=view.registered,
-            running=view.state == State.RUNNING,
-            step=view.step,
-            waiting_for=view.waiting_for,
-            invalid_checkpoints=frozenset(view.invalid_checkpoints),
-            latest_checkpoint=MappingProxyType(dict(checkpoint)) if checkpoint else None,
-        )
+def upkeep_input(view: NodeView, progress: RankProgress) -> UpkeepInput:
+    """What the etcd upkeep is handed of the node: the supervisor's state and the ranks'
+    progress, as values."""
+    return UpkeepInput(
+        registered=view.registered,
+        running=view.state == State.RUNNING,
+        step=progress.step,
+        waiting_for=view.waiting_for,
+        invalid_checkpoints=progress.invalid_checkpoints,
+        latest_checkpoint=progress.latest_checkpoint,
+    )
 
 
-def report_unreplicated(view: NodeView, upkept: UpkeepReport) -> None:
-    numbers = view.unreplicated(upkept.most_groups)
-    if numbers is None or not (view.train_done or upkept.job_completed):
+def report_unreplicated(progress: RankProgress, upkept: UpkeepReport) -> None:
+    numbers = progress.unreplicated(upkept.most_groups)
+    if numbers is None or not (progress.train_done or upkept.job_completed):
         return
     logs.get().warning(
         "never_replicated",

@@ -19,8 +19,7 @@ raises. The table (a test keeps this copy equal to it)::
 No handler blocks (stopping ranks and a new leader's lighthouse have deadlines checked
 each tick), and no etcd error reaches one as an exception (upkeep.py): a short outage
 never touches the ranks, one that puts the lease in doubt pauses them (FENCED, fencing).
-The parts are handed in (parts.py); the health gate, after_stop and the exit codes
-(``daemon.exits``: 2 only for bad input) are each a module of their own.
+The parts are handed in (parts.py) and hand back frozen reports (node_state/).
 """
 
 from __future__ import annotations
@@ -35,6 +34,7 @@ from daemon import __version__
 from daemon.config import DaemonConfig
 from daemon.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from daemon.fencing import Fence
+from daemon.node_state.progress import RankProgress
 from daemon.node_state.reports import Join, RanksReport, UpkeepReport
 from daemon.node_state.states import TERMINAL, IllegalTransition, State, allowed
 from daemon.node_state.view import NodeView
@@ -79,7 +79,7 @@ class Supervisor:
         self.wake = wake  # a rank's output ended, or the job changed in etcd: look at once
         self._publishing = threading.Lock()  # builds and swaps of the published status
         self.upkept = UpkeepReport()  # the last round's (the published status has it too)
-        self.ranked = RanksReport()  # the node group's, after the last tick's calls
+        self.ranked, self.progress = RanksReport(), RankProgress()  # the node group's, see tick
         self.waiting = Waiting(cfg)
         self.budget = RestartBudget.for_node(cfg.node)
         nodes = cfg.job.nodes_per_group  # a group across nodes: its generations (spanning.py)
@@ -112,22 +112,22 @@ class Supervisor:
             self.health.stop()
             self.group.kill()
             self.upkeep.close()
-        report_unreplicated(self.view, self.upkept)
+        report_unreplicated(self.progress, self.upkept)
         fields: dict[str, Any] = {"state": self.view.state.value, "code": self.exit_code}
         if self.exit_code != EXIT_OK:  # a rank error the group got past is not why it ended
-            fields["error"] = self.view.last_error
+            fields["error"] = self.view.failure or self.progress.rank_error
         self.log.info("daemon_exit", **fields)
         return self.exit_code
 
     def tick(self) -> None:
-        state = self.view.state
-        if self.cfg.node.straggler_drain and self.view.stragglers and state == State.RUNNING:
-            self.log.warning("straggler_drain", ranks=dict(self.view.stragglers))
+        state, self.progress = self.view.state, self.group.progress()
+        if self.cfg.node.straggler_drain and self.progress.stragglers and state == State.RUNNING:
+            self.log.warning("straggler_drain", ranks=dict(self.progress.stragglers))
             self.drain_requested.set()  # the others stop waiting for this node's group
         self.view.health = self.health.latest  # one immutable report (daemon.health)
         if self.drain_requested.is_set() and state not in (*TERMINAL, State.DRAINING):
             self.move(self._drain())
-        self.upkept = self.upkeep.tick(upkeep_input(self.view))
+        self.upkept = self.upkeep.tick(upkeep_input(self.view, self.progress))
         if self.upkept.slot_lost and self.view.state in (State.RUNNING, State.FENCED):
             self.move(self._stop(SLOT_LOST))
         # Each live state's handler (HANDLERS); a move runs the next one in the same tick
@@ -151,8 +151,10 @@ class Supervisor:
         """Swap in what /status and /metrics show (node_state.status), under one lock: after
         each tick, each rank event, and mid-round with the upkeep's report (the election)."""
         with self._publishing:
-            self.upkept = upkept or self.upkept
-            self.published = node_status(self.view, self.cfg, self.upkept, self.ranked)
+            up = self.upkept = upkept or self.upkept  # and the ranks' newest progress:
+            self.published = node_status(
+                self.view, self.cfg, up, self.ranked, self.group.progress()
+            )
 
     def move(self, to: State) -> None:
         frm = self.view.state
@@ -164,7 +166,7 @@ class Supervisor:
         self.log.info("state_changed", **{"from": frm.value, "to": to.value}, **note)
         self.view.state, self.entered_at = to, time.monotonic()
         self.view.waiting_for = None
-        self.notifier.status(f"{to.value} group={self.upkept.slot_label} step={self.view.step}")
+        self.notifier.status(f"{to.value} group={self.upkept.slot_label} step={self.progress.step}")
 
     def request_drain(self) -> None:
         """Called from the SIGTERM handler: only sets a flag, the loop does the work."""
@@ -180,7 +182,7 @@ class Supervisor:
             return State.JOINING
         self.view.registered = True
         self.log.info("node_registered", node=self.cfg.node_id, host=self.cfg.advertise_host)
-        self.notifier.ready(f"claiming group=- step={self.view.step}")
+        self.notifier.ready(f"claiming group=- step={self.progress.step}")
         return State.CLAIMING
 
     def _claiming(self) -> State:
@@ -240,19 +242,17 @@ class Supervisor:
             part = next_part(spanning, job, seat, self.cfg, self.group, self.upkeep)
             if part is None:
                 return State.WAITING  # etcd away or another node moved first: next round
-        reached = self.upkeep.ranks_started()
-        self.view.reached = v.reached if reached is None else reached
-        self.group.start(up.slot, lighthouse, part)
+        self.group.start(up.slot, lighthouse, part, self.upkeep.ranks_started())
         if part is not None and job is not None and spanning is not None:
             spanning.started(job, up.slot, part.generation)
             v.generation = part.generation
         job_state = up.job.state if up.job else None
         if not job_state or job_state.get("state") not in ("running", "completed"):
-            self.upkeep.set_state("running", v.step)
+            self.upkeep.set_state("running", self.progress.step)
         return State.RUNNING
 
     def _running(self) -> State:
-        v, up = self.view, self.upkept
+        v, up, p = self.view, self.upkept, self.progress
         if self.upkeep.ranks_must_pause():  # nothing may commit here now
             self.group.pause()
             return State.FENCED
@@ -272,19 +272,19 @@ class Supervisor:
         if gate.running_group_leaves(v.health, up.job, up.slot, self.cfg):
             assert v.health is not None
             return self._stop(Unhealthy(v.health.summary()))
-        if v.started_over and self.cfg.job.on_no_state == "stop":
-            return self._stop(NoState(v.started_over_from))
+        if p.started_over and self.cfg.job.on_no_state == "stop":
+            return self._stop(NoState(p.started_over_from))
         outcome = self.group.poll()
         if outcome is None:
             # Another node completed the job: this group gets drain_grace_s to finish too,
             # unless it is too far behind to finish with the others.
             waited = v.completed_for(time.monotonic(), up.job_completed)
-            if waited >= self.cfg.node.drain_grace_s or up.behind_the_end(v.step):
+            if waited >= self.cfg.node.drain_grace_s or up.behind_the_end(p.step):
                 return self._stop(JobEnded("the job completed elsewhere"))
             return State.RUNNING
         if outcome.kind == ExitKind.COMPLETED:  # with the replication `phalanx status` shows
-            quorum, groups = v.largest_quorum, up.most_groups
-            self.upkeep.set_state("completed", v.step, largest_quorum=quorum, groups=groups)
+            quorum, groups = p.largest_quorum, up.most_groups
+            self.upkeep.set_state("completed", p.step, largest_quorum=quorum, groups=groups)
             return self._done("training completed")
         fields = {"kind": outcome.kind.value, "reason": outcome.reason, "codes": outcome.codes}
         self.log.warning("group_failed", **fields)
@@ -298,7 +298,7 @@ class Supervisor:
         if outcome is not None:  # a paused rank was killed from outside
             self.log.warning("group_failed", kind=outcome.kind.value, reason=outcome.reason)
             return self._stop(outcome)
-        verdict, why = self.upkeep.fence_verdict(upkeep_input(self.view))  # HOLD: etcd away
+        verdict, why = self.upkeep.fence_verdict(upkeep_input(self.view, self.progress))
         if verdict == Fence.KEEP:
             self.group.resume(why)
             return State.RUNNING
@@ -318,7 +318,7 @@ class Supervisor:
             missing_groups=self.upkept.missing_groups(self.cfg.job.min_replicas),
             budget=self.budget,
             now=now,
-            last_error=self.view.last_error,
+            last_error=self.view.failure or self.progress.rank_error,
             spanning=self.spanning is not None,
         )
         if v.state == State.FAILED:
@@ -374,14 +374,14 @@ class Supervisor:
 
     def _done(self, reason: str) -> State:
         self.upkeep.release()
-        self.log.info("node_done", reason=reason, step=self.view.step)
+        self.log.info("node_done", reason=reason, step=self.progress.step)
         return State.DONE
 
     def _fail(self, message: str, code: int) -> State:
         self.view.failure, self.exit_code = message, code
         self.group.kill()
         if code == EXIT_FAILED:
-            self.upkeep.fail_job(message, self.view.step)
+            self.upkeep.fail_job(message, self.progress.step)
         self.upkeep.release()
         self.log.error("node_failed", error=message, code=code)
         return State.FAILED

@@ -130,7 +130,7 @@ def test_coordination_errors_in_every_state_never_stop_the_node(
         # paused group's state is thrown away), ending STOPPING before this test sees it.
         first = wait_for(
             lambda: (
-                sup.view.step > 3
+                sup.group.progress().step > 3
                 and coord.injected.get(State.RUNNING) == every_kind
                 and settled()
                 and sup.view.state == State.RUNNING
@@ -148,7 +148,7 @@ def test_coordination_errors_in_every_state_never_stop_the_node(
             lambda: (
                 sup.view.state == State.RUNNING
                 and settled()
-                and sup.view.step > 3
+                and sup.group.progress().step > 3
                 and len(sup.ranked.pids) == 2
                 and list(sup.ranked.pids) != first
                 and list(sup.ranked.pids)
@@ -166,7 +166,7 @@ def test_coordination_errors_in_every_state_never_stop_the_node(
             sup.group.kill()
         runner.join(60)
     assert not runner.is_alive(), "the daemon did not stop after its drain"
-    assert codes == [0], sup.view.last_error
+    assert codes == [0], sup.published.last_error
     for state in State:
         if state not in (State.DONE, State.FAILED):
             assert coord.injected.get(state) == every_kind, (state, coord.injected)

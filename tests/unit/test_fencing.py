@@ -8,8 +8,8 @@ from typing import Any
 from daemon.coordination.job_view import JobView
 from daemon.coordination.lease_timing import fence_margin_s, refresh_every_s
 from daemon.fencing import AHEAD_BY, HOLD_S, Fence, FenceJudge, after_fence, job_moved_on
+from daemon.node_state.progress import ProgressFold
 from daemon.node_state.states import State
-from daemon.node_state.view import NodeView
 from daemon.supervision.after_stop import FENCED_OUT, after_stop
 from daemon.supervision.restarts import RestartBudget
 
@@ -118,12 +118,12 @@ def test_a_checkpoint_our_ranks_found_corrupt_is_no_sign_the_job_went_on() -> No
     assert job_moved_on(427, None, corrupt) is not None
     assert job_moved_on(427, None, corrupt, {"/ckpt/run-1/step-450"}) is None
     assert job_moved_on(427, None, corrupt, {"/ckpt/run-1/step-400"}) is not None
-    view = NodeView()
-    view.track({"event": "checkpoint_invalid", "path": "/ckpt/run-1/step-450"}, "me")
-    assert view.invalid_checkpoints == {"/ckpt/run-1/step-450"}
+    ranks = ProgressFold("me")
+    ranks.track({"event": "checkpoint_invalid", "path": "/ckpt/run-1/step-450"})
+    assert ranks.snapshot().invalid_checkpoints == {"/ckpt/run-1/step-450"}
     # Saved again at the same step after the resume: a good checkpoint, trusted again.
-    view.track({"event": "checkpoint_saved", "step": 450, "path": "/ckpt/run-1/step-450"}, "me")
-    assert view.invalid_checkpoints == set()
+    ranks.track({"event": "checkpoint_saved", "step": 450, "path": "/ckpt/run-1/step-450"})
+    assert ranks.snapshot().invalid_checkpoints == set()
 
 
 def test_a_fenced_node_never_resumes_into_a_completed_job() -> None:

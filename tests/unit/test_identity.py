@@ -16,7 +16,7 @@ from daemon.coordination.identity import (
     machine_id,
     take_identity,
 )
-from daemon.node_state.view import NodeView
+from daemon.node_state.progress import ProgressFold
 
 
 def test_a_holder_value_names_node_and_instance() -> None:
@@ -76,41 +76,44 @@ def test_the_refusal_names_both_nodes_and_the_field() -> None:
 
 
 def test_a_group_that_never_shared_a_quorum_is_unreplicated() -> None:
-    view = NodeView()
-    assert view.unreplicated(1) is None  # alone in the job: nothing to share
-    assert view.unreplicated(3) == {
+    view = ProgressFold("n")
+    assert view.snapshot().unreplicated(1) is None  # alone in the job: nothing to share
+    assert view.snapshot().unreplicated(3) == {
         "groups_holding_slots": 3, "largest_quorum": 0, "committed_steps": 0,
     }  # fmt: skip
     for step in (1, 2):
-        view.track({"event": "step_items", "step": step, "participants": 1}, "n")
-    assert view.unreplicated(3) == {
+        view.track({"event": "step_items", "step": step, "participants": 1})
+    assert view.snapshot().unreplicated(3) == {
         "groups_holding_slots": 3, "largest_quorum": 1, "committed_steps": 2,
     }  # fmt: skip
-    view.track({"event": "train_step", "step": 3, "participants": 2}, "n")
-    assert view.unreplicated(3) is None
+    view.track({"event": "train_step", "step": 3, "participants": 2})
+    assert view.snapshot().unreplicated(3) is None
 
 
 def test_a_step_1_after_later_steps_says_the_job_started_over() -> None:
-    view = NodeView()
-    assert view.track({"event": "train_step", "step": 1, "participants": 2}, "n") is None
+    view = ProgressFold("n")
+    assert view.track({"event": "train_step", "step": 1, "participants": 2}) is None
     for step in (2, 3):
-        assert view.track({"event": "step_items", "step": step, "participants": 2}, "n") is None
-    assert view.track({"event": "train_step", "step": 4, "participants": 2}, "n") is None
+        assert view.track({"event": "step_items", "step": step, "participants": 2}) is None
+    assert view.track({"event": "train_step", "step": 4, "participants": 2}) is None
     # A cold restart to a checkpoint resumes past step 1; a heal goes forward.
-    assert view.track({"event": "heal_done", "step": 9}, "n") is None
-    assert view.track({"event": "train_step", "step": 3, "participants": 2}, "n") is None
+    assert view.track({"event": "heal_done", "step": 9}) is None
+    assert view.track({"event": "train_step", "step": 3, "participants": 2}) is None
     # Step 1 again: no peer and no checkpoint, the job began anew (said once, not per rank).
-    assert view.track({"event": "train_step", "step": 1, "participants": 2}, "n") == 3
-    assert view.track({"event": "train_step", "step": 1, "participants": 2}, "n") is None
-    assert (view.started_over, view.started_over_from) == (1, 3)
+    assert view.track({"event": "train_step", "step": 1, "participants": 2}) == 3
+    assert view.track({"event": "train_step", "step": 1, "participants": 2}) is None
+    now = view.snapshot()
+    assert (now.started_over, now.started_over_from) == (1, 3)
 
 
 def test_a_restarted_daemon_sees_a_start_over_from_the_reached_step_in_etcd() -> None:
-    view = NodeView(reached=412)  # every node restarted; etcd kept the job's step
-    assert view.track({"event": "train_step", "step": 1, "participants": 2}, "n") == 412
-    assert view.track({"event": "train_step", "step": 1, "participants": 2}, "n") is None
-    assert view.track({"event": "train_step", "step": 2, "participants": 2}, "n") is None
-    assert view.started_over == 1
-    resumed = NodeView(reached=412)  # a checkpoint or a peer: it goes on past step 1
-    assert resumed.track({"event": "train_step", "step": 401, "participants": 2}, "n") is None
-    assert resumed.started_over == 0
+    view = ProgressFold("n")
+    view.reached(412)  # every node restarted; etcd kept the job's step
+    assert view.track({"event": "train_step", "step": 1, "participants": 2}) == 412
+    assert view.track({"event": "train_step", "step": 1, "participants": 2}) is None
+    assert view.track({"event": "train_step", "step": 2, "participants": 2}) is None
+    assert view.snapshot().started_over == 1
+    resumed = ProgressFold("n")
+    resumed.reached(412)  # a checkpoint or a peer: it goes on past step 1
+    assert resumed.track({"event": "train_step", "step": 401, "participants": 2}) is None
+    assert resumed.snapshot().started_over == 0

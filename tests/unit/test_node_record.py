@@ -8,6 +8,7 @@ run it against etcd.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -17,6 +18,7 @@ import pytest
 from daemon.config import load_daemon_config
 from daemon.coordination.progress import PROGRESS_EVERY_S
 from daemon.node_state import NodeView, State
+from daemon.node_state.progress import RankProgress
 from daemon.node_state.reports import UpkeepReport
 from daemon.supervision.node_record import RECORD_GAP_S, NodeRecord
 from daemon.supervision.reports import node_status
@@ -52,11 +54,24 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
 UPKEPT: list[UpkeepReport] = []  # the upkeep's last report, as the status is built with it
 
 
+class Ranks:
+    """The ranks' progress as the status is built with it (the rank threads' fold)."""
+
+    now = RankProgress()
+
+    def set(self, **changed: Any) -> None:
+        self.now = replace(self.now, **changed)
+
+
+RANKS = Ranks()
+
+
 def made(tmp_path: Path) -> tuple[NodeRecord, Sent, NodeView]:
     cfg = load_daemon_config(JOB, [f'node.run_dir="{tmp_path}"'], node_id="node-a")
     sent, view = Sent(), NodeView()
     UPKEPT[:] = [UpkeepReport()]
-    status = lambda: node_status(view, cfg, UPKEPT[0])  # noqa: E731  # as published
+    RANKS.now = RankProgress()
+    status = lambda: node_status(view, cfg, UPKEPT[0], None, RANKS.now)  # noqa: E731
     return NodeRecord(cfg, sent, status), sent, view  # type: ignore[arg-type]
 
 
@@ -66,7 +81,7 @@ def test_the_record_is_written_when_it_changes_and_never_on_a_timer(
     record, sent, view = made(tmp_path)
     record.update()
     for step in range(1, 50):  # training: the step moves, nothing in the record does
-        view.step = step
+        RANKS.set(step=step)
         clock[0] += 1.0
         record.update()
     assert len(sent.records) == 1 and "step" not in sent.records[0]
@@ -75,7 +90,7 @@ def test_the_record_is_written_when_it_changes_and_never_on_a_timer(
     record.update()
     assert [r["state"] for r in sent.records] == ["joining", "fenced"]
     clock[0] += RECORD_GAP_S
-    view.participants = 3  # a group joined the quorum: progress, not the record
+    RANKS.set(participants=3)  # a group joined the quorum: progress, not the record
     record.update()
     assert len(sent.records) == 2 and "participants" not in sent.records[-1]
     UPKEPT[0] = UpkeepReport(slot=4)  # a claim
@@ -101,36 +116,36 @@ def test_changes_within_the_gap_go_out_together_with_the_latest_values(
 def test_the_step_is_written_first_at_its_first_move_then_every_period(
     tmp_path: Path, clock: list[float]
 ) -> None:
-    record, sent, view = made(tmp_path)
+    record, sent, _ = made(tmp_path)
     record.update_progress(None, None, 0)
-    view.step = 1
+    RANKS.set(step=1)
     record.update_progress(None, None, 0)  # training began: at once
     for _ in range(int(PROGRESS_EVERY_S) - 1):
         clock[0] += 1.0
-        view.step += 1
+        RANKS.set(step=RANKS.now.step + 1)
         record.update_progress(None, None, 0)
     assert [p["step"] for p in sent.progress] == [0, 1]
     clock[0] += 1.0
     record.update_progress(None, None, 0)
-    assert [p["step"] for p in sent.progress] == [0, 1, view.step]
-    assert sent.reached == [view.step]  # the job's reached step: past step 1 only
-    view.participants = 2
-    record.update_progress(None, 7, view.step)  # a new epoch, a new quorum: due in time
+    assert [p["step"] for p in sent.progress] == [0, 1, RANKS.now.step]
+    assert sent.reached == [RANKS.now.step]  # the job's reached step: past step 1 only
+    RANKS.set(participants=2)
+    record.update_progress(None, 7, RANKS.now.step)  # a new epoch, a new quorum: due in time
     assert len(sent.progress) == 3
     clock[0] += PROGRESS_EVERY_S
-    record.update_progress(None, 7, view.step)
+    record.update_progress(None, 7, RANKS.now.step)
     assert sent.progress[-1] == {
-        "step": view.step,
+        "step": RANKS.now.step,
         "participants": 2,
         "epoch": 7,
-        "epoch_step": view.step,
+        "epoch_step": RANKS.now.step,
     }
 
 
 def test_each_ask_is_answered_at_once_and_only_once(tmp_path: Path, clock: list[float]) -> None:
-    record, sent, view = made(tmp_path)
+    record, sent, _ = made(tmp_path)
     record.update_progress(None, None, 0)
-    view.step = 5
+    RANKS.set(step=5)
     record.update_progress(None, None, 0)
     first = {"node": "node-b", "instance": "i", "at": 1}
     record.update_progress(first, None, 0)
@@ -146,10 +161,10 @@ def test_each_ask_is_answered_at_once_and_only_once(tmp_path: Path, clock: list[
 def test_the_reached_step_only_rises(tmp_path: Path, clock: list[float]) -> None:
     """A group that started over trains steps it had passed: the job's reached step in
     etcd stays at the highest (what job.on_no_state = stop compares a step 1 with)."""
-    record, sent, view = made(tmp_path)
-    view.reached = 412  # read from etcd when the ranks started
+    record, sent, _ = made(tmp_path)
+    RANKS.set(reached=412)  # read from etcd when the ranks started
     for step in (1, 2, 3, 500):
-        view.step = step
+        RANKS.set(step=step)
         clock[0] += PROGRESS_EVERY_S
         record.update_progress(None, None, 0)
     assert [p["step"] for p in sent.progress] == [1, 2, 3, 500]

@@ -8,6 +8,7 @@ from types import MappingProxyType
 
 import pytest
 
+from daemon.node_state.progress import ProgressFold, RankProgress
 from daemon.node_state.reports import RanksReport, UpkeepReport
 from daemon.node_state.states import State
 from daemon.node_state.status import NodeStatus
@@ -16,23 +17,30 @@ from daemon.surfaces.server import status_document
 
 
 def published(
-    view: NodeView, ranks: RanksReport | None = None, slot: int | None = None
+    view: NodeView,
+    ranks: RanksReport | None = None,
+    slot: int | None = None,
+    progress: RankProgress | None = None,
 ) -> NodeStatus:
     upkept = UpkeepReport(lighthouse_up=True, slot=slot)
-    return NodeStatus.of(view, "node-a", "job", 2, shared_fault=False, ranks=ranks, upkept=upkept)
+    return NodeStatus.of(
+        view, "node-a", "job", 2, shared_fault=False, ranks=ranks, upkept=upkept, progress=progress
+    )
 
 
 def test_the_status_is_the_view_as_it_was_published_and_cannot_be_changed() -> None:
     view = NodeView(state=State.RUNNING, registered=True)
     view.restarts["rank_exit"] = 1
-    view.stragglers[0] = 1.7
+    fold = ProgressFold("node-a")
+    fold.track({"event": "straggler", "rank": 0, "ratio": 1.7})
     timeouts = {"step": 30.0}
     ranks = RanksReport(pids=(11, 12), hang_timeouts=MappingProxyType(timeouts))
-    status = published(view, ranks, slot=1)
-    # The supervisor and the rank threads go on writing the view...
-    view.state, view.step = State.STOPPING, 9
+    status = published(view, ranks, slot=1, progress=fold.snapshot())
+    # The supervisor goes on writing its view, the rank threads fold on...
+    view.state = State.STOPPING
     view.restarts["rank_exit"] = 2
-    view.stragglers.clear()
+    fold.track({"event": "train_step", "step": 9, "participants": 1})
+    fold.track({"event": "straggler_cleared", "rank": 0})
     # ...what was published stays the tick's whole, with the ranks' report of that tick.
     assert (status.state, status.step, status.pids) == (State.RUNNING, 0, (11, 12))
     assert (status.slot, status.lighthouse_up) == (1, True)  # and the upkeep's report
@@ -45,7 +53,9 @@ def test_the_status_is_the_view_as_it_was_published_and_cannot_be_changed() -> N
 
 
 def test_status_shows_what_was_published() -> None:
-    doc = status_document(published(NodeView(state=State.WAITING, step=4), slot=0))
+    doc = status_document(
+        published(NodeView(state=State.WAITING), slot=0, progress=RankProgress(step=4))
+    )
     assert (doc["node"], doc["job"], doc["state"], doc["replica_group"]) == (
         "node-a",
         "job",

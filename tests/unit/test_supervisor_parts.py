@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from daemon.health import HealthReport
-from daemon.node_state.reports import UpkeepReport
+from daemon.node_state.progress import RankProgress
+from daemon.node_state.reports import RanksReport, UpkeepInput, UpkeepReport
 from daemon.node_state.status import NodeStatus
 from daemon.node_state.view import NodeView
 from daemon.supervision.after_stop import StopDecision
@@ -79,7 +80,18 @@ def test_what_is_asked_of_the_upkeep_is_only_its_protocols_verbs() -> None:
     assert reached == []
 
 
-@pytest.mark.parametrize("kind", [UpkeepReport, HealthReport, StopDecision, NodeStatus])
+KINDS = [
+    UpkeepReport,
+    UpkeepInput,
+    RanksReport,
+    RankProgress,
+    HealthReport,
+    StopDecision,
+    NodeStatus,
+]
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_what_the_parts_hand_over_is_frozen(kind: type) -> None:
     assert dataclasses.is_dataclass(kind) and kind.__dataclass_params__.frozen  # type: ignore[attr-defined]
 
@@ -95,3 +107,33 @@ def test_the_published_status_cannot_be_changed_through_its_collections() -> Non
         status.restarts["hang"] = 3  # type: ignore[index]
     with pytest.raises(dataclasses.FrozenInstanceError):
         status.step = 5  # type: ignore[misc]
+
+
+# The modules that may name the supervisor's view: its own, where it is built and copied.
+VIEW_HOLDERS = {
+    "daemon/node_state/__init__.py",
+    "daemon/node_state/view.py",
+    "daemon/node_state/status.py",
+    "daemon/supervision/supervisor.py",
+    "daemon/supervision/assembly.py",
+    "daemon/supervision/reports.py",
+    "bench/scale_node.py",  # the scale bench's simulated supervisor
+    "bench/scale.py",
+}
+
+
+def test_the_view_is_the_supervisors_alone() -> None:
+    """No other part is handed the supervisor's view: the upkeep is given an
+    UpkeepInput, the node group folds its ranks' events into a RankProgress of its own."""
+    named = {
+        str(path.relative_to(ROOT))
+        for path in _sources()
+        if any(
+            isinstance(node, ast.Name | ast.alias)
+            and "NodeView" in (getattr(node, "id", None), getattr(node, "name", None))
+            for node in ast.walk(ast.parse(path.read_text()))
+        )
+    }
+    assert named <= VIEW_HOLDERS, sorted(named - VIEW_HOLDERS)
+    fields = {f.name for f in dataclasses.fields(NodeView)}
+    assert not fields & {"slot", "job", "leader", "step", "stragglers", "latest_checkpoint"}

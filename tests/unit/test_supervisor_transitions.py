@@ -23,6 +23,7 @@ from daemon.coordination import JobView
 from daemon.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from daemon.fencing import Fence
 from daemon.health import HealthReport
+from daemon.node_state.progress import RankProgress
 from daemon.node_state.reports import Join, RanksReport, UpkeepInput, UpkeepReport
 from daemon.node_state.states import TERMINAL, TRANSITIONS, State
 from daemon.node_state.view import NodeView
@@ -47,13 +48,19 @@ class FakeRanks:
     outcome: GroupExit | None = None  # what poll() returns
     all_stopped: bool = False  # what stopped() returns
     cause: StopCause = FENCED_OUT  # what take_cause() returns
+    now: RankProgress = field(default_factory=RankProgress)  # what progress() returns
     calls: list[str] = field(default_factory=list)
 
     def next_replica_uuid(self) -> str:
         return "uuid"
 
-    def start(self, slot: int, lighthouse: str, part: GroupPart | None = None) -> None:
+    def start(
+        self, slot: int, lighthouse: str, part: GroupPart | None = None, reached: int | None = None
+    ) -> None:
         self.calls.append(f"start {slot} {lighthouse}")
+
+    def progress(self) -> RankProgress:
+        return self.now
 
     def tend_standbys(self, live: bool, slot: int | None) -> None:
         pass
@@ -214,7 +221,8 @@ def node(state: State, *overrides: str) -> Node:
 def handle(n: Node) -> State:
     """One handler's turn, after the round a tick does before it."""
     n.view.health = n.sup.health.latest
-    n.sup.upkept = n.sup.upkeep.tick(upkeep_input(n.view))
+    n.sup.progress = n.sup.group.progress()
+    n.sup.upkept = n.sup.upkeep.tick(upkeep_input(n.view, n.sup.progress))
     n.sup.move(HANDLERS[n.view.state](n.sup))
     return n.view.state
 
@@ -375,12 +383,13 @@ def test_a_tick_follows_a_failed_group_through_its_restart_without_waiting_a_tic
 def test_the_upkeep_is_handed_the_nodes_progress_as_a_value() -> None:
     n = node(State.RUNNING)
     n.ranks.running = True
-    n.view.step = 7
+    n.ranks.now = RankProgress(step=7, invalid_checkpoints=frozenset({"/ckpt/step-5"}))
     n.sup.tick()
     handed = n.upkeep.handed[-1]
     assert (handed.registered, handed.running, handed.step) == (True, True, 7)
-    n.view.step = 8  # the rank threads go on: what the round was handed stays
-    assert handed.step == 7
+    assert handed.invalid_checkpoints == {"/ckpt/step-5"}
+    n.ranks.now = RankProgress(step=8)  # the rank threads go on: what was handed stays
+    assert handed.step == 7 and n.sup.published.step == 7
 
 
 def test_a_seat_claimed_in_a_tick_is_the_one_its_ranks_start_on_in_that_tick() -> None:
@@ -390,3 +399,13 @@ def test_a_seat_claimed_in_a_tick_is_the_one_its_ranks_start_on_in_that_tick() -
     assert n.view.state == State.RUNNING
     assert n.ranks.calls == [f"start 3 {LIGHTHOUSE}"]
     assert n.sup.published.slot == 3
+
+
+def test_a_rank_events_publish_shows_the_ranks_newest_progress() -> None:
+    n = node(State.RUNNING)
+    n.ranks.now = RankProgress(step=5, rank_error="rank 1 exited 1")
+    n.sup.publish()  # as the node group calls it after folding an event in
+    assert (n.sup.published.step, n.sup.published.last_error) == (5, "rank 1 exited 1")
+    n.view.failure = "refused"  # the daemon's own failure comes first
+    n.sup.publish()
+    assert n.sup.published.last_error == "refused"

@@ -1,0 +1,129 @@
+"""What this node's ranks said of their progress: their events folded into one frozen value.
+
+The rank output threads (the node group's) fold each event into a :class:`ProgressFold`,
+which swaps in a new :class:`RankProgress` under its lock; the supervisor, the published
+status and the etcd upkeep's input read a snapshot, never a field another thread is
+writing.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any
+
+from trainer.contracts import rank_events as events
+
+
+def _empty() -> Mapping[Any, Any]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class RankProgress:
+    step: int = 0
+    # The job's reached step as etcd recorded it when this node's ranks last started (the
+    # upkeep's answer): a start-over is seen after a restart of every node too.
+    reached: int = 0
+    loss: float | None = None
+    participants: int | None = None
+    largest_quorum: int = 0  # the most groups in any quorum this node's group committed in
+    committed_steps: int = 0  # steps this node's group committed (every attempt's ranks)
+    heals: int = 0
+    started_over: int = 0  # times this node's group committed step 1 again (no state)
+    started_over_from: int = 0  # the step the job had reached before the last of them
+    last_heal_s: float | None = None
+    rank_error: str | None = None  # the ranks' last rank_failed or bad_input error
+    stragglers: Mapping[int, float] = field(default_factory=_empty)  # rank -> ratio, flagged
+    train_done: Mapping[str, Any] | None = None
+    latest_checkpoint: Mapping[str, Any] | None = None  # from a rank's checkpoint_saved
+    invalid_checkpoints: frozenset[str] = frozenset()  # paths our ranks refused to load
+
+    def unreplicated(self, most_groups: int) -> dict[str, int] | None:
+        """The numbers of a run in which other groups held slots (at most `most_groups` at
+        once, as the upkeep read them) but this node's group never shared a quorum with
+        any of them (it trained alone, or not at all); None otherwise."""
+        if most_groups <= 1 or self.largest_quorum > 1:
+            return None
+        return {
+            "groups_holding_slots": most_groups,
+            "largest_quorum": self.largest_quorum,
+            "committed_steps": self.committed_steps,
+        }
+
+
+def fold(
+    p: RankProgress, event: Mapping[str, Any], node_id: str
+) -> tuple[RankProgress, int | None]:
+    """`p` with one rank event taken in; and the step this node's group had reached when
+    the event is a step 1 committed after it (the job started over from step 0: no
+    checkpoint to load, no peer with state to heal from), else None."""
+    name, new = event.get("event"), dict[str, Any]()
+    lost_from = None
+    if name in (events.TRAIN_STEP, events.STEP_ITEMS):  # a committed step, logged or not
+        new["committed_steps"] = p.committed_steps + 1
+        joined = event.get("participants")
+        if isinstance(joined, int):
+            new["largest_quorum"] = max(p.largest_quorum, joined)
+        new["step"] = int(event.get("step", p.step))
+        new["participants"] = event.get("participants")
+    if name == events.TRAIN_STEP:
+        before = p.step or p.reached  # before this daemon saw any step (it restarted): etcd's
+        if new["step"] == 1 and before > 1:
+            lost_from = before
+            new |= {"started_over": p.started_over + 1, "started_over_from": before}
+        new["loss"] = event.get("loss")
+    elif name == events.HEAL_DONE:
+        new |= {"heals": p.heals + 1, "last_heal_s": event.get("seconds")}
+        new["step"] = int(event.get("step", p.step))
+    elif name == events.TRAIN_DONE:
+        new.update(train_done=MappingProxyType(dict(event)), step=int(event.get("step", p.step)))
+    elif name == events.CHECKPOINT_INVALID:
+        new["invalid_checkpoints"] = p.invalid_checkpoints | {str(event.get("path"))}
+    elif name == events.CHECKPOINT_SAVED:
+        new["invalid_checkpoints"] = p.invalid_checkpoints - {str(event.get("path"))}
+        new["latest_checkpoint"] = MappingProxyType(
+            {
+                "step": event.get("step"),
+                "path": event.get("path"),
+                "time": event.get("time"),
+                "node": node_id,
+            }
+        )
+    elif name in (events.RANK_FAILED, events.BAD_INPUT):
+        new["rank_error"] = str(event.get("error"))
+    elif name in (events.STRAGGLER, events.STRAGGLER_CLEARED):
+        rank, ratio = event.get("rank"), event.get("ratio")
+        flagged = dict(p.stragglers)
+        if isinstance(rank, int) and name == events.STRAGGLER:
+            flagged[rank] = float(ratio) if isinstance(ratio, int | float) else 0.0
+        elif isinstance(rank, int):
+            flagged.pop(rank, None)
+        new["stragglers"] = MappingProxyType(flagged)
+    return (replace(p, **new) if new else p), lost_from
+
+
+class ProgressFold:
+    """The node group's fold of its ranks' events (called from their output threads)."""
+
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
+        self._lock = threading.Lock()
+        self._now = RankProgress()
+
+    def snapshot(self) -> RankProgress:
+        return self._now  # one reference, swapped whole under the lock
+
+    def track(self, event: Mapping[str, Any]) -> int | None:
+        """Take in one rank event; the step the job had reached if it started over."""
+        with self._lock:
+            self._now, lost_from = fold(self._now, event, self.node_id)
+        return lost_from
+
+    def reached(self, step: int | None) -> None:
+        """The job's reached step as etcd recorded it when the ranks started (None: unread)."""
+        if step is not None:
+            with self._lock:
+                self._now = replace(self._now, reached=step)
