@@ -7,6 +7,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(TORCH_VERSION)
 PYTEST_ARGS ?=
+# Added to the alone run's arguments only (bench/suite_time.py gives it its own report).
+ALONE_ARGS ?=
 # pytest-xdist workers; 0 runs the suite in one process. One process keeps about one of
 # the two cores busy: two workers ran the suite here in 1,259 s against 1,906 s
 # (docs/benchmarks.md). Tests marked `alone` run afterwards, in one process of their own:
@@ -32,7 +34,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	@$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not alone" $(PYTEST_ARGS); \
 	shared=$$?; \
-	$(BIN)/python -m pytest -m alone $(PYTEST_ARGS); alone=$$?; \
+	$(BIN)/python -m pytest -m alone $(PYTEST_ARGS) $(ALONE_ARGS); alone=$$?; \
 	echo "make test: pytest exited $$shared (tests run beside another) and $$alone (tests run alone)"; \
 	{ [ $$shared -eq 0 ] || [ $$shared -eq 5 ]; } && { [ $$alone -eq 0 ] || [ $$alone -eq 5 ]; } \
 		&& [ $$shared$$alone != 55 ]

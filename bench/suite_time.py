@@ -20,6 +20,8 @@ Takes as long as 2 x --repeats suites (about 10 to 15 minutes each on 2 cores).
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import statistics
 import subprocess
 import sys
@@ -62,10 +64,14 @@ def git(*args: str, cwd: Path = ROOT) -> str:
 def run_suite(
     side: str, where: Path, report: Path, exclude: list[str], only: tuple[str, ...] = ()
 ) -> Run:
+    # The alone run writes a report of its own (the Makefile's ALONE_ARGS; a later
+    # --junitxml wins): one report for both would keep only the alone run's tests. A side
+    # whose Makefile predates ALONE_ARGS has only that one (its tests' sum is then wrong).
     args = " ".join([f"PYTEST_ARGS=-q --junitxml={report}", *only])
+    alone = report.with_suffix(".alone.xml")
     started = time.monotonic()
     subprocess.run(
-        ["make", "-C", str(where), "--quiet", "test", args],
+        ["make", "-C", str(where), "--quiet", "test", args, f"ALONE_ARGS=--junitxml={alone}"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         check=False,  # a failure is counted below; its time still is the suite's time
@@ -74,7 +80,10 @@ def run_suite(
     prefixes = [p.replace(".py", "").replace("::", ".").replace("/", ".") for p in exclude]
     total = kept = 0.0
     passed = failed = skipped = 0
-    for case in ET.parse(report).getroot().iter("testcase"):
+    cases = [
+        c for r in (report, alone) if r.exists() for c in ET.parse(r).getroot().iter("testcase")
+    ]
+    for case in cases:
         seconds = float(case.get("time", "0"))
         total += seconds
         test_id = f"{case.get('classname', '')}.{case.get('name', '')}"
@@ -98,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--exclude", action="append", default=[], metavar="PREFIX")
     parser.add_argument("--only", action="append", default=[], metavar="PATH")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/phalanx-suite-time"))
+    parser.add_argument("--json", type=Path, help="also write the runs and ratios here")
     args = parser.parse_args(argv)
     args.workdir.mkdir(parents=True, exist_ok=True)
     sides = {
@@ -116,9 +126,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"({run.passed} passed, {run.failed} failed, {run.skipped} skipped)",
                 flush=True,
             )
-    print(
-        f"base {git('rev-parse', '--short', args.base)}, head {git('rev-parse', '--short', args.head)}"
-    )
+    base, head = git("rev-parse", "--short", args.base), git("rev-parse", "--short", args.head)
+    print(f"base {base}, head {head}")
+    ratios: dict[str, float] = {}
     for label, field in (("wall", "wall_s"), ("tests", "pytest_s"), ("without excluded", "kept_s")):
         med = {
             side: statistics.median(getattr(r, field) for r in runs if r.side == side)
@@ -127,11 +137,19 @@ def main(argv: list[str] | None = None) -> int:
         spread = {
             side: [round(getattr(r, field), 1) for r in runs if r.side == side] for side in sides
         }
+        if not med["base"]:
+            print(f"{label:>17}: no figure on the base side (its report held no test)")
+            continue
+        ratios[label] = round(med["head"] / med["base"], 4)
         print(
             f"{label:>17}: head/base = {med['head'] / med['base']:.3f} "
             f"(median {med['head']:.1f} s / {med['base']:.1f} s; runs head {spread['head']}, "
             f"base {spread['base']})"
         )
+    if args.json is not None:
+        measured = {"base": base, "head": head, "only": args.only, "exclude": args.exclude}
+        runs_out = [dataclasses.asdict(r) for r in runs]
+        args.json.write_text(json.dumps({**measured, "runs": runs_out, "ratios": ratios}, indent=1))
     return 1 if any(r.failed for r in runs) else 0
 
 
