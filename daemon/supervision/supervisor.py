@@ -84,8 +84,7 @@ class Supervisor:
         self.budget = RestartBudget.for_node(cfg.node)
         nodes = cfg.job.nodes_per_group  # a group across nodes: its generations (spanning.py)
         self.spanning = SpanningGroup(nodes) if nodes > 1 else None
-        self.exit_code = EXIT_OK
-        self.drain_requested = threading.Event()
+        self.exit_code, self.drain_requested = EXIT_OK, threading.Event()
         self.entered_at = time.monotonic()  # when the current state began
         self.restart_at = 0.0  # when RESTARTING's backoff ends
         self.note: dict[str, Any] = {}  # fields for the next state_changed event
@@ -112,6 +111,7 @@ class Supervisor:
             self.health.stop()
             self.group.kill()
             self.upkeep.close()
+            self.progress = self.group.progress()  # with what the ranks said as they ended
         report_unreplicated(self.progress, self.upkept)
         fields: dict[str, Any] = {"state": self.view.state.value, "code": self.exit_code}
         if self.exit_code != EXIT_OK:  # a rank error the group got past is not why it ended

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -409,3 +410,18 @@ def test_a_rank_events_publish_shows_the_ranks_newest_progress() -> None:
     n.view.failure = "refused"  # the daemon's own failure comes first
     n.sup.publish()
     assert n.sup.published.last_error == "refused"
+
+
+def test_the_exit_reads_what_the_ranks_said_as_they_ended() -> None:
+    """An event folded in after the last tick began (the ranks' last words) is in the
+    daemon's exit line."""
+    n = node(State.FAILED)
+    n.sup.exit_code = EXIT_FAILED
+    n.ranks.now = RankProgress(rank_error="rank 0 exited 1")
+    said: list[tuple[str, dict[str, Any]]] = []
+    n.sup.log = SimpleNamespace(
+        info=lambda event, **kw: said.append((event, kw)),
+        warning=lambda event, **kw: said.append((event, kw)),
+    )
+    assert n.sup.run() == EXIT_FAILED
+    assert ("daemon_exit", {"state": "failed", "code": 1, "error": "rank 0 exited 1"}) in said
