@@ -276,15 +276,15 @@ class Supervisor:
             return self._stop(NoState(p.started_over_from))
         outcome = self.group.poll()
         if outcome is None:
-            # Another node completed the job: this group gets drain_grace_s to finish too,
-            # unless it is too far behind to finish with the others.
+            # Completed elsewhere: drain_grace_s to finish too, unless too far behind.
             waited = v.completed_for(time.monotonic(), up.job_completed)
             if waited >= self.cfg.node.drain_grace_s or up.behind_the_end(p.step):
                 return self._stop(JobEnded("the job completed elsewhere"))
             return State.RUNNING
         if outcome.kind == ExitKind.COMPLETED:  # with the replication `phalanx status` shows
-            quorum, groups = p.largest_quorum, up.most_groups
-            self.upkeep.set_state("completed", p.step, largest_quorum=quorum, groups=groups)
+            p = self.progress = self.group.progress()  # with the ranks' last steps
+            extra = {"largest_quorum": p.largest_quorum, "groups": up.most_groups}
+            self.upkeep.set_state("completed", p.step, **extra)
             return self._done("training completed")
         fields = {"kind": outcome.kind.value, "reason": outcome.reason, "codes": outcome.codes}
         self.log.warning("group_failed", **fields)

@@ -118,6 +118,7 @@ class FakeUpkeep:
     )
     calls: list[str] = field(default_factory=list)
     handed: list[UpkeepInput] = field(default_factory=list)  # what each round was handed
+    states: list[tuple[str, int]] = field(default_factory=list)  # the job's, with the step
 
     def join(self) -> Join:
         return self.joined
@@ -176,6 +177,7 @@ class FakeUpkeep:
 
     def set_state(self, state: str, step: int, **extra: object) -> None:
         self.calls.append(f"set_state {state}")
+        self.states.append((state, step))
 
     def fail_job(self, message: str, step: int) -> None:
         self.calls.append("fail_job")
@@ -425,3 +427,12 @@ def test_the_exit_reads_what_the_ranks_said_as_they_ended() -> None:
     )
     assert n.sup.run() == EXIT_FAILED
     assert ("daemon_exit", {"state": "failed", "code": 1, "error": "rank 0 exited 1"}) in said
+
+
+def test_a_completed_job_is_recorded_at_the_ranks_last_step() -> None:
+    n = node(State.RUNNING)
+    running_ranks(GroupExit(ExitKind.COMPLETED, [0], ""))(n)
+    n.sup.progress = RankProgress(step=9)  # as the tick began
+    n.ranks.now = RankProgress(step=10)  # the last step's event came in since
+    n.sup.move(HANDLERS[State.RUNNING](n.sup))
+    assert n.view.state == State.DONE and n.upkeep.states == [("completed", 10)]
