@@ -147,7 +147,7 @@ class SimNode:
                 upkeep.set_state("running", self.progress.step)
             return State.RUNNING
         if state == State.RUNNING:
-            return State.FENCED if upkeep.ranks_must_pause() else State.RUNNING
+            return State.FENCED if self.report.must_pause else State.RUNNING
         if state == State.FENCED:
             verdict, _ = upkeep.fence_verdict(upkeep_input(view, self.progress))
             if verdict == "keep":

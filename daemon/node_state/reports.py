@@ -50,6 +50,9 @@ class UpkeepReport:
     etcd_errors: int = 0
     leader: bool = False
     most_groups: int = 0  # the most replica-group slots held at once, as read from etcd
+    # Nothing may commit here now: the lease is unconfirmed, or a new session replaced it
+    # and the ranks' state is not judged yet (the fence judge's; daemon.fencing).
+    must_pause: bool = False
 
     @property
     def seat(self) -> int | None:

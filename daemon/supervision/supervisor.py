@@ -253,7 +253,7 @@ class Supervisor:
 
     def _running(self) -> State:
         v, up, p = self.view, self.upkept, self.progress
-        if self.upkeep.ranks_must_pause():  # nothing may commit here now
+        if up.must_pause:  # nothing may commit here now (the fence judge's)
             self.group.pause()
             return State.FENCED
         if self.spanning is not None and up.job is not None and up.slot is not None:

@@ -206,6 +206,7 @@ class EtcdUpkeep:
             etcd_errors=self._attempt.errors,
             leader=leader,
             most_groups=self.most_groups,
+            must_pause=self.judge.must_pause(),
         )
 
     def serving_http(self, port: int) -> None:
@@ -215,11 +216,6 @@ class EtcdUpkeep:
     @property
     def fenced(self) -> bool:
         return self.judge.fenced
-
-    def ranks_must_pause(self) -> bool:
-        """Nothing may commit here now: the lease is unconfirmed, or a new session replaced
-        it and the ranks' state is not judged yet (see fence_verdict)."""
-        return self.judge.must_pause()
 
     def ranks_started(self) -> int | None:
         """Fresh ranks: nothing of theirs is left to judge after a lost lease. Returns the

@@ -220,13 +220,19 @@ def test_a_group_ignoring_sigterm_is_stopped_without_stalling_the_loop(
     assert not alive(pids[1])
 
 
-# Ranks of a node started with this site directory sleep LATE_S before they import the
-# trainer: a peer slow to start, as one building a big model is.
-LATE_S = 15
+# Ranks of a node started with this site directory wait, before they import the trainer,
+# until the file PHALANX_TEST_LATE_UNTIL exists (at most LATE_CAP_S): a peer slow to
+# start, as one building a big model is, for as long as the test needs. A fixed sleep
+# (15 s against a 10 s quorum timeout) was not enough where the other node's own ranks
+# took 7 s to start on a loaded machine: the quorum formed, nothing timed out.
+LATE_CAP_S = 240
 SLOW_START = (
     "import os, sys, time\n"
-    "if os.environ.get('PHALANX_TEST_LATE_S') and sys.orig_argv[1:3] == ['-m', 'trainer']:\n"
-    "    time.sleep(float(os.environ['PHALANX_TEST_LATE_S']))\n"
+    "until = os.environ.get('PHALANX_TEST_LATE_UNTIL')\n"
+    "if until and sys.orig_argv[1:3] == ['-m', 'trainer']:\n"
+    f"    deadline = time.monotonic() + {LATE_CAP_S}\n"
+    "    while not os.path.exists(until) and time.monotonic() < deadline:\n"
+    "        time.sleep(0.1)\n"
 )
 
 
@@ -246,7 +252,8 @@ def test_waiting_for_peers_does_not_burn_the_restart_budget(
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(SLOW_START)
-    late = {"PYTHONPATH": str(site), "PHALANX_TEST_LATE_S": str(LATE_S)}
+    go = tmp_path / "late-ranks-may-start"
+    late = {"PYTHONPATH": str(site), "PHALANX_TEST_LATE_UNTIL": str(go)}
     a = start_daemon(tmp_path, "node-a", [etcd_endpoint], overrides=common)
     b = start_daemon(tmp_path, "node-b", [etcd_endpoint], overrides=common)
     try:
@@ -259,6 +266,14 @@ def test_waiting_for_peers_does_not_burn_the_restart_budget(
         b = start_daemon(
             tmp_path, "node-b", [etcd_endpoint], overrides=common, env=late, name="node-b-2"
         )
+        # node-a's group starts for the slot node-b holds again, and waits for its ranks
+        # longer than ft.quorum_timeout_s; they start only after that.
+        wait_for(
+            lambda: len(a.events("group_waiting_for_peers")) > waits,
+            240,
+            "node-a's group to give up on the late node-b's ranks",
+        )
+        go.touch()
         wait_for(lambda: b.step() > 0, 240, "the late node-b to train")
         hurry(a, b)
         assert a.wait(240) == 0, a.proc.tail()

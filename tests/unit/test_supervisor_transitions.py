@@ -134,13 +134,11 @@ class FakeUpkeep:
             lighthouse=self.lighthouse,
             job=self.job,
             slot=self.slot,
+            must_pause=self.must_pause,
         )
 
     def serving_http(self, port: int) -> None:
         pass
-
-    def ranks_must_pause(self) -> bool:
-        return self.must_pause
 
     def ranks_started(self) -> int | None:
         self.calls.append("ranks_started")
