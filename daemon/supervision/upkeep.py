@@ -18,12 +18,13 @@ becomes what the state machine needs to know:
 
 Each round (:meth:`EtcdUpkeep.tick`) is handed an :class:`UpkeepInput` (the node's step,
 state and checkpoints, as values) and returns an :class:`UpkeepReport`: the job, the
-slot and seat, etcd's health and leadership, the values the supervisor acts on (and,
-after a verb, :meth:`EtcdUpkeep.report`). The upkeep's parts each keep their own
-(seats.py the seat, attempts.py etcd's health, the election leadership); nothing of
-theirs is shared with the supervisor's other parts. Its handlers ask the rest through the verbs ``parts.Upkeep`` lists
-(claim, give back, start or end a generation, the fence's verdict, the job's state),
-never this object's parts. A node id held by another live daemon is waited on, then
+slot and seat, etcd's health, leadership and whether the ranks must pause, the values
+the supervisor acts on (and, after a verb, :meth:`EtcdUpkeep.report`). The upkeep's
+parts each keep their own (seats.py the seat, attempts.py etcd's health, the election
+leadership); nothing of theirs is shared with the supervisor's other parts. Its
+handlers ask the rest through the verbs ``parts.Upkeep`` lists (claim, give back,
+start or end a generation, the fence's verdict, the job's state), never this object's
+parts. A node id held by another live daemon is waited on, then
 refused (held_id.py). A new session (the old lease lost by our clock) re-registers and
 re-claims before it revokes the old lease: the node's keys never all vanish at once.
 """
