@@ -109,9 +109,18 @@ OLD_LAYOUT_DIGEST = "77d3b84d2c2ed679fc556839ec38dca199d680667b6c4846a3e37a7337e
 # Measured at 2825158 on an AMD EPYC without AVX-512 (2026-11-28), resuming from the same
 # step 4: torch's AVX2 kernels (the same digest in three runs), and
 # ATEN_CPU_CAPABILITY=default (one run).
-RESUMED_DIGEST_BY_CPU = {
-    "AVX2": "0fb0aafe3910c90eef479ff33b2214465b67da001e53acc81c6cd7f518d9a746",
-    "DEFAULT": "beac757fb3f4ba2abc49c0b278ba328b8620049046138a3e2f7c99c65799041c",
+# Measured at 72bfc23 and at 3023c73 on an Intel Xeon with AVX-512 and 2 cores
+# (2026-11-29), resuming from the same step 4: torch's AVX-512 kernels end on another
+# digest than the fixture machine's (and forced to AVX2 there, 853d4216..., not the AMD
+# machine's): the kernels differ by more than the capability torch names. Each digest
+# is exact; a machine gives one of its capability's.
+RESUMED_DIGESTS_BY_CPU = {
+    "AVX2": {"0fb0aafe3910c90eef479ff33b2214465b67da001e53acc81c6cd7f518d9a746"},
+    "DEFAULT": {"beac757fb3f4ba2abc49c0b278ba328b8620049046138a3e2f7c99c65799041c"},
+    "AVX512": {
+        OLD_LAYOUT_DIGEST,
+        "d078ad0880bc622171b5e26435ff9fb3d8f736faecad8cba81ab1b115a6a3c63",
+    },
 }
 
 
@@ -137,8 +146,8 @@ def test_a_checkpoint_written_before_the_subpackages_loads_and_training_continue
     assert only(events, "checkpoint_loaded")["step"] == 4
     assert min(int(e["step"]) for e in events if e["event"] == "train_step") == 5
     capability = torch.backends.cpu.get_cpu_capability()
-    expected = RESUMED_DIGEST_BY_CPU.get(capability, OLD_LAYOUT_DIGEST)
-    assert only(events, "train_done")["params_sha256"] == expected, capability
+    expected = RESUMED_DIGESTS_BY_CPU.get(capability, {OLD_LAYOUT_DIGEST})
+    assert only(events, "train_done")["params_sha256"] in expected, capability
 
 
 def test_a_save_due_while_the_previous_is_still_written_is_skipped_and_said(
