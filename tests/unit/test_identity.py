@@ -76,43 +76,43 @@ def test_the_refusal_names_both_nodes_and_the_field() -> None:
 
 
 def test_a_group_that_never_shared_a_quorum_is_unreplicated() -> None:
-    view = ProgressFold("n")
-    assert view.snapshot().unreplicated(1) is None  # alone in the job: nothing to share
-    assert view.snapshot().unreplicated(3) == {
+    ranks = ProgressFold("n")
+    assert ranks.snapshot().unreplicated(1) is None  # alone in the job: nothing to share
+    assert ranks.snapshot().unreplicated(3) == {
         "groups_holding_slots": 3, "largest_quorum": 0, "committed_steps": 0,
     }  # fmt: skip
     for step in (1, 2):
-        view.track({"event": "step_items", "step": step, "participants": 1})
-    assert view.snapshot().unreplicated(3) == {
+        ranks.track({"event": "step_items", "step": step, "participants": 1})
+    assert ranks.snapshot().unreplicated(3) == {
         "groups_holding_slots": 3, "largest_quorum": 1, "committed_steps": 2,
     }  # fmt: skip
-    view.track({"event": "train_step", "step": 3, "participants": 2})
-    assert view.snapshot().unreplicated(3) is None
+    ranks.track({"event": "train_step", "step": 3, "participants": 2})
+    assert ranks.snapshot().unreplicated(3) is None
 
 
 def test_a_step_1_after_later_steps_says_the_job_started_over() -> None:
-    view = ProgressFold("n")
-    assert view.track({"event": "train_step", "step": 1, "participants": 2}) is None
+    ranks = ProgressFold("n")
+    assert ranks.track({"event": "train_step", "step": 1, "participants": 2}) is None
     for step in (2, 3):
-        assert view.track({"event": "step_items", "step": step, "participants": 2}) is None
-    assert view.track({"event": "train_step", "step": 4, "participants": 2}) is None
+        assert ranks.track({"event": "step_items", "step": step, "participants": 2}) is None
+    assert ranks.track({"event": "train_step", "step": 4, "participants": 2}) is None
     # A cold restart to a checkpoint resumes past step 1; a heal goes forward.
-    assert view.track({"event": "heal_done", "step": 9}) is None
-    assert view.track({"event": "train_step", "step": 3, "participants": 2}) is None
+    assert ranks.track({"event": "heal_done", "step": 9}) is None
+    assert ranks.track({"event": "train_step", "step": 3, "participants": 2}) is None
     # Step 1 again: no peer and no checkpoint, the job began anew (said once, not per rank).
-    assert view.track({"event": "train_step", "step": 1, "participants": 2}) == 3
-    assert view.track({"event": "train_step", "step": 1, "participants": 2}) is None
-    now = view.snapshot()
+    assert ranks.track({"event": "train_step", "step": 1, "participants": 2}) == 3
+    assert ranks.track({"event": "train_step", "step": 1, "participants": 2}) is None
+    now = ranks.snapshot()
     assert (now.started_over, now.started_over_from) == (1, 3)
 
 
 def test_a_restarted_daemon_sees_a_start_over_from_the_reached_step_in_etcd() -> None:
-    view = ProgressFold("n")
-    view.reached(412)  # every node restarted; etcd kept the job's step
-    assert view.track({"event": "train_step", "step": 1, "participants": 2}) == 412
-    assert view.track({"event": "train_step", "step": 1, "participants": 2}) is None
-    assert view.track({"event": "train_step", "step": 2, "participants": 2}) is None
-    assert view.snapshot().started_over == 1
+    ranks = ProgressFold("n")
+    ranks.reached(412)  # every node restarted; etcd kept the job's step
+    assert ranks.track({"event": "train_step", "step": 1, "participants": 2}) == 412
+    assert ranks.track({"event": "train_step", "step": 1, "participants": 2}) is None
+    assert ranks.track({"event": "train_step", "step": 2, "participants": 2}) is None
+    assert ranks.snapshot().started_over == 1
     resumed = ProgressFold("n")
     resumed.reached(412)  # a checkpoint or a peer: it goes on past step 1
     assert resumed.track({"event": "train_step", "step": 401, "participants": 2}) is None

@@ -1,4 +1,4 @@
-"""The names of the events a rank logs that its daemon reads (``NodeView.track``, the
+"""The names of the events a rank logs that its daemon reads (``daemon.node_state.progress``, the
 standby handshake, ``phalanx demo``): the trainer logs them under these names, the
 daemon matches these names; each is spelled here only (tests/unit/test_rank_contracts.py).
 Every other event a rank logs is relayed to the daemon's log as it is. Torch-free."""
