@@ -1,24 +1,23 @@
 """The etcd coordination layer: one :class:`Coordinator` per daemon.
 
-Everything a job shares lives under ``/phalanx/<job>/`` as JSON (see DESIGN.md):
-the job-file ``spec``, ``nodes/<node_id>`` records, replica-group slots
-``groups/<gid>``, the ``leader`` and its ``lighthouse`` address, the newest
-``checkpoints/latest`` and the job ``state``.
+Everything a job shares lives under ``/phalanx/<job>/`` as JSON (see DESIGN.md): the job-file
+``spec``, ``nodes/<node_id>`` records, replica-group slots ``groups/<gid>``, the ``leader`` and
+its ``lighthouse`` address, the newest ``checkpoints/latest`` and the job ``state``.
 
-Identity. Slot and leader values are ``{"node", "instance"}`` and the record
-carries the instance (``daemon.coordination.identity``): :meth:`Coordinator.register`
-refuses a node id that another daemon process holds (:class:`NodeIdHeld`), and
-claims keys of this node id from the process's predecessor.
+Identity. Slot and leader values are ``{"node", "instance"}`` and the record carries the
+instance (``daemon.coordination.identity``): :meth:`Coordinator.register` refuses a node id that
+another daemon process holds (:class:`NodeIdHeld`), and claims keys of this node id from the
+process's predecessor.
 
-Sessions. A node's record and slot are bound to one etcd lease (``session.NodeLease``,
-kept alive over the daemon's one keepalive stream); the ``leader`` and ``lighthouse``
-keys to the leader's own short lease (``leader_lease``). :meth:`Coordinator.ensure_session`
-replaces a lost lease and returns True: the caller then registers and claims again. A
-lease our clock gave up on but etcd still holds (a restarted etcd restores leases) is kept.
+Sessions. A node's record and slot are bound to one etcd lease (``session.NodeLease``, kept
+alive over the daemon's one keepalive stream); the ``leader`` and ``lighthouse`` keys to the
+leader's own short lease (``leader_lease``). :meth:`Coordinator.ensure_session` replaces a lost
+lease and returns True: the caller then registers and claims again. A lease our clock gave up on
+but etcd still holds (a restarted etcd restores leases) is kept.
 
 Failures are mapped to the exceptions of ``etcd_client`` (re-exported here):
-:class:`EtcdUnavailable` is transient, :class:`EtcdAccessDenied` is a
-configuration problem, :class:`SpecMismatch` refuses a node with another job file.
+:class:`EtcdUnavailable` is transient, :class:`EtcdAccessDenied` is a configuration problem,
+:class:`SpecMismatch` refuses a node with another job file.
 """
 
 from __future__ import annotations
@@ -52,6 +51,7 @@ from daemon.coordination.job_view import STATES, JobView, dump, parse_job
 from daemon.coordination.keepalive import LeaseKeepAlive
 from daemon.coordination.latest_checkpoint import publish_latest
 from daemon.coordination.leader_lease import DEFAULT_LEADER_TTL_S, LeaderLease
+from daemon.coordination.leader_suspects import LeaderSuspects
 from daemon.coordination.node_key import put_record
 from daemon.coordination.progress import (
     ASK_KEY,
@@ -127,6 +127,7 @@ class Coordinator:
         self._leader = LeaderLease(settings, job, min(leader_ttl_s, lease_ttl_s))
         self._record: tuple[int, str] | None = None  # (lease, value) of our record as last put
         self._secret: bytes | None = None  # the job's (job_secret), once read
+        self.suspects = LeaderSuspects(self._call, self._txn, self._key, self._lease, node_id)
 
     # ------------------------------------------------------------------ session
 
@@ -393,8 +394,7 @@ class Coordinator:
         return None if value is None else bytes(value)
 
     def _range(self, name: str) -> list[Any]:
-        response = self._call(lambda c: c.get_prefix_response(self._key(name)))
-        return list(response.kvs)
+        return list(self._call(lambda c: c.get_prefix_response(self._key(name))).kvs)
 
     def _lease(self) -> int:
         return self._lease_of.lease_id()

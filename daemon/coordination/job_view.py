@@ -42,6 +42,8 @@ class JobView:
     seats: dict[int, dict[int, str]] = field(default_factory=dict)
     generations: dict[int, int] = field(default_factory=dict)
     stores: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # node id -> {"leader", "epoch"} of the leader whose host it found silent (unreachable.py)
+    suspects: dict[str, Any] = field(default_factory=dict)
 
     def whole_groups(self, nodes_per_group: int) -> list[int]:
         """The groups with every seat held (a group of one node: its slot)."""
@@ -110,6 +112,7 @@ def assemble(entries: Iterable[tuple[str, Any, int]], revision: int = 0) -> JobV
     generations: dict[int, int] = {}
     stores: dict[int, dict[str, Any]] = {}
     failed: dict[int, Any] = {}
+    suspects: dict[str, Any] = {}
     single: dict[str, Any] = {}
     epoch: int | None = None
     for name, value, created in entries:
@@ -128,6 +131,8 @@ def assemble(entries: Iterable[tuple[str, Any, int]], revision: int = 0) -> JobV
             stores[int(name.split("/")[1])] = value
         elif name.startswith("failed/") and _digits(name, 1):
             failed[int(name.split("/")[1])] = value
+        elif name.startswith("suspects/"):
+            suspects[name[len("suspects/") :]] = value
         else:
             single[name] = value
             if name == "leader":
@@ -151,6 +156,7 @@ def assemble(entries: Iterable[tuple[str, Any, int]], revision: int = 0) -> JobV
         seats={g: dict(sorted(held.items())) for g, held in sorted(seats.items())},
         generations=generations,
         stores=stores,
+        suspects=suspects,
     )
 
 

@@ -39,6 +39,7 @@ from daemon.coordination.lease_timing import fence_margin_s
 from daemon.leadership.gate import alive as gate_alive
 from daemon.leadership.lighthouse import LighthouseError, LighthouseProcess, parse_address
 from daemon.leadership.lighthouse_status import Lost, lost_members, read_status
+from daemon.leadership.unreachable import HostProbe, UnreachableLeader
 from daemon.leadership.will import Will
 from trainer import logs
 
@@ -68,6 +69,7 @@ class Leadership:
         coord: Coordinator,
         run_dir: Path,
         shown: Callable[[], None] = lambda: None,
+        wake: Callable[[], None] = lambda: None,
     ) -> None:
         self.cfg = cfg
         self.coord = coord
@@ -89,6 +91,9 @@ class Leadership:
         self._holding_back = False  # for the last leader to take it again (takeover_due)
         self._last_leader: str | None = None  # who held the key when we last saw it held
         self._back_from_fence = False  # we were fenced, and have seen no leader since
+        # A leader whose host stopped answering its watchers, deposed (unreachable.py);
+        # `wake`: the daemon's loop looks at once when the probe finds it silent.
+        self.unreachable = UnreachableLeader(cfg.node_id, coord, HostProbe(wake))
         ttl = cfg.etcd.lease_ttl_s
         self.grace_s = max(TAKEOVER_GRACE_S, ttl - fence_margin_s(ttl))  # see takeover_due
         self.log = logs.get()
@@ -120,8 +125,9 @@ class Leadership:
             return True
         now = time.monotonic()
         first = self._vacant_since is None
-        if first:
-            self._vacant_since, self._holding_back = now, self.lighthouse is None
+        if first:  # a host its watchers found silent is not probed again (unreachable.py)
+            silent = self.unreachable.silent
+            self._vacant_since, self._holding_back = now, self.lighthouse is None and not silent
         if self._holding_back:  # probed every round: a killed leader's port may close late
             answers = _reachable(lighthouse, self.coord.job_secret())
             returning = self._leader_returning(job)
@@ -164,6 +170,7 @@ class Leadership:
         if job is not None and job.leader is not None:
             self._vacant_since = None  # the next vacancy is probed afresh (takeover_due)
             self._last_leader, self._back_from_fence = job.leader, False
+        self.unreachable.round(job, lighthouse, self.leader)
         if self.must_campaign(job):
             if not self.takeover_due(job, lighthouse):
                 return
@@ -277,6 +284,10 @@ class Leadership:
             self.lighthouse.stop()
             self.lighthouse = None
         self.phase, self.epoch = Lighthouse.NONE, None
+
+    def close(self) -> None:
+        self.stop()
+        self.unreachable.close()
 
     def fence(self) -> None:
         """Our lease may expire before etcd hears from us again: stop serving now, so

@@ -108,7 +108,11 @@ class Gate:
             return
         try:
             why = await asyncio.wait_for(self._handshake(reader, writer), HANDSHAKE_TIMEOUT_S)
-        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
+        except (asyncio.IncompleteReadError, ConnectionError) as e:
+            if not getattr(e, "partial", b""):  # closed without a word: a watcher's probe
+                return  # (daemon.leadership.unreachable), not a refusal
+            why = "no answer to the handshake"
+        except TimeoutError:
             why = "no answer to the handshake"
         if why is not None:
             if not self.closing:

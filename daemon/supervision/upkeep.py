@@ -77,7 +77,7 @@ class EtcdUpkeep:
         self.node = UpkeepInput()  # as the last round was handed it
         self.job: JobView | None = None  # as etcd shows it (the watch, or a whole read)
         self.most_groups = 0  # the most slots held at once, as read
-        self.leadership = Leadership(cfg, coord, run_dir, publish)  # publish: what it logs
+        self.leadership = Leadership(cfg, coord, run_dir, publish, wake or (lambda: None))
         proxy = cfg.node.lighthouse_proxy_port  # the ranks' lighthouse: our forwarder
         self.follow = LighthouseFollow(proxy, run_dir, coord.job_secret)
         self.follower = JobFollower(coord, cfg.node_id, wake)
@@ -387,7 +387,7 @@ class EtcdUpkeep:
 
     def close(self) -> None:
         self.follower.close()
-        self.leadership.stop()
+        self.leadership.close()
         self.follow.close()
         try:
             self.coord.close(revoke=True)

@@ -247,6 +247,35 @@ def test_lighthouse_only_while_leader(make: MakeCoordinator) -> None:
     assert b.campaign()
 
 
+def test_a_suspected_leader_is_deposed_only_while_it_holds_the_key(
+    make: MakeCoordinator,
+) -> None:
+    """``suspects/<node>`` is each watcher's, on its own lease, and shows in every view;
+    deposing deletes the leader, lighthouse and lost keys only while the suspected node
+    still holds the key (daemon.leadership.unreachable)."""
+    a, b, c = make("a"), make("b"), make("c")
+    assert a.campaign()
+    a.publish_lighthouse("10.0.0.1:29510")
+    a.announce_lost(3, ["g1"], "10.0.0.1:29510")
+    epoch = b.snapshot().leader_epoch
+    b.suspects.suspect("a", epoch)
+    c.suspects.suspect("a", epoch)
+    assert a.snapshot().suspects == {
+        "b": {"leader": "a", "epoch": epoch},
+        "c": {"leader": "a", "epoch": epoch},
+    }
+    assert not b.suspects.depose("c")  # not the holder: nothing deleted
+    assert a.snapshot().leader == "a"
+    assert b.suspects.depose("a")
+    view = c.snapshot()
+    assert view.leader is None and view.lighthouse is None and view.lost is None
+    assert not c.suspects.depose("a")  # already gone
+    assert c.campaign() and c.snapshot().leader == "c"
+    b.suspects.clear()
+    c.close()  # its suspicion goes with its lease
+    assert b.snapshot().suspects == {}
+
+
 # ----------------------------------------------------------------- persistent keys
 
 

@@ -1,0 +1,50 @@
+"""The keys of a leader whose host stopped answering its watchers
+(``daemon.leadership.unreachable``): ``suspects/<node_id>``, each on its writer's node
+lease, and the transaction that deletes the leader key when a majority agree."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pyetcd import transactions as etx
+
+from daemon.coordination.identity import holder_of
+from daemon.coordination.job_view import dump
+
+PREFIX = "suspects/"
+Txn = Callable[[list[Any], list[Any], list[Any]], tuple[bool, list[Any]]]
+
+
+class LeaderSuspects:
+    """This node's suspicion of the leader, and the deposing transaction."""
+
+    def __init__(
+        self,
+        call: Callable[[Callable[[Any], Any]], Any],
+        txn: Txn,
+        key: Callable[[str], str],
+        lease: Callable[[], int],
+        node_id: str,
+    ) -> None:
+        self._call, self._txn, self._key, self._lease = call, txn, key, lease
+        self._mine = key(PREFIX + node_id)
+
+    def suspect(self, leader: str, epoch: int | None) -> None:
+        """Put ``suspects/<us>``: the host of `leader` (under `epoch`) gives no answer."""
+        value, lease = dump({"leader": leader, "epoch": epoch}), self._lease()
+        self._call(lambda c: c.put(self._mine, value, lease=lease))
+
+    def clear(self) -> None:
+        self._call(lambda c: c.delete(self._mine))
+
+    def depose(self, leader: str) -> bool:
+        """Delete the ``leader`` key (and ``lighthouse`` and ``lost``, on its lease) if
+        `leader` still holds it; True if this call deleted it."""
+        key = self._key("leader")
+        raw, meta = self._call(lambda c: c.get(key))
+        if raw is None or holder_of(bytes(raw))[0] != leader:
+            return False
+        gone = [etx.Delete(key), etx.Delete(self._key("lighthouse")), etx.Delete(self._key("lost"))]
+        ok, _ = self._txn([etx.Mod(key) == meta.mod_revision], gone, [])
+        return ok
