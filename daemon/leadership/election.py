@@ -36,10 +36,11 @@ from pathlib import Path
 from daemon.config import DaemonConfig
 from daemon.coordination.coordinator import Coordinator, JobView
 from daemon.coordination.lease_timing import fence_margin_s
+from daemon.host_probe import HostProbe
 from daemon.leadership.gate import alive as gate_alive
 from daemon.leadership.lighthouse import LighthouseError, LighthouseProcess, parse_address
 from daemon.leadership.lighthouse_status import Lost, lost_members, read_status
-from daemon.leadership.unreachable import HostProbe, UnreachableLeader
+from daemon.leadership.unreachable import UnreachableLeader
 from daemon.leadership.will import Will
 from trainer import logs
 

@@ -18,6 +18,9 @@ its state) and reads who answered:
 
 * the member answered: it is alive and reaches etcd (a split inside the group, a
   member slow to stop its ranks, a long step), so this node waits on it as before;
+* its daemon's status port refuses or ignores two connections in a row, 0.25 s apart
+  (``daemon.host_probe``: its host is up and no daemon listens, or its host answers
+  nothing): the seat is revoked as below, without waiting out the ask;
 * no answer within :data:`PROBE_WAIT_S`: the member's seat is deleted, if the member
   still holds it (``Coordinator.revoke_seat``); our ranks stop because the group's
   seats changed (``SpanningGroup.must_stop``), and a spare, or the member itself once
@@ -38,6 +41,7 @@ from typing import Any
 
 from daemon.coordination import Coordinator
 from daemon.coordination.progress import Progress
+from daemon.host_probe import HostProbe, listener_answers
 from trainer import logs
 
 PROBE_WAIT_S = 1.5  # a live daemon answers within a round or two (0.25 s each)
@@ -82,16 +86,22 @@ class SeatProbe:
         self.nodes = nodes_per_group
         self.log = logs.get()
         self._asked: dict[tuple[str, int], Asked] = {}  # (member, seat) -> its latest ask
+        self._listening: dict[tuple[str, int], HostProbe] = {}  # its status port, probed
 
-    def check(self, member: str, seat: int, token: object) -> bool:
+    def check(
+        self, member: str, seat: int, token: object, address: tuple[str, int] | None = None
+    ) -> bool:
         """Ask `member` (holding seat `seat`) for a sign of life, once per `token` (the
         generation this node waits on it in, or the silence of our ranks it may cause),
-        or judge the answer; True when its seat was revoked this round."""
-        asked = self._asked.get((member, seat))
+        or judge the answer; True when its seat was revoked this round. `address`: its
+        daemon's status server (host, port) as its record gives it, probed meanwhile."""
+        key = (member, seat)
+        asked = self._asked.get(key)
         if asked is None or asked.token != token:
             ok, revision = self.attempt("seat_probe", self.coord.ask_progress)
             if ok:
-                self._asked[(member, seat)] = Asked(token, int(revision), self.clock())
+                self._asked[key] = Asked(token, int(revision), self.clock())
+                self._listen(key, address)
             return False
         if asked.settled:
             return False
@@ -101,23 +111,50 @@ class SeatProbe:
         found: Progress | None = progress.get(member)
         waited = self.clock() - asked.at
         if found is not None and found.revision > asked.revision:
-            self._asked[(member, seat)] = replace(asked, settled=True)
+            self._settle(key, asked)
             self.log.info("seat_probe_answered", member=member, seat=seat, seconds=round(waited, 3))
             return False
-        if waited < PROBE_WAIT_S:
+        listening = self._listening.get(key)
+        unheard = listening is not None and listening.silent
+        if waited < PROBE_WAIT_S and not unheard:
             return False
         ok, revoked = self.attempt(
             "seat_probe", lambda: self.coord.revoke_seat(seat, self.nodes, member)
         )
         if not ok:
             return False
-        self._asked[(member, seat)] = replace(asked, settled=True)
+        self._settle(key, asked)
         if revoked:
             self.log.warning(
                 "seat_revoked",
                 member=member,
                 seat=seat,
                 waited_s=round(waited, 3),
-                why="no sign of life while its group waited on it",
+                why=(
+                    "its daemon's status port did not answer"
+                    if unheard
+                    else "no sign of life while its group waited on it"
+                ),
             )
         return bool(revoked)
+
+    def _listen(self, key: tuple[str, int], address: tuple[str, int] | None) -> None:
+        """Probe the asked member's status port from a thread while the ask runs."""
+        old = self._listening.pop(key, None)
+        if old is not None:
+            old.close()
+        if address is not None:
+            probe = HostProbe(lambda: None, listener_answers)
+            probe.follow(address)
+            self._listening[key] = probe
+
+    def _settle(self, key: tuple[str, int], asked: Asked) -> None:
+        self._asked[key] = replace(asked, settled=True)
+        probe = self._listening.pop(key, None)
+        if probe is not None:
+            probe.close()
+
+    def close(self) -> None:
+        for probe in self._listening.values():
+            probe.close()
+        self._listening.clear()

@@ -111,7 +111,7 @@ class Seats:
             return
         rank, node = member
         token = ("generation", job.generations.get(gid, 0))
-        self._probe.check(node, gid * self.nodes + rank, token)
+        self._probe.check(node, gid * self.nodes + rank, token, status_address(job, node))
 
     def probe_members(self, job: JobView, silence: float) -> bool:
         """Our running ranks have been still since `silence` (monotonic; a member dead
@@ -124,7 +124,8 @@ class Seats:
         revoked = False
         for rank, node in sorted(job.seats.get(gid, {}).items()):
             if node != self.cfg.node_id:
-                revoked |= self._probe.check(node, gid * self.nodes + rank, ("silence", silence))
+                seat, token = gid * self.nodes + rank, ("silence", silence)
+                revoked |= self._probe.check(node, seat, token, status_address(job, node))
         return revoked
 
     def holds(self, job: JobView) -> bool:
@@ -144,6 +145,9 @@ class Seats:
         self.slot, self.node_rank = None, 0
         return False
 
+    def close(self) -> None:
+        self._probe.close()
+
     def bump_generation(self, gid: int, seen: int) -> int | None:
         """Move a spanning group's generation on from `seen`; the one now (None: etcd away)."""
         ok, now = self._attempt("generation", lambda: self.coord.bump_generation(gid, seen))
@@ -156,3 +160,12 @@ class Seats:
 
     def _claim(self, preferred: int | None) -> int | None:
         return self.coord.claim_slot(self.cfg.job.max_replicas, preferred, self.nodes)
+
+
+def status_address(job: JobView, node: str) -> tuple[str, int] | None:
+    """(host, status port) of `node`'s daemon as its record gives them; None without."""
+    record = job.nodes.get(node, {})
+    host, port = record.get("host"), record.get("http_port")
+    if isinstance(host, str) and host and isinstance(port, int) and port > 0:
+        return host, port
+    return None

@@ -388,6 +388,7 @@ class EtcdUpkeep:
     def close(self) -> None:
         self.follower.close()
         self.leadership.close()
+        self._seats.close()
         self.follow.close()
         try:
             self.coord.close(revoke=True)

@@ -4,6 +4,8 @@ coordinator's three calls (the integration test is test_groups_across_nodes's sp
 
 from __future__ import annotations
 
+import socket
+import time
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -95,3 +97,43 @@ def test_only_ranks_still_where_a_member_blocks_them_ask_and_long_steps_ask_late
     assert not too_still(now - 9.0, now, ["step"], 5.0)
     assert too_still(now - 10.5, now, ["step"], 5.0)
     assert not too_still(None, now, ["step"], None) and not too_still(now - 60, now, [], None)
+
+
+def _wait(predicate: Callable[[], bool], timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_a_member_whose_status_port_refuses_loses_its_seat_without_the_wait() -> None:
+    """Its host is up and nothing listens on its daemon's status port (the daemon died
+    with its ranks): revoked once two connections in a row were refused, before
+    PROBE_WAIT_S; a member whose port listens is left to the ask."""
+    etcd, now = Etcd(), [100.0]
+    p = probe(etcd, now)
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # bound, not listening: connections are refused
+        try:
+            assert not p.check("b", 3, 7, ("127.0.0.1", port)) and etcd.asks == 1
+            assert _wait(lambda: p.check("b", 3, 7, ("127.0.0.1", port)))
+            assert etcd.seats == {} and now[0] == 100.0  # no time passed on the ask's clock
+        finally:
+            p.close()
+    etcd, now = Etcd(), [100.0]
+    p = probe(etcd, now)
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        address = ("127.0.0.1", listening.getsockname()[1])
+        try:
+            p.check("b", 3, 7, address)
+            assert not _wait(lambda: p.check("b", 3, 7, address), 1.0)
+            assert etcd.seats == {3: "b"}
+            now[0] += PROBE_WAIT_S
+            assert p.check("b", 3, 7, address) and etcd.seats == {}  # the ask's own wait
+        finally:
+            p.close()

@@ -10,6 +10,7 @@ import threading
 import time
 from typing import Any, cast
 
+from daemon import host_probe as hp
 from daemon.coordination import Coordinator
 from daemon.coordination.job_view import assemble
 from daemon.leadership import unreachable as u
@@ -21,13 +22,15 @@ def test_the_first_three_others_by_id_watch_and_a_majority_of_them_must_agree() 
     assert [u.needed(n) for n in (1, 2, 3)] == [1, 2, 2]
 
 
-def test_a_live_kernel_answers_whether_or_not_anything_listens() -> None:
+def test_a_live_kernel_answers_and_a_listener_only_while_it_listens() -> None:
     with socket.socket() as listening:
         listening.bind(("127.0.0.1", 0))
         listening.listen()
         port = listening.getsockname()[1]
-        assert u.host_answers("127.0.0.1", port)
-    assert u.host_answers("127.0.0.1", port)  # refused: the host is there
+        assert hp.host_answers("127.0.0.1", port)
+        assert hp.listener_answers("127.0.0.1", port)
+    assert hp.host_answers("127.0.0.1", port)  # refused: the host is there
+    assert not hp.listener_answers("127.0.0.1", port)  # but nothing listens
 
 
 class Answers:
@@ -51,15 +54,15 @@ def _until(predicate: Any, timeout_s: float = 5.0) -> None:
 def test_the_probe_is_silent_after_failures_in_a_row_and_wakes_the_loop_once() -> None:
     woke = threading.Event()
     answers = Answers([True, False, True, False, False, False])
-    probe = u.HostProbe(woke.set, answers)
+    probe = hp.HostProbe(woke.set, answers)
     try:
         assert not probe.silent  # nothing followed
-        probe.follow("10.0.0.1:29510")
+        probe.follow(("10.0.0.1", 29510))
         _until(lambda: answers.asked >= 3)
         assert not probe.silent and not woke.is_set()  # one failure, then an answer
         _until(lambda: probe.silent)
         assert woke.is_set()
-        probe.follow("10.0.0.2:29510")  # a new leader's address: counted afresh
+        probe.follow(("10.0.0.2", 29510))  # a new leader's address: counted afresh
         assert not probe.silent
         probe.follow(None)
         assert not probe.silent
@@ -88,8 +91,8 @@ class Probe:
         self.silent, self.closed = silent, False
         self.following: str | None = "unset"
 
-    def follow(self, address: str | None) -> None:
-        self.following = address
+    def follow(self, target: tuple[str, int] | None) -> None:
+        self.following = None if target is None else f"{target[0]}:{target[1]}"
 
     def close(self) -> None:
         self.closed = True
@@ -107,7 +110,7 @@ def _job(leader: str | None, nodes: list[str], suspects: dict[str, Any] | None =
 def _watch(me: str, silent: bool) -> tuple[u.UnreachableLeader, Suspects, Probe]:
     suspects, probe = Suspects(), Probe(silent)
     coord = cast(Coordinator, type("C", (), {"suspects": suspects})())
-    return u.UnreachableLeader(me, coord, cast(u.HostProbe, probe)), suspects, probe
+    return u.UnreachableLeader(me, coord, cast(hp.HostProbe, probe)), suspects, probe
 
 
 def test_a_watcher_that_hears_the_leader_writes_nothing() -> None:
