@@ -14,8 +14,10 @@ and how many quorums waited out ``lighthouse.join_timeout_ms``.
 
 Each group count runs twice in the same invocation: with ``node.announce_failures``
 (the default) and without it (the job as it was), and the table gives the ratio of the
-medians. Run: ``python -m bench.ring_failover [--groups 2 3 4] [--repeats 3] [--cold]
-[--json FILE]`` (it needs this checkout's virtual environment, ``make venv``, and
+medians. ``--nproc 2`` gives each node two ranks (``parallel.dp_shard = 2``, a standby
+each) and kills one of them; ``--announce on`` runs the default only. Run: ``python -m
+bench.ring_failover [--groups 2 3 4] [--repeats 3] [--nproc 1] [--announce both]
+[--cold] [--json FILE]`` (it needs this checkout's virtual environment, ``make venv``, and
 leaves nothing running).
 """
 
@@ -41,7 +43,6 @@ from tests.support.harness import (
     Daemon,
     event_time,
     job_groups,
-    ready_standby,
     start_daemon,
     wait_for,
 )
@@ -54,7 +55,7 @@ max_replicas = {groups}
 
 [train]
 steps = 1000000
-"""
+{parallel}"""
 
 
 def commit_times(d: Daemon) -> list[float]:
@@ -101,20 +102,38 @@ def restart_phases(victim: Daemon, killed_at: float) -> dict[str, Any]:
     }
 
 
+def warm_standbys(d: Daemon, count: int, timeout: float) -> None:
+    """Wait until `count` of `d`'s standbys have said standby_ready (one per rank)."""
+
+    def ready() -> bool:
+        pids = (d.status() or {}).get("standby_pids") or []
+        said = {e.get("pid") for e in d.events("standby_ready")}
+        return sum(p in said for p in pids) >= count
+
+    wait_for(ready, timeout, f"{count} ready standbys on {d.node_id}")
+
+
 def run(
-    groups: int, announce: bool, work: Path, warm_first: bool = True, repeats: int = 1
+    groups: int,
+    announce: bool,
+    work: Path,
+    warm_first: bool = True,
+    repeats: int = 1,
+    nproc: int = 1,
 ) -> list[dict[str, Any]]:
-    """One cluster of `groups` daemons: `repeats` rounds of a kill at every ring position;
-    a row per kill."""
+    """One cluster of `groups` daemons of `nproc` ranks each (``parallel.dp_shard``):
+    `repeats` rounds of a kill of one rank at every ring position; a row per kill."""
     work.mkdir(parents=True)
     job = work / "job.toml"
-    job.write_text(JOB.format(groups=groups))
+    parallel = f"\n[parallel]\ndp_shard = {nproc}\n" if nproc > 1 else ""
+    job.write_text(JOB.format(groups=groups, parallel=parallel))
     etcd = EmbeddedEtcd(work / "etcd")
     etcd.start()
     daemons: list[Daemon] = []
     rows: list[dict[str, Any]] = []
     try:
         setting = [f"node.announce_failures={'true' if announce else 'false'}"]
+        setting += [f"node.nproc={nproc}"] if nproc > 1 else []
         daemons = [
             start_daemon(
                 work, f"node-{i}", [etcd.endpoint], config=job, overrides=setting,
@@ -134,7 +153,7 @@ def run(
             # beside unpaced ranks on two cores takes tens of seconds) and say so.
             waited = time.time()
             if warm_first:
-                ready_standby(victim, 300)
+                warm_standbys(victim, nproc, 300)
             standby_wait_s = round(time.time() - waited, 1)
             killed_at = time.time()
             os.kill(victim.rank_pids()[0], signal.SIGKILL)
@@ -150,6 +169,7 @@ def run(
             rows.append(
                 {
                     "groups": groups,
+                    "nproc": nproc,
                     "announce": announce,
                     "position": position,
                     "repeat": repeat,
@@ -180,7 +200,8 @@ def spread(values: list[float]) -> str:
 
 
 def report(rows: list[dict[str, Any]]) -> None:
-    print("\n| groups | announcements | survivors' longest pause min/med/max s | "
+    print(f"\nranks per node: {sorted({r.get('nproc', 1) for r in rows})}")
+    print("| groups | announcements | survivors' longest pause min/med/max s | "
           "killed group commits again s | its standby warm at the kill | "
           "quorums that waited out the join |")  # fmt: skip
     print("|---|---|---|---|---|---|")
@@ -212,12 +233,21 @@ def main() -> int:
         action="store_true",
         help="kill without waiting for the victim's standby to finish warming",
     )
+    parser.add_argument("--nproc", type=int, default=1, help="ranks per node (dp_shard)")
+    parser.add_argument(
+        "--announce",
+        choices=("both", "on", "off"),
+        default="both",
+        help="run with failure announcements, without, or both (the default)",
+    )
     args = parser.parse_args()
     rows: list[dict[str, Any]] = []
+    settings = {"both": (True, False), "on": (True,), "off": (False,)}[args.announce]
     with tempfile.TemporaryDirectory(prefix="phalanx-ring-") as tmp:
         for n in args.groups:
-            for announce in (True, False):
-                rows += run(n, announce, Path(tmp) / f"{n}-{announce}", not args.cold, args.repeats)
+            for announce in settings:
+                work = Path(tmp) / f"{n}-{announce}"
+                rows += run(n, announce, work, not args.cold, args.repeats, args.nproc)
     report(rows)
     if args.json is not None:
         args.json.write_text(json.dumps({"argv": sys.argv[1:], "rows": rows}, indent=1) + "\n")

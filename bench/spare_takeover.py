@@ -18,8 +18,11 @@ repeat's spare. Prints min/median/max per layout and the ratio of the medians (t
 issue's target: two nodes within 2x one). Nothing paces the ranks
 (``PHALANX_CHAOS_DELAY=0``, said in the output's first line).
 
-Run as root: ``python -m bench.spare_takeover [--repeats 3] [--out FILE] [--keep DIR]``,
-FILE getting the raw figures as JSON, DIR the daemons' logs. It needs this checkout's
+``--power-off`` also cuts the victim's host off from everything at the kill, so
+that nothing there answers, as after a power loss (without it the host's kernel refuses
+connections to the dead daemon's ports). Run as root: ``python -m bench.spare_takeover
+[--repeats 3] [--power-off] [--out FILE] [--keep DIR]``, FILE getting the raw figures as
+JSON, DIR the daemons' logs. It needs this checkout's
 virtual environment (``make venv``) and leaves nothing running.
 """
 
@@ -108,9 +111,11 @@ def longest_pause(daemons: list[Daemon], group: int, start: float, end: float) -
     )
 
 
-def layout(nodes: int, repeats: int, work: Path) -> list[dict[str, float]]:
+def layout(nodes: int, repeats: int, work: Path, power_off: bool = False) -> list[dict[str, float]]:
     """Kill-to-commit times (and group 0's longest pause) of `repeats` spare takeovers
-    with `nodes` nodes per group."""
+    with `nodes` nodes per group; with `power_off` the victim's host is cut off from
+    everything as its daemon and ranks are killed (nothing on it answers, as after a
+    power loss), and joins again only to host the next spare."""
     config = work / "job.toml"
     work.mkdir(parents=True)
     config.write_text(JOB.format(nodes=nodes))
@@ -150,6 +155,8 @@ def layout(nodes: int, repeats: int, work: Path) -> list[dict[str, float]]:
                     ready_standby(d, 300)
             standby_wait_s = round(time.time() - waited, 1)
             killed = time.time()
+            if power_off:
+                net.isolate(by_id[victim.node_id])
             victim.stop()
             # Group 1's first commit with group 0 from ranks started after the kill (its
             # other node may log a step committed just before the kill reached it).
@@ -172,6 +179,8 @@ def layout(nodes: int, repeats: int, work: Path) -> list[dict[str, float]]:
                 f"  {nodes} node(s) per group, repeat {repeat + 1}: {back - killed:.2f} s, "
                 f"group 0's longest pause {pause:.2f} s (standbys warm after {standby_wait_s} s)"
             )
+            if power_off:
+                net.rejoin(by_id[victim.node_id])
             if repeat + 1 < repeats:  # the killed host's fresh daemon is the next spare
                 spare = start(by_id[victim.node_id], f"spare-{repeat + 1}")
                 wait_for(partial(is_spare, spare), 120, "a new spare")
@@ -195,12 +204,19 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, help="also write the raw figures to this JSON file")
     parser.add_argument("--keep", type=Path, help="keep the daemons' logs in this new directory")
+    parser.add_argument(
+        "--power-off",
+        action="store_true",
+        help="cut the victim's host off from everything as it is killed (a power loss)",
+    )
     args = parser.parse_args()
     print(PACING_LINE, flush=True)
+    kill = "host cut off and its daemon killed" if args.power_off else "daemon and ranks killed"
+    print(f"the lost node: {kill}", flush=True)
     with tempfile.TemporaryDirectory(prefix="spare-takeover-") as tmp:
         root = args.keep or Path(tmp)
-        one = layout(1, args.repeats, root / "one")
-        two = layout(2, args.repeats, root / "two")
+        one = layout(1, args.repeats, root / "one", args.power_off)
+        two = layout(2, args.repeats, root / "two", args.power_off)
     for key, what in (
         ("kill_to_commit_s", "kill to the group committing again with a spare"),
         ("other_pause_s", "the other group's longest pause"),
@@ -211,7 +227,8 @@ def main() -> None:
     medians = [statistics.median(r["kill_to_commit_s"] for r in rows) for rows in (one, two)]
     print(f"  ratio of medians, kill to commit (two / one): {medians[1] / medians[0]:.2f}")
     if args.out is not None:
-        args.out.write_text(json.dumps({"one": one, "two": two}, indent=1) + "\n")
+        figures = {"one": one, "two": two, "power_off": args.power_off}
+        args.out.write_text(json.dumps(figures, indent=1) + "\n")
 
 
 if __name__ == "__main__":
