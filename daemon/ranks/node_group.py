@@ -70,7 +70,6 @@ class NodeGroup:
         self.current: WorkerGroup | None = None
         self.attempt = 0
         self.cause: StopCause | None = None  # why it is being stopped
-        self.restart_reason: str | None = None  # why the next start is a restart
         self.last_codes: list[int | None] | None = None  # the exit codes of the last group
         # The uuid of the group's torchft replica id, drawn by the first start: a restart
         # takes its predecessor's place at the lighthouse at once (see keeps_replica_id).
@@ -100,10 +99,13 @@ class NodeGroup:
         lighthouse: str,
         part: GroupPart | None = None,
         reached: int | None = None,
+        *,
+        restart: str | None = None,
     ) -> None:
         """Start the ranks in `slot`: a group of this node alone, or this node's `part` of
         a group that spans nodes (its seat, the group's store port and replica uuid).
-        `reached`: the job's reached step in etcd (None: unread), for a start-over."""
+        `reached`: the job's reached step in etcd (None: unread), for a start-over;
+        `restart`: why this start is a restart (``group_restarted``), None for the first."""
         self.fold.reached(reached)
         self.attempt += 1
         replica_uuid = part.replica_uuid if part is not None else self.next_replica_uuid()
@@ -120,11 +122,10 @@ class NodeGroup:
         if part is not None:
             fields.update(node_rank=part.seat.node_rank, generation=part.generation)
         fields["standbys_used"] = self.current.standbys_used
-        if self.restart_reason is None:
+        if restart is None:
             self.log.info("group_started", master_port=self.current.master_port, **fields)
         else:
-            self.log.info("group_restarted", reason=self.restart_reason, **fields)
-        self.restart_reason = None
+            self.log.info("group_restarted", reason=restart, **fields)
 
     def progress(self) -> RankProgress:
         """What the ranks' events said, folded (safe from any thread)."""

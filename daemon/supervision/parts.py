@@ -28,14 +28,19 @@ from daemon.supervision.systemd import Notifier
 class Ranks(Protocol):
     """This node's ranks: one group's processes and its standbys (daemon.ranks)."""
 
-    restart_reason: str | None  # why the next start is a restart (its ranks' environment)
     last_codes: list[int | None] | None  # the exit codes of the last group
 
     @property
     def running(self) -> bool: ...
     def next_replica_uuid(self) -> str: ...
     def start(
-        self, slot: int, lighthouse: str, part: GroupPart | None = None, reached: int | None = None
+        self,
+        slot: int,
+        lighthouse: str,
+        part: GroupPart | None = None,
+        reached: int | None = None,
+        *,
+        restart: str | None = None,
     ) -> None: ...
     def progress(self) -> RankProgress: ...
     def tend_standbys(self, live: bool, slot: int | None) -> None: ...

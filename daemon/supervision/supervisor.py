@@ -38,18 +38,12 @@ from daemon.node_state.progress import RankProgress
 from daemon.node_state.reports import Join, RanksReport, UpkeepReport
 from daemon.node_state.states import TERMINAL, IllegalTransition, State, allowed
 from daemon.node_state.view import NodeView
-from daemon.ranks.stop_cause import (
-    FENCED_OUT,
-    SLOT_LOST,
-    GroupRestart,
-    JobEnded,
-    NoState,
-    StopCause,
-    Unhealthy,
-)
+from daemon.ranks import stop_cause as stops
 from daemon.ranks.workers import ExitKind
+from daemon.supervision import commands as do
 from daemon.supervision import health_gate as gate
 from daemon.supervision.after_stop import after_stop
+from daemon.supervision.commands import Command, Decision, carry_out, to
 from daemon.supervision.generation import next_part
 from daemon.supervision.parts import Parts
 from daemon.supervision.reports import node_status, report_unreplicated, upkeep_input
@@ -74,8 +68,8 @@ class Supervisor:
         self, cfg: DaemonConfig, view: NodeView, parts: Parts, wake: threading.Event
     ) -> None:
         self.cfg, self.view = cfg, view
-        self.group, self.upkeep, self.health = parts.ranks, parts.upkeep, parts.health
-        self.notifier, self.log = parts.notifier, logs.get()
+        self.parts, self.group, self.upkeep = parts, parts.ranks, parts.upkeep
+        self.health, self.notifier, self.log = parts.health, parts.notifier, logs.get()
         self.wake = wake  # a rank's output ended, or the job changed in etcd: look at once
         self._publishing = threading.Lock()  # builds and swaps of the published status
         self.upkept = UpkeepReport()  # the last round's (the published status has it too)
@@ -87,6 +81,7 @@ class Supervisor:
         self.exit_code, self.drain_requested = EXIT_OK, threading.Event()
         self.entered_at = time.monotonic()  # when the current state began
         self.restart_at = 0.0  # when RESTARTING's backoff ends
+        self.restart_reason: str | None = None  # why the next start is a restart
         self.note: dict[str, Any] = {}  # fields for the next state_changed event
         self.published = node_status(view, cfg)  # see publish
 
@@ -126,17 +121,17 @@ class Supervisor:
             self.drain_requested.set()  # the others stop waiting for this node's group
         self.view.health = self.health.latest  # one immutable report (daemon.health)
         if self.drain_requested.is_set() and state not in (*TERMINAL, State.DRAINING):
-            self.move(self._drain())
+            self.decide(self._drain())
         self.upkept = self.upkeep.tick(upkeep_input(self.view, self.progress))
         if self.upkept.slot_lost and self.view.state in (State.RUNNING, State.FENCED):
-            self.move(self._stop(SLOT_LOST))
+            self.decide(self._stop(stops.SLOT_LOST))
         # Each live state's handler (HANDLERS); a move runs the next one in the same tick
         # (STOPPING -> RESTARTING -> WAITING -> RUNNING), a handler that stays put ends it.
         for _ in range(len(State)):
             if self.view.state in TERMINAL:
                 break
             before = self.view.state
-            self.move(HANDLERS[before](self))
+            self.decide(HANDLERS[before](self))
             self.upkept = self.upkeep.report()  # as the handler's verbs left it
             if self.view.state == before:
                 break
@@ -156,17 +151,23 @@ class Supervisor:
                 self.view, self.cfg, up, self.ranked, self.group.progress()
             )
 
-    def move(self, to: State) -> None:
+    def decide(self, decision: Decision) -> None:
+        """Carry out a handler's commands, in order (commands.py), then move on."""
+        carry_out(decision.commands, self.parts, self.log, self.publish)
+        self.move(decision.state)
+
+    def move(self, state: State) -> None:
         frm = self.view.state
-        if to == frm:
+        if state == frm:
             return
-        if not allowed(frm, to):
-            raise IllegalTransition(f"{frm.name} -> {to.name} is not in states.TRANSITIONS")
+        if not allowed(frm, state):
+            raise IllegalTransition(f"{frm.name} -> {state.name} is not in states.TRANSITIONS")
         note, self.note = self.note, {}
-        self.log.info("state_changed", **{"from": frm.value, "to": to.value}, **note)
-        self.view.state, self.entered_at = to, time.monotonic()
+        self.log.info("state_changed", **{"from": frm.value, "to": state.value}, **note)
+        self.view.state, self.entered_at = state, time.monotonic()
         self.view.waiting_for = None
-        self.notifier.status(f"{to.value} group={self.upkept.slot_label} step={self.progress.step}")
+        step = self.progress.step
+        self.notifier.status(f"{state.value} group={self.upkept.slot_label} step={step}")
 
     def request_drain(self) -> None:
         """Called from the SIGTERM handler: only sets a flag, the loop does the work."""
@@ -174,18 +175,21 @@ class Supervisor:
 
     # ------------------------------------------------------------------ handlers
 
-    def _joining(self) -> State:
+    def _joining(self) -> Decision:
         joined = self.upkeep.join()
         if joined == Join.REFUSED:
             return self._fail(self.upkeep.refusal, EXIT_BAD_INPUT)
         if joined == Join.NOT_YET:
-            return State.JOINING
+            return to(State.JOINING)
         self.view.registered = True
-        self.log.info("node_registered", node=self.cfg.node_id, host=self.cfg.advertise_host)
-        self.notifier.ready(f"claiming group=- step={self.progress.step}")
-        return State.CLAIMING
+        host = self.cfg.advertise_host
+        return to(
+            State.CLAIMING,
+            do.info("node_registered", node=self.cfg.node_id, host=host),
+            do.Notify("ready", f"claiming group=- step={self.progress.step}"),
+        )
 
-    def _claiming(self) -> State:
+    def _claiming(self) -> Decision:
         if self.upkept.job_completed:
             return self._done("job completed")
         shared = gate.shared_fault(self.view.health, self.upkept.job, self.cfg.node_id)
@@ -194,122 +198,121 @@ class Supervisor:
         if blocked is not None:
             self.waiting.say(blocked, since=self.entered_at, shown=self.view.waiting_for)
             self.view.waiting_for = blocked
-            return State.CLAIMING
+            return to(State.CLAIMING)
         # None: every slot is taken (stand by) or etcd is away
         if self.upkeep.claim() is None:  # what it waits for is a seat, not the health
             self.view.waiting_for = SPARE if self.upkeep.report().spare else None
-            return State.CLAIMING
-        if shared:
-            self.log.warning(
-                "shared_fault_claim", failing=gate.failing(self.view.health), detail=gate.SHARED
-            )
-        return State.WAITING
+            return to(State.CLAIMING)
+        if not shared:
+            return to(State.WAITING)
+        fields = {"failing": gate.failing(self.view.health), "detail": gate.SHARED}
+        return to(State.WAITING, do.warning("shared_fault_claim", **fields))
 
-    def _waiting(self) -> State:
+    def _waiting(self) -> Decision:
         v, up, spanning = self.view, self.upkept, self.spanning
         if up.job_completed:
             return self._done("job completed")
         if up.slot is None:
-            return State.CLAIMING
+            return to(State.CLAIMING)
         shared = gate.shared_fault(v.health, up.job, self.cfg.node_id)
         if not shared and gate.must_leave(v.health, self.cfg.health.leave_after, False, 0, 0):
-            return State.CLAIMING if self.upkeep.give_back() else State.WAITING
+            return to(State.CLAIMING if self.upkeep.give_back() else State.WAITING)
         # No ranks start on an unhealthy node (but on a fault every node shares).
         blocked = gate.claim_blocked(v.health, shared)
         if blocked is not None:
             self.waiting.say(blocked, since=self.entered_at, shown=v.waiting_for)
             v.waiting_for = blocked
-            return State.WAITING
+            return to(State.WAITING)
         lighthouse = up.ranks_lighthouse
         missing = self.waiting.missing(up)
         job = up.job if spanning is not None else None  # a group across nodes
+        asked: tuple[Command, ...] = ()
         if job is not None and spanning is not None:
             # Asked at once, while our failed ranks' quorum requests expire (seat_probe.py).
             member = spanning.blocker(job, up.slot, up.node_rank)
-            if member is not None:
-                self.upkeep.ask_member(job, member)
+            asked = (do.AskMember(job, member),) if member is not None else ()
             if missing is None and not self.upkeep.holds_seat(job):
-                return State.CLAIMING  # revoked while we were out of touch (seat_probe.py)
+                return to(State.CLAIMING, *asked)  # revoked while out of touch
             missing = missing or spanning.missing(job, up.slot, up.node_rank)
         if missing is not None:
             error = self.waiting.report(missing, since=self.entered_at, shown=v.waiting_for)
             v.waiting_for = missing
-            return State.WAITING if error is None else self._fail(error, EXIT_FAILED)
+            if error is not None:
+                return self._fail(error, EXIT_FAILED).preceded_by(*asked)
+            return to(State.WAITING, *asked)
         assert lighthouse is not None and (job or not spanning)  # missing() asks for both
         part = None
         if job is not None and spanning is not None:
             seat = (up.slot, up.node_rank)
             part = next_part(spanning, job, seat, self.cfg, self.group, self.upkeep)
             if part is None:
-                return State.WAITING  # etcd away or another node moved first: next round
-        self.group.start(up.slot, lighthouse, part, self.upkeep.ranks_started())
-        if part is not None and job is not None and spanning is not None:
+                return to(State.WAITING, *asked)  # etcd away or another moved first
             spanning.started(job, up.slot, part.generation)
             v.generation = part.generation
+        restart, self.restart_reason = self.restart_reason, None  # said by its event
+        start = do.StartRanks(up.slot, lighthouse, part, self.upkeep.ranks_started(), restart)
         job_state = up.job.state if up.job else None
-        if not job_state or job_state.get("state") not in ("running", "completed"):
-            self.upkeep.set_state("running", self.progress.step)
-        return State.RUNNING
+        if job_state and job_state.get("state") in ("running", "completed"):
+            return to(State.RUNNING, *asked, start)
+        return to(State.RUNNING, *asked, start, do.SetJobState("running", self.progress.step))
 
-    def _running(self) -> State:
+    def _running(self) -> Decision:
         v, up, p = self.view, self.upkept, self.progress
         if up.must_pause:  # nothing may commit here now (the fence judge's)
-            self.group.pause()
-            return State.FENCED
+            return to(State.FENCED, do.PauseRanks())
+        told: tuple[Command, ...] = ()  # the group's hang, announced before anything else
         if self.spanning is not None and up.job is not None and up.slot is not None:
             moved = self.spanning.must_stop(up.job, up.slot)
             # Ranks that have begun to leave (the job's end, or a drain the group agreed
             # on) go on by themselves: the member that left first finished the same step.
             if moved is not None and not self.group.finishing():
-                return self._stop(GroupRestart(moved))
+                return self._stop(stops.GroupRestart(moved))
             # A member dead without a word blocks our ranks: the other groups' ranks
             # blocked with its abandon the step at once, ours stop next round (must_stop).
             r = self.ranked  # as the last tick left them
             still = too_still(r.quiet_since, time.monotonic(), r.phases, r.step_time_median_s)
             if still and self.upkeep.ask_members(up.job, r.quiet_since or 0.0):
                 word = self.group.failure_word(ExitKind.HUNG, up.job.lighthouse)
-                self.upkeep.announce_failure(word)
+                told = (do.AnnounceFailure(word),)
         if gate.running_group_leaves(v.health, up.job, up.slot, self.cfg):
             assert v.health is not None
-            return self._stop(Unhealthy(v.health.summary()))
+            return self._stop(stops.Unhealthy(v.health.summary())).preceded_by(*told)
         if p.started_over and self.cfg.job.on_no_state == "stop":
-            return self._stop(NoState(p.started_over_from))
+            return self._stop(stops.NoState(p.started_over_from)).preceded_by(*told)
         outcome = self.group.poll()
         if outcome is None:
             # Completed elsewhere: drain_grace_s to finish too, unless too far behind.
             waited = v.completed_for(time.monotonic(), up.job_completed)
             if waited >= self.cfg.node.drain_grace_s or up.behind_the_end(p.step):
-                return self._stop(JobEnded("the job completed elsewhere"))
-            return State.RUNNING
+                return self._stop(stops.JobEnded("the job completed elsewhere")).preceded_by(*told)
+            return to(State.RUNNING, *told)
         if outcome.kind == ExitKind.COMPLETED:  # with the replication `phalanx status` shows
             p = self.progress = self.group.progress()  # with the ranks' last steps
             extra = {"largest_quorum": p.largest_quorum, "groups": up.most_groups}
-            self.upkeep.set_state("completed", p.step, **extra)
-            return self._done("training completed")
+            recorded = do.SetJobState("completed", p.step, extra)
+            return self._done("training completed").preceded_by(*told, recorded)
         fields = {"kind": outcome.kind.value, "reason": outcome.reason, "codes": outcome.codes}
-        self.log.warning("group_failed", **fields)
-        lighthouse = up.job.lighthouse if up.job else None
-        self.upkeep.announce_failure(self.group.failure_word(outcome.kind, lighthouse))
-        return self._stop(outcome)
+        word = self.group.failure_word(outcome.kind, up.job.lighthouse if up.job else None)
+        failed = (do.warning("group_failed", **fields), do.AnnounceFailure(word))
+        return self._stop(outcome).preceded_by(*told, *failed)
 
-    def _fenced(self) -> State:
+    def _fenced(self) -> Decision:
         """Ranks paused until etcd answers; then resume them or discard their state."""
         outcome = self.group.poll()
         if outcome is not None:  # a paused rank was killed from outside
-            self.log.warning("group_failed", kind=outcome.kind.value, reason=outcome.reason)
-            return self._stop(outcome)
+            fields = {"kind": outcome.kind.value, "reason": outcome.reason}
+            return self._stop(outcome).preceded_by(do.warning("group_failed", **fields))
         verdict, why = self.upkeep.fence_verdict(upkeep_input(self.view, self.progress))
         if verdict == Fence.KEEP:
-            self.group.resume(why)
-            return State.RUNNING
+            return to(State.RUNNING, do.ResumeRanks(why))
         if verdict == Fence.HOLD:
             self.view.waiting_for = why  # shown on /status while the ranks stay paused
-            return State.FENCED
-        return self._stop(FENCED_OUT)
+            return to(State.FENCED)
+        return self._stop(stops.FENCED_OUT)
 
-    def _stopping(self) -> State:
+    def _stopping(self) -> Decision:
         if not self.group.stopped(STOP_GRACE_S):
-            return State.STOPPING
+            return to(State.STOPPING)
         now = time.monotonic()
         self.waiting.after_exit(self.group.last_codes, now)
         v = after_stop(
@@ -325,70 +328,65 @@ class Supervisor:
             return self._fail(v.error, v.code)
         if v.state == State.DONE:
             return self._done(v.reason)
+        self.restart_reason = v.reason or self.restart_reason  # for the next start's event
         if v.reason == "peers":
-            self.log.info("group_waiting_for_peers", detail=v.detail)
-        elif v.reason:  # a restart: after a backoff (RESTARTING), or at once after a fence
+            return to(v.state, do.info("group_waiting_for_peers", detail=v.detail))
+        if v.reason:  # a restart: after a backoff (RESTARTING), or at once after a fence
             self.view.restarts[v.reason] = self.view.restarts.get(v.reason, 0) + 1
             self.restart_at, self.note = now + v.delay_s, v.note()
-        self.group.restart_reason = v.reason or self.group.restart_reason
-        return v.state
+        return to(v.state)
 
-    def _restarting(self) -> State:
+    def _restarting(self) -> Decision:
         if self.upkept.job_completed:
             return self._done("job completed")
         if self.upkept.slot is None:
-            return State.CLAIMING
-        return State.RESTARTING if time.monotonic() < self.restart_at else State.WAITING
+            return to(State.CLAIMING)
+        waits = time.monotonic() < self.restart_at
+        return to(State.RESTARTING if waits else State.WAITING)
 
-    def _draining(self) -> State:
+    def _draining(self) -> Decision:
         was_running = self.group.running
         if not self.group.stopped(self.cfg.node.drain_grace_s):
-            return State.DRAINING
-        if was_running:
-            self.log.info("group_drained", codes=self.group.last_codes)
-        return self._done("drained")
+            return to(State.DRAINING)
+        said = (do.info("group_drained", codes=self.group.last_codes),) if was_running else ()
+        return self._done("drained").preceded_by(*said)
 
     # ------------------------------------------------------ what handlers share
 
-    def _stop(self, cause: StopCause) -> State:
+    def _stop(self, cause: stops.StopCause) -> Decision:
         """Begin stopping the group (STOPPING decides what next); a spanning group's
         generation moves on (unless another did), so its other nodes stop theirs at once."""
         ended = self.spanning.stopped() if self.spanning is not None else None
-        if ended is not None and self.upkept.slot is not None:
-            self.view.generation = None  # published, so in our record at once: the first
-            self.publish()  # node waits on it (the record is read from the published status)
-            self.upkeep.end_generation(self.upkept.slot, ended)
-        self.group.stop(cause)
-        return State.STOPPING
+        if ended is None or self.upkept.slot is None:
+            return to(State.STOPPING, do.StopRanks(cause))
+        self.view.generation = None  # published, so in our record at once: the first
+        # node waits on it (the record is read from the published status)
+        ending = (do.Publish(), do.EndGeneration(self.upkept.slot, ended), do.StopRanks(cause))
+        return to(State.STOPPING, *ending)
 
     # ------------------------------------------------------------------ endings
 
-    def _drain(self) -> State:
-        self.log.info("draining", grace_s=self.cfg.node.drain_grace_s)
-        self.notifier.stopping(f"draining group={self.upkept.slot_label}")
+    def _drain(self) -> Decision:
         # A spanning group's generation is left as it is: the ranks of all its nodes agree
         # to stop after the same step (and the writer group saves it); the others wait
         # for a node to take this one's seat, given back as it leaves.
-        self.group.drain()
-        return State.DRAINING
+        grace = {"grace_s": self.cfg.node.drain_grace_s}
+        stopping = do.Notify("stopping", f"draining group={self.upkept.slot_label}")
+        return to(State.DRAINING, do.info("draining", **grace), stopping, do.DrainRanks())
 
-    def _done(self, reason: str) -> State:
-        self.upkeep.release()
-        self.log.info("node_done", reason=reason, step=self.progress.step)
-        return State.DONE
+    def _done(self, reason: str) -> Decision:
+        said = do.info("node_done", reason=reason, step=self.progress.step)
+        return to(State.DONE, do.Release(), said)
 
-    def _fail(self, message: str, code: int) -> State:
+    def _fail(self, message: str, code: int) -> Decision:
         self.view.failure, self.exit_code = message, code
-        self.group.kill()
-        if code == EXIT_FAILED:
-            self.upkeep.fail_job(message, self.progress.step)
-        self.upkeep.release()
-        self.log.error("node_failed", error=message, code=code)
-        return State.FAILED
+        failed = (do.FailJob(message, self.progress.step),) if code == EXIT_FAILED else ()
+        said = do.error("node_failed", error=message, code=code)
+        return to(State.FAILED, do.KillRanks(), *failed, do.Release(), said)
 
 
-# The handler of each live state: what it does this tick, and the state it moves to.
-HANDLERS: dict[State, Callable[[Supervisor], State]] = {
+# The handler of each live state: what it decides this tick, and the state it moves to.
+HANDLERS: dict[State, Callable[[Supervisor], Decision]] = {
     State.JOINING: Supervisor._joining,
     State.CLAIMING: Supervisor._claiming,
     State.WAITING: Supervisor._waiting,

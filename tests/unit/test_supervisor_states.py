@@ -50,7 +50,10 @@ def _returned_states(fn: ast.FunctionDef) -> set[State]:
             helper = isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute)
             if helper and sub.func.attr in HELPERS:  # type: ignore[attr-defined]
                 found.add(HELPERS[sub.func.attr])  # type: ignore[attr-defined]
-        if not found and ast.unparse(node.value) == "v.state":
+        value = node.value  # `v.state`, or `to(v.state, commands...)` (commands.py)
+        if isinstance(value, ast.Call) and ast.unparse(value.func) == "to" and value.args:
+            value = value.args[0]
+        if not found and ast.unparse(value) == "v.state":
             assert "after_stop(" in ast.unparse(fn), f"{fn.name}: v is not after_stop's verdict"
             found = _returned_states(_function(after_stop, "after_stop"))
         assert found, f"{fn.name}: cannot tell which state `return {ast.unparse(node.value)}` is"

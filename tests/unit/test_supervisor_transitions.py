@@ -9,279 +9,37 @@ and checks the state the node moved to and what it asked of its parts.
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from daemon.config import load_daemon_config
-from daemon.coordination import JobView
 from daemon.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from daemon.fencing import Fence
-from daemon.health import HealthReport
 from daemon.node_state.progress import RankProgress
-from daemon.node_state.reports import Join, RanksReport, UpkeepInput, UpkeepReport
 from daemon.node_state.states import TERMINAL, TRANSITIONS, State
-from daemon.node_state.view import NodeView
-from daemon.ranks.spec import GroupPart
-from daemon.ranks.stop_cause import FENCED_OUT, JobEnded, StopCause
+from daemon.ranks.stop_cause import FENCED_OUT, JobEnded
 from daemon.ranks.workers import ExitKind, GroupExit
-from daemon.supervision.parts import Parts
-from daemon.supervision.reports import upkeep_input
-from daemon.supervision.supervisor import HANDLERS, Supervisor
-from daemon.supervision.systemd import Notifier
-
-JOB = Path(__file__).resolve().parents[2] / "tests" / "integration" / "daemon_job.toml"
-LIGHTHOUSE = "10.0.0.1:29510"
-FAILED = GroupExit(ExitKind.FAILED, [1], "rank 0 exited with 1")
-
-
-@dataclass
-class FakeRanks:
-    restart_reason: str | None = None
-    last_codes: list[int | None] | None = None
-    running: bool = False
-    outcome: GroupExit | None = None  # what poll() returns
-    all_stopped: bool = False  # what stopped() returns
-    cause: StopCause = FENCED_OUT  # what take_cause() returns
-    now: RankProgress = field(default_factory=RankProgress)  # what progress() returns
-    calls: list[str] = field(default_factory=list)
-
-    def next_replica_uuid(self) -> str:
-        return "uuid"
-
-    def start(
-        self, slot: int, lighthouse: str, part: GroupPart | None = None, reached: int | None = None
-    ) -> None:
-        self.calls.append(f"start {slot} {lighthouse}")
-
-    def progress(self) -> RankProgress:
-        return self.now
-
-    def tend_standbys(self, live: bool, slot: int | None) -> None:
-        pass
-
-    def report(self) -> RanksReport:
-        return RanksReport(pids=(101,) if self.running else ())
-
-    def poll(self) -> GroupExit | None:
-        return self.outcome
-
-    def failure_word(self, kind: ExitKind, lighthouse: str | None) -> dict[str, Any] | None:
-        return {"quorum_id": 1, "kind": kind.value}
-
-    def finishing(self) -> bool:
-        return False
-
-    def stop(self, cause: StopCause) -> None:
-        self.calls.append("stop")
-
-    def drain(self) -> None:
-        self.calls.append("drain")
-
-    def pause(self) -> None:
-        self.calls.append("pause")
-
-    def resume(self, why: str) -> None:
-        self.calls.append("resume")
-
-    def stopped(self, grace_s: float) -> bool:
-        return self.all_stopped
-
-    def kill(self) -> None:
-        self.calls.append("kill")
-
-    def take_cause(self) -> StopCause:
-        return self.cause
-
-
-@dataclass
-class FakeUpkeep:
-    """Holds slot 0 of a one-group job whose lighthouse is known; reports it as values."""
-
-    refusal: str = ""
-    fenced: bool = False
-    joined: Join = Join.JOINED
-    must_pause: bool = False
-    verdict: tuple[Fence, str] = (Fence.KEEP, "etcd confirmed the lease")
-    free_slot: int | None = 0  # what claim() finds
-    slot_lost: bool = False  # what the next round reports
-    slot: int | None = 0
-    lighthouse: str | None = LIGHTHOUSE  # the address etcd publishes
-    job: JobView = field(
-        default_factory=lambda: JobView({}, {0: "node-a"}, "node-a", LIGHTHOUSE, None, None, None)
-    )
-    calls: list[str] = field(default_factory=list)
-    handed: list[UpkeepInput] = field(default_factory=list)  # what each round was handed
-    states: list[tuple[str, int]] = field(default_factory=list)  # the job's, with the step
-
-    def join(self) -> Join:
-        return self.joined
-
-    def tick(self, node: UpkeepInput) -> UpkeepReport:
-        self.handed.append(node)
-        return replace(self.report(), slot_lost=self.slot_lost)
-
-    def report(self) -> UpkeepReport:
-        return UpkeepReport(
-            ranks_lighthouse=LIGHTHOUSE if self.lighthouse else None,
-            lighthouse_up=self.lighthouse is not None,
-            lighthouse=self.lighthouse,
-            job=self.job,
-            slot=self.slot,
-            must_pause=self.must_pause,
-        )
-
-    def serving_http(self, port: int) -> None:
-        pass
-
-    def ranks_started(self) -> int | None:
-        self.calls.append("ranks_started")
-        return None
-
-    def fence_verdict(self, node: UpkeepInput) -> tuple[Fence, str]:
-        return self.verdict
-
-    def claim(self) -> int | None:
-        self.slot = self.free_slot
-        return self.free_slot
-
-    def give_back(self) -> bool:
-        self.slot = None
-        return True
-
-    def holds_seat(self, job: JobView) -> bool:
-        return True
-
-    def ask_member(self, job: JobView, member: tuple[int, str]) -> None:
-        pass
-
-    def ask_members(self, job: JobView, silence: float) -> bool:
-        return False
-
-    def start_generation(self, gid: int, seen: int, store: dict[str, Any]) -> bool:
-        return True
-
-    def end_generation(self, gid: int, ended: int) -> None:
-        pass
-
-    def announce_failure(self, word: dict[str, Any] | None) -> None:
-        self.calls.append("announce_failure")
-
-    def set_state(self, state: str, step: int, **extra: object) -> None:
-        self.calls.append(f"set_state {state}")
-        self.states.append((state, step))
-
-    def fail_job(self, message: str, step: int) -> None:
-        self.calls.append("fail_job")
-
-    def release(self) -> None:
-        self.calls.append("release")
-
-    def close(self) -> None:
-        pass
-
-
-@dataclass
-class FakeHealth:
-    latest: HealthReport | None = field(default_factory=lambda: HealthReport((), at=0.0))
-
-    def start(self) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
-
-
-@dataclass
-class Node:
-    sup: Supervisor
-    ranks: FakeRanks
-    upkeep: FakeUpkeep
-
-    @property
-    def view(self) -> NodeView:
-        return self.sup.view
-
-
-def node(state: State, *overrides: str) -> Node:
-    """A supervisor in `state` with fake parts: a one-node group holding slot 0 of a job
-    whose lighthouse is known and whose one group is enough (job.min_replicas = 1)."""
-    cfg = load_daemon_config(JOB, ["node.id=node-a", *overrides])
-    view = NodeView(state=state, registered=state != State.JOINING)
-    ranks, upkeep = FakeRanks(), FakeUpkeep()
-    parts = Parts(ranks=ranks, upkeep=upkeep, health=FakeHealth(), notifier=Notifier({}))
-    return Node(Supervisor(cfg, view, parts, threading.Event()), ranks, upkeep)
-
-
-def handle(n: Node) -> State:
-    """One handler's turn, after the round a tick does before it."""
-    n.view.health = n.sup.health.latest
-    n.sup.progress = n.sup.group.progress()
-    n.sup.upkept = n.sup.upkeep.tick(upkeep_input(n.view, n.sup.progress))
-    n.sup.move(HANDLERS[n.view.state](n.sup))
-    return n.view.state
-
-
-def completed(n: Node) -> None:
-    n.upkeep.job = replace(n.upkeep.job, state={"state": "completed", "step": 10})
-
-
-def no_slot(n: Node) -> None:
-    n.upkeep.slot = None
-
-
-def stopped_by(cause: StopCause) -> Callable[[Node], None]:
-    def setup(n: Node) -> None:
-        n.ranks.all_stopped, n.ranks.cause = True, cause
-
-    return setup
-
-
-def refused(n: Node) -> None:
-    n.upkeep.joined, n.upkeep.refusal = Join.REFUSED, "another job file"
-
-
-def waited_out(n: Node) -> None:  # no lighthouse for longer than node.wait_timeout_s (1 s)
-    n.upkeep.lighthouse = None
-    n.sup.entered_at = time.monotonic() - 10.0
-
-
-def running_ranks(outcome: GroupExit | None) -> Callable[[Node], None]:
-    def setup(n: Node) -> None:
-        n.ranks.running, n.ranks.outcome = True, outcome
-
-    return setup
-
-
-def verdict(fence: Fence) -> Callable[[Node], None]:
-    def setup(n: Node) -> None:
-        n.upkeep.verdict = (fence, "judged")
-
-    return setup
-
-
-def pause(n: Node) -> None:
-    n.upkeep.must_pause = True
-
-
-def nothing(n: Node) -> None:
-    pass
-
-
-def past_backoff(n: Node) -> None:
-    n.sup.restart_at = 0.0
-
-
-def fenced_out_without_a_slot(n: Node) -> None:
-    stopped_by(FENCED_OUT)(n)
-    no_slot(n)
-
+from daemon.supervision.supervisor import HANDLERS
+from tests.support.supervisor_fakes import (
+    FAILED,
+    LIGHTHOUSE,
+    Node,
+    completed,
+    fenced_out_without_a_slot,
+    handle,
+    no_slot,
+    node,
+    nothing,
+    past_backoff,
+    pause,
+    refused,
+    running_ranks,
+    stopped_by,
+    verdict,
+    waited_out,
+)
 
 STARTED = ["ranks_started", "set_state running"]  # what the upkeep is told of a first start
 
@@ -432,5 +190,5 @@ def test_a_completed_job_is_recorded_at_the_ranks_last_step() -> None:
     running_ranks(GroupExit(ExitKind.COMPLETED, [0], ""))(n)
     n.sup.progress = RankProgress(step=9)  # as the tick began
     n.ranks.now = RankProgress(step=10)  # the last step's event came in since
-    n.sup.move(HANDLERS[State.RUNNING](n.sup))
+    n.sup.decide(HANDLERS[State.RUNNING](n.sup))
     assert n.view.state == State.DONE and n.upkeep.states == [("completed", 10)]
