@@ -89,12 +89,19 @@ class SeatProbe:
         self._listening: dict[tuple[str, int], HostProbe] = {}  # its status port, probed
 
     def check(
-        self, member: str, seat: int, token: object, address: tuple[str, int] | None = None
+        self,
+        member: str,
+        seat: int,
+        token: object,
+        address: tuple[str, int] | None = None,
+        unheard: bool = False,
     ) -> bool:
         """Ask `member` (holding seat `seat`) for a sign of life, once per `token` (the
         generation this node waits on it in, or the silence of our ranks it may cause),
         or judge the answer; True when its seat was revoked this round. `address`: its
-        daemon's status server (host, port) as its record gives it, probed meanwhile."""
+        daemon's status server (host, port) as its record gives it, probed meanwhile;
+        `unheard`: that port already stopped answering while our ranks ran (seats.py),
+        so the seat goes in the round that asks."""
         key = (member, seat)
         asked = self._asked.get(key)
         if asked is None or asked.token != token:
@@ -102,7 +109,9 @@ class SeatProbe:
             if ok:
                 self._asked[key] = Asked(token, int(revision), self.clock())
                 self._listen(key, address)
-            return False
+            if not (ok and unheard):
+                return False
+            asked = self._asked[key]
         if asked.settled:
             return False
         ok, progress = self.attempt("seat_probe", self.coord.read_progress)
@@ -115,7 +124,7 @@ class SeatProbe:
             self.log.info("seat_probe_answered", member=member, seat=seat, seconds=round(waited, 3))
             return False
         listening = self._listening.get(key)
-        unheard = listening is not None and listening.silent
+        unheard = unheard or (listening is not None and listening.silent)
         if waited < PROBE_WAIT_S and not unheard:
             return False
         ok, revoked = self.attempt(

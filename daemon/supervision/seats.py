@@ -10,11 +10,13 @@ the group keeps its data shard.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from daemon.config import DaemonConfig
 from daemon.coordination import Coordinator, JobView
+from daemon.host_probe import HostProbe, listener_answers
 from daemon.supervision.attempts import Attempts
 from daemon.supervision.seat_probe import SeatProbe
 from trainer import logs
@@ -27,6 +29,7 @@ class Seats:
         coord: Coordinator,
         attempt: Attempts,
         run_dir: Path,
+        wake: Callable[[], None] = lambda: None,
     ) -> None:
         self.cfg = cfg
         self.coord = coord
@@ -39,6 +42,8 @@ class Seats:
         self.slot_file = run_dir / "slot"
         self._all_taken: object = None  # the slots and seats when none was free
         self._probe = SeatProbe(coord, attempt, self.nodes)
+        self._wake = wake  # the daemon's loop looks at once when a member goes unheard
+        self._watched: dict[str, HostProbe] = {}  # the members' status ports (watch)
 
     @property
     def seat(self) -> int | None:
@@ -113,20 +118,45 @@ class Seats:
         token = ("generation", job.generations.get(gid, 0))
         self._probe.check(node, gid * self.nodes + rank, token, status_address(job, node))
 
-    def probe_members(self, job: JobView, silence: float) -> bool:
+    def probe_members(self, job: JobView, silence: float, unheard: tuple[str, ...] = ()) -> bool:
         """Our running ranks have been still since `silence` (monotonic; a member dead
         without a word leaves them blocked in a collective or the quorum): every other
-        seated member of the group is asked for a sign of life, once per silence. True
-        when a member's seat was revoked this round."""
+        seated member of the group is asked for a sign of life, once per silence; or
+        members whose status port stopped answering (`unheard`, :meth:`watch`) lose
+        their seat in this round, once per generation. True when a member's seat was
+        revoked this round."""
         gid = self.slot
         if gid is None:
             return False
         revoked = False
+        generation = ("unheard", job.generations.get(gid, 0))
         for rank, node in sorted(job.seats.get(gid, {}).items()):
-            if node != self.cfg.node_id:
-                seat, token = gid * self.nodes + rank, ("silence", silence)
-                revoked |= self._probe.check(node, seat, token, status_address(job, node))
+            if node == self.cfg.node_id or (unheard and node not in unheard):
+                continue
+            seat, address = gid * self.nodes + rank, status_address(job, node)
+            token = generation if unheard else ("silence", silence)
+            revoked |= self._probe.check(node, seat, token, address, unheard=bool(unheard))
         return revoked
+
+    def watch(self, job: JobView | None) -> None:
+        """While our ranks run (`job`; None stops it), connect to the status port of
+        every other member of our spanning group every 0.25 s (daemon.host_probe): a
+        member whose host lost power or network, or whose daemon died, leaves our ranks
+        blocked without a word, and the other groups with them, until they go still."""
+        gid, members = self.slot, {}
+        if job is not None and gid is not None:
+            seated = job.seats.get(gid, {}).values()
+            members = {n: status_address(job, n) for n in seated if n != self.cfg.node_id}
+        for node in [n for n in self._watched if n not in members]:
+            self._watched.pop(node).close()
+        for node, address in members.items():
+            if node not in self._watched:
+                self._watched[node] = HostProbe(self._wake, listener_answers)
+            self._watched[node].follow(address)
+
+    def unheard(self) -> tuple[str, ...]:
+        """The watched members whose status port gave no answer twice in a row."""
+        return tuple(sorted(n for n, probe in self._watched.items() if probe.silent))
 
     def holds(self, job: JobView) -> bool:
         """Whether this node still holds its seat. Where the job's view shows another
@@ -147,6 +177,7 @@ class Seats:
 
     def close(self) -> None:
         self._probe.close()
+        self.watch(None)
 
     def bump_generation(self, gid: int, seen: int) -> int | None:
         """Move a spanning group's generation on from `seen`; the one now (None: etcd away)."""

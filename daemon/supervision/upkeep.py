@@ -94,7 +94,7 @@ class EtcdUpkeep:
         self.snapshot_at = 0.0  # when the job was last read whole
         self.lease_file = LeaseFile(run_dir / lease_file.NAME)
         self._confirmed_at: float | None = None  # the lease's last confirmation seen
-        self._seats = Seats(cfg, coord, self._attempt, run_dir)  # slot, seat, generation
+        self._seats = Seats(cfg, coord, self._attempt, run_dir, wake or (lambda: None))
 
     # ------------------------------------------------------------------ joining
 
@@ -161,9 +161,10 @@ class EtcdUpkeep:
         """Ask the member (node rank, node id) our group waits on for a sign of life."""
         self._seats.probe(job, member)
 
-    def ask_members(self, job: JobView, silence: float) -> bool:
-        """Ask every other member for a sign of life; True when a seat was revoked."""
-        return self._seats.probe_members(job, silence)
+    def ask_members(self, job: JobView, silence: float, unheard: tuple[str, ...] = ()) -> bool:
+        """Ask every other member for a sign of life; True when a seat was revoked. Those
+        `unheard` (their status port stopped answering) lose theirs without the wait."""
+        return self._seats.probe_members(job, silence, unheard)
 
     def start_generation(self, gid: int, seen: int, store: dict[str, Any]) -> bool:
         """Move a spanning group's generation on from `seen` and publish its store: False
@@ -208,6 +209,7 @@ class EtcdUpkeep:
             leader=leader,
             most_groups=self.most_groups,
             must_pause=self.judge.must_pause(),
+            members_unheard=seats.unheard(),
         )
 
     def serving_http(self, port: int) -> None:
@@ -269,6 +271,7 @@ class EtcdUpkeep:
             return
         self.judge.follow_epoch(job.leader_epoch, running, step, self._epoch_doubt_s)
         self.follow.follow(job)
+        self._seats.watch(job if running and self.cfg.job.nodes_per_group > 1 else None)
         self._publish_checkpoint()
         self._attempt("record", self._update_record)
 

@@ -7,11 +7,17 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, cast
 
+from daemon.config import load_daemon_config
 from daemon.coordination import Coordinator
+from daemon.coordination.job_view import assemble
 from daemon.coordination.progress import Progress
 from daemon.supervision.seat_probe import PROBE_WAIT_S, SILENCE_S, SeatProbe, too_still
+from daemon.supervision.seats import Seats
+
+JOB = Path(__file__).resolve().parents[1] / "integration" / "daemon_job.toml"
 
 
 class Etcd:
@@ -137,3 +143,40 @@ def test_a_member_whose_status_port_refuses_loses_its_seat_without_the_wait() ->
             assert p.check("b", 3, 7, address) and etcd.seats == {}  # the ask's own wait
         finally:
             p.close()
+
+
+def test_a_member_already_unheard_loses_its_seat_in_the_round_that_asks() -> None:
+    etcd, now = Etcd(), [100.0]
+    p = probe(etcd, now)
+    assert p.check("b", 3, ("unheard", 1), unheard=True) and etcd.seats == {}
+    assert etcd.asks == 1  # asked all the same: its answer settles nothing now
+    assert not p.check("b", 3, ("unheard", 1), unheard=True)  # once per generation
+
+
+def test_the_running_members_status_ports_are_watched_and_a_dead_one_is_unheard(
+    tmp_path: Path,
+) -> None:
+    """Seats.watch: while our ranks run, every other member of our spanning group is
+    probed; a port that refuses is unheard within a few probes, a listening one never."""
+    cfg = load_daemon_config(JOB, ["node.id=a", "job.nodes_per_group=2", "parallel.dp_shard=2"])
+    seats = Seats(cfg, cast(Coordinator, Etcd()), cast(Any, None), tmp_path)
+    seats.slot, seats.node_rank = 1, 0
+    with socket.socket() as listening, socket.socket() as closed:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        closed.bind(("127.0.0.1", 0))
+        ports = {"b": listening.getsockname()[1], "c": closed.getsockname()[1]}
+        records = [
+            (f"nodes/{n}", {"host": "127.0.0.1", "http_port": p}, 2) for n, p in ports.items()
+        ]
+        seated = [("seats/1/0", {"node": "a"}, 3), ("seats/1/1", {"node": "b"}, 3)]
+        try:
+            seats.watch(assemble([*records, *seated], 4))
+            assert not _wait(lambda: bool(seats.unheard()), 1.0)  # b listens
+            moved = [("seats/1/0", {"node": "a"}, 3), ("seats/1/1", {"node": "c"}, 5)]
+            seats.watch(assemble([*records, *moved], 6))  # c took the seat; its port refuses
+            assert _wait(lambda: seats.unheard() == ("c",))
+            seats.watch(None)  # our ranks stopped: nothing is watched
+            assert seats.unheard() == ()
+        finally:
+            seats.close()
