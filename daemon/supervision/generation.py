@@ -8,7 +8,7 @@ from daemon.config import DaemonConfig
 from daemon.coordination.job_view import JobView
 from daemon.ranks.spec import GroupPart, Seat
 from daemon.supervision.parts import Ranks, Upkeep
-from daemon.supervision.spanning import SpanningGroup
+from daemon.supervision.spanning import SpanningGroup, members
 
 
 def next_part(
@@ -28,7 +28,9 @@ def next_part(
         return spanning.joined(job, gid, rank)
     seen = job.generations.get(gid, 0)
     port, uuid = free_port(cfg.bind_host), ranks.next_replica_uuid()
+    # The members it starts for: a node that took a seat since joins only a later one.
     store = {"generation": seen + 1, "addr": cfg.advertise_host, "port": port}
+    store["members"] = list(members(job, gid))
     if not upkeep.start_generation(gid, seen, {**store, "replica_uuid": uuid}):
         return None
     return GroupPart(Seat(0, spanning.nodes), seen + 1, port, uuid)

@@ -6,7 +6,8 @@ The group's first node (node rank 0) starts every generation: once every seat is
 and no other member's record says its ranks still run (a dead member's says so until
 its lease lapses), it moves the generation on and publishes its store for it. The
 others start under the current generation once the store names it, and never under one
-they ran before. A node running under generation g stops its ranks when the generation
+they ran before or one started for another member in their seat (the store names the
+members it was started for). A node running under generation g stops its ranks when the generation
 moves on or a seat changes hands (a member lost or replaced); it moves g on itself when
 its own ranks failed or it saw a member go, so that the group's other nodes stop at
 once. A drain leaves the generation alone: the group's ranks agree to stop together.
@@ -81,6 +82,13 @@ class SpanningGroup:
         generation = job.generations.get(gid, 0)
         store = job.stores.get(gid) or {}
         if store.get("generation") != generation or generation <= self.last_generation:
+            return 0, held.get(0, "-")
+        # A store started for the members before us (a spare that took a lost member's
+        # seat while the first node's ranks still ran its generation) is not ours to join.
+        started_for = store.get("members")
+        if not isinstance(started_for, list):  # a store from before stores named them
+            return None
+        if node_rank < len(started_for) and started_for[node_rank] != held.get(node_rank):
             return 0, held.get(0, "-")
         return None
 

@@ -126,3 +126,19 @@ def test_status_names_each_spanning_groups_state() -> None:
         "2": "forming",
         "3": "waiting for nodes",
     }
+
+
+def test_a_spare_joins_only_a_generation_started_for_it() -> None:
+    """A spare that took a lost member's seat while the first node's ranks still ran
+    waits for the store of a generation started with it in that seat; a store of the
+    old members (or one without members, as older daemons wrote) is not its own."""
+    spare = SpanningGroup(2)
+    store = {"generation": 5, "addr": "10.0.0.1", "port": 29500, "replica_uuid": "u"}
+    old = job({1: {0: "a", 1: "s"}}, generation=5, store={**store, "members": ["a", "b"]})
+    assert "first node (a)" in str(spare.missing(old, 1, 1))
+    ours = job(
+        {1: {0: "a", 1: "s"}}, generation=6, store={**store, "generation": 6, "members": ["a", "s"]}
+    )
+    assert spare.missing(ours, 1, 1) is None
+    unnamed = job({1: {0: "a", 1: "s"}}, generation=5, store=store)
+    assert spare.missing(unnamed, 1, 1) is None  # a store from before members were named
