@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -96,6 +97,19 @@ def token_above_vocab(tmp: Path, _: contextlib.ExitStack) -> Case:
     )
 
 
+def immutable_dir(tmp: Path, stack: contextlib.ExitStack) -> Case:
+    """checkpoint.dir inside a directory with the immutable flag: its create fails for
+    root too, and for good (a permanent error, not a full volume that may heal)."""
+    locked = tmp / "locked"
+    locked.mkdir()
+    if subprocess.run(["chattr", "+i", str(locked)], capture_output=True).returncode != 0:
+        pytest.skip("this file system has no immutable flag")
+    stack.callback(subprocess.run, ["chattr", "-i", str(locked)], check=True)
+    path = locked / "ckpt"
+    names = f"checkpoint.dir {path} cannot be created in {locked} (permission"
+    return Case(names, sets(f'checkpoint.dir="{path}"'))
+
+
 def node_id(value: str) -> Setup:
     return lambda _, __: Case("--node-id 'nnnnn", ["--node-id", value])
 
@@ -137,6 +151,7 @@ CASES = [
         ),
         True,
     ),
+    case("checkpoint-dir-in-an-immutable-dir", immutable_dir, True),
     case(
         "checkpoint-dir-on-proc",
         path_setting(
