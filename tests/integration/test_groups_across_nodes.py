@@ -12,6 +12,7 @@ node ends with the same parameters.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import time
@@ -221,6 +222,17 @@ def test_a_group_short_of_a_node_waits_and_a_spare_takes_a_lost_nodes_seat(
         gauge = [line for line in metrics.splitlines() if line.startswith("phalanx_spare{")]
         assert code == 200 and len(gauge) == 1 and gauge[0].endswith(" 1.0"), gauge
         assert spare.require_status()["replica_group"] is None
+        # `phalanx status --json` shows it as a spare: no group, waiting for a free seat.
+        shown_json = wait_for(
+            lambda: next(
+                (n for n in json.loads(cli_status(etcd_host, endpoint, "--json"))["nodes"]
+                 if n["id"] == spare.node_id and n["spare"]),
+                None,
+            ),
+            30,
+            "phalanx status --json to show the spare",
+        )  # fmt: skip
+        assert shown_json["group"] is None, shown_json
         wait_for(lambda: spare.require_status()["standby_pids"], 60, "the spare's warm standby")
 
         held = seats(daemons)
@@ -321,9 +333,9 @@ def test_a_group_short_of_a_node_waits_and_a_spare_takes_a_lost_nodes_seat(
     assert unlogged <= 1, f"{unlogged} shares unlogged with one node lost"
 
 
-def cli_status(host: Host, endpoint: str) -> str:
-    """`phalanx status` run on `host`."""
-    argv = [str(BIN / "phalanx"), "status", "--config", str(DAEMON_JOB)]
+def cli_status(host: Host, endpoint: str, *flags: str) -> str:
+    """`phalanx status` run on `host`, with `flags` (``--json``)."""
+    argv = [str(BIN / "phalanx"), "status", *flags, "--config", str(DAEMON_JOB)]
     argv += ["--set", f'etcd.endpoints=["{endpoint}"]', "--set", "job.nodes_per_group=2"]
     argv += ["--set", "parallel.dp_shard=2"]
     return host.run(argv).stdout
