@@ -6,8 +6,9 @@ the machine; a host that lost power or its network answers nothing. A probe conn
 closes without a word (the leader's gate does not count that as a refusal).
 :class:`HostProbe` does it every :data:`PROBE_EVERY_S` from a thread of its own, so the
 daemon's loop never waits on a silent host. Used by the leader's watchers
-(``daemon.leadership.unreachable``) and by a spanning group asking after a member
-(``daemon.supervision.seat_probe``).
+(``daemon.leadership.unreachable``: a silent host, not a refusing one, is suspect) and
+by a spanning group's nodes watching their partners (``daemon.supervision.seats``,
+``seat_probe``: a refusal is a dead daemon; silence may be a split, and is asked about).
 """
 
 from __future__ import annotations
@@ -16,48 +17,43 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from enum import StrEnum
 
 PROBE_EVERY_S = 0.25
 CONNECT_S = 0.25  # a live kernel answers a connection in well under a millisecond
-FAILURES = 2  # probes in a row without an answer before the target counts as silent
+FAILURES = 2  # the same answer this many probes in a row before it counts
 
 
-def host_answers(host: str, port: int, timeout_s: float = CONNECT_S) -> bool:
-    """Whether the kernel at (host, port) answers a connection: accepted or refused. No
-    answer within `timeout_s`, or a network that cannot route there, is silence."""
+class Answer(StrEnum):
+    ACCEPTED = "accepted"  # something listens there
+    REFUSED = "refused"  # the host is up and nothing listens on that port
+    SILENT = "silent"  # no answer in time, or no route: no power, no network, or a cut
+
+
+def connect(host: str, port: int, timeout_s: float = CONNECT_S) -> Answer:
+    """How the kernel at (host, port) answers one connection, closed at once."""
     try:
         with socket.create_connection((host, port), timeout=timeout_s):
-            return True
+            return Answer.ACCEPTED
     except ConnectionRefusedError:
-        return True
+        return Answer.REFUSED
     except OSError:
-        return False
-
-
-def listener_answers(host: str, port: int, timeout_s: float = CONNECT_S) -> bool:
-    """Whether something listens at (host, port): a refusal (the host is up, nothing
-    listens there) is no answer, like silence."""
-    try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            return True
-    except OSError:
-        return False
+        return Answer.SILENT
 
 
 class HostProbe:
-    """A thread that connects to one address every :data:`PROBE_EVERY_S` and counts the
-    probes in a row that got no answer; `wake` is called when that count reaches
-    :data:`FAILURES`, so the daemon's loop acts on it at once."""
+    """A thread that connects to one address every :data:`PROBE_EVERY_S` and keeps the
+    run of equal answers; :attr:`silent` and :attr:`refused` say that the last
+    :data:`FAILURES` probes in a row got that answer, and `wake` is called when a run of
+    either reaches it, so the daemon's loop acts on it at once."""
 
     def __init__(
-        self,
-        wake: Callable[[], None],
-        answers: Callable[[str, int], bool] = host_answers,
+        self, wake: Callable[[], None], probe: Callable[[str, int], Answer] = connect
     ) -> None:
-        self._wake, self._answers = wake, answers
+        self._wake, self._probe = wake, probe
         self._lock = threading.Lock()
         self._target: tuple[str, int] | None = None
-        self._failures = 0
+        self._run_of: tuple[Answer, int] = (Answer.ACCEPTED, 0)  # answer, probes in a row
         self._stop = threading.Event()
         self._changed = threading.Event()
         self._thread: threading.Thread | None = None
@@ -67,22 +63,32 @@ class HostProbe:
         with self._lock:
             if target == self._target:
                 return
-            self._target, self._failures = target, 0
+            self._target, self._run_of = target, (Answer.ACCEPTED, 0)
         if target is not None and self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="leader-probe", daemon=True)
+            self._thread = threading.Thread(target=self._loop, name="host-probe", daemon=True)
             self._thread.start()
         self._changed.set()
 
     @property
     def silent(self) -> bool:
+        """The host gave no answer :data:`FAILURES` times in a row."""
+        return self._last(Answer.SILENT)
+
+    @property
+    def refused(self) -> bool:
+        """The host refused :data:`FAILURES` times in a row: it is up, nothing listens."""
+        return self._last(Answer.REFUSED)
+
+    def _last(self, answer: Answer) -> bool:
         with self._lock:
-            return self._target is not None and self._failures >= FAILURES
+            seen, count = self._run_of
+            return self._target is not None and seen == answer and count >= FAILURES
 
     def close(self) -> None:
         self._stop.set()
         self._changed.set()
 
-    def _run(self) -> None:
+    def _loop(self) -> None:
         while not self._stop.is_set():
             with self._lock:
                 target = self._target
@@ -91,12 +97,13 @@ class HostProbe:
                 self._changed.clear()
                 continue
             started = time.monotonic()
-            answered = self._answers(*target)
+            answer = self._probe(*target)
             with self._lock:
                 if target != self._target:
                     continue  # the address moved while we probed the old one
-                self._failures = 0 if answered else self._failures + 1
-                reached = self._failures == FAILURES
+                seen, count = self._run_of
+                self._run_of = (answer, count + 1 if answer == seen else 1)
+                reached = answer != Answer.ACCEPTED and self._run_of[1] == FAILURES
             if reached:
                 self._wake()
             self._stop.wait(max(0.0, PROBE_EVERY_S - (time.monotonic() - started)))

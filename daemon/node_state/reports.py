@@ -53,9 +53,11 @@ class UpkeepReport:
     # Nothing may commit here now: the lease is unconfirmed, or a new session replaced it
     # and the ranks' state is not judged yet (the fence judge's; daemon.fencing).
     must_pause: bool = False
-    # Members of this node's spanning group whose daemon's status port stopped answering
-    # while its ranks ran (daemon.supervision.seats: MemberWatch), by node id.
-    members_unheard: tuple[str, ...] = ()
+    # Members of this node's spanning group, by node id, whose daemon's status port
+    # refused (no daemon: gone) or answered nothing (silent) while our ranks ran
+    # (daemon.supervision.seats.Seats.watch).
+    members_gone: tuple[str, ...] = ()
+    members_silent: tuple[str, ...] = ()
 
     @property
     def seat(self) -> int | None:

@@ -18,9 +18,10 @@ its state) and reads who answered:
 
 * the member answered: it is alive and reaches etcd (a split inside the group, a
   member slow to stop its ranks, a long step), so this node waits on it as before;
-* its daemon's status port refuses or ignores two connections in a row, 0.25 s apart
-  (``daemon.host_probe``: its host is up and no daemon listens, or its host answers
-  nothing): the seat is revoked as below, without waiting out the ask;
+* its daemon's status port refuses two connections in a row, 0.25 s apart
+  (``daemon.host_probe``: its host is up and no daemon listens, so its ranks died with
+  it): the seat is revoked as below, without waiting out the ask. A port that answers
+  nothing may be a split inside the group as well as a lost host: it is asked about;
 * no answer within :data:`PROBE_WAIT_S`: the member's seat is deleted, if the member
   still holds it (``Coordinator.revoke_seat``); our ranks stop because the group's
   seats changed (``SpanningGroup.must_stop``), and a spare, or the member itself once
@@ -41,7 +42,7 @@ from typing import Any
 
 from daemon.coordination import Coordinator
 from daemon.coordination.progress import Progress
-from daemon.host_probe import HostProbe, listener_answers
+from daemon.host_probe import HostProbe
 from trainer import logs
 
 PROBE_WAIT_S = 1.5  # a live daemon answers within a round or two (0.25 s each)
@@ -100,8 +101,8 @@ class SeatProbe:
         generation this node waits on it in, or the silence of our ranks it may cause),
         or judge the answer; True when its seat was revoked this round. `address`: its
         daemon's status server (host, port) as its record gives it, probed meanwhile;
-        `unheard`: that port already stopped answering while our ranks ran (seats.py),
-        so the seat goes in the round that asks."""
+        `unheard`: that port already refused while our ranks ran, no daemon listening
+        there (seats.py), so the seat goes in the round that asks."""
         key = (member, seat)
         asked = self._asked.get(key)
         if asked is None or asked.token != token:
@@ -124,7 +125,7 @@ class SeatProbe:
             self.log.info("seat_probe_answered", member=member, seat=seat, seconds=round(waited, 3))
             return False
         listening = self._listening.get(key)
-        unheard = unheard or (listening is not None and listening.silent)
+        unheard = unheard or (listening is not None and listening.refused)
         if waited < PROBE_WAIT_S and not unheard:
             return False
         ok, revoked = self.attempt(
@@ -140,7 +141,7 @@ class SeatProbe:
                 seat=seat,
                 waited_s=round(waited, 3),
                 why=(
-                    "its daemon's status port did not answer"
+                    "its daemon's status port refused"
                     if unheard
                     else "no sign of life while its group waited on it"
                 ),
@@ -153,7 +154,7 @@ class SeatProbe:
         if old is not None:
             old.close()
         if address is not None:
-            probe = HostProbe(lambda: None, listener_answers)
+            probe = HostProbe(lambda: None)
             probe.follow(address)
             self._listening[key] = probe
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from daemon.config import DaemonConfig
 from daemon.coordination import Coordinator, JobView
-from daemon.host_probe import HostProbe, listener_answers
+from daemon.host_probe import HostProbe
 from daemon.supervision.attempts import Attempts
 from daemon.supervision.seat_probe import SeatProbe
 from trainer import logs
@@ -118,31 +118,32 @@ class Seats:
         token = ("generation", job.generations.get(gid, 0))
         self._probe.check(node, gid * self.nodes + rank, token, status_address(job, node))
 
-    def probe_members(self, job: JobView, silence: float, unheard: tuple[str, ...] = ()) -> bool:
+    def probe_members(self, job: JobView, silence: float, gone: tuple[str, ...] = ()) -> bool:
         """Our running ranks have been still since `silence` (monotonic; a member dead
         without a word leaves them blocked in a collective or the quorum): every other
-        seated member of the group is asked for a sign of life, once per silence; or
-        members whose status port stopped answering (`unheard`, :meth:`watch`) lose
+        seated member of the group is asked for a sign of life, once per silence; and
+        members whose status port refused (`gone`, :meth:`watch`: no daemon there) lose
         their seat in this round, once per generation. True when a member's seat was
         revoked this round."""
         gid = self.slot
         if gid is None:
             return False
         revoked = False
-        generation = ("unheard", job.generations.get(gid, 0))
+        generation = ("gone", job.generations.get(gid, 0))
         for rank, node in sorted(job.seats.get(gid, {}).items()):
-            if node == self.cfg.node_id or (unheard and node not in unheard):
+            if node == self.cfg.node_id:
                 continue
-            seat, address = gid * self.nodes + rank, status_address(job, node)
-            token = generation if unheard else ("silence", silence)
-            revoked |= self._probe.check(node, seat, token, address, unheard=bool(unheard))
+            seat, address, dead = gid * self.nodes + rank, status_address(job, node), node in gone
+            token = generation if dead else ("silence", silence)
+            revoked |= self._probe.check(node, seat, token, address, unheard=dead)
         return revoked
 
     def watch(self, job: JobView | None) -> None:
         """While our ranks run (`job`; None stops it), connect to the status port of
         every other member of our spanning group every 0.25 s (daemon.host_probe): a
-        member whose host lost power or network, or whose daemon died, leaves our ranks
-        blocked without a word, and the other groups with them, until they go still."""
+        member whose daemon died (refused: :meth:`gone`) or whose host answers nothing
+        (:meth:`silent`) leaves our ranks blocked without a word, and the other groups
+        with them, until they go still."""
         gid, members = self.slot, {}
         if job is not None and gid is not None:
             seated = job.seats.get(gid, {}).values()
@@ -151,11 +152,16 @@ class Seats:
             self._watched.pop(node).close()
         for node, address in members.items():
             if node not in self._watched:
-                self._watched[node] = HostProbe(self._wake, listener_answers)
+                self._watched[node] = HostProbe(self._wake)
             self._watched[node].follow(address)
 
-    def unheard(self) -> tuple[str, ...]:
-        """The watched members whose status port gave no answer twice in a row."""
+    def gone(self) -> tuple[str, ...]:
+        """The watched members whose status port refused twice in a row: no daemon."""
+        return tuple(sorted(n for n, probe in self._watched.items() if probe.refused))
+
+    def silent(self) -> tuple[str, ...]:
+        """The watched members whose host answered nothing twice in a row: lost, or cut
+        from us (a split), which the ask tells apart."""
         return tuple(sorted(n for n, probe in self._watched.items() if probe.silent))
 
     def holds(self, job: JobView) -> bool:

@@ -271,8 +271,9 @@ class Supervisor:
             # blocked with its abandon the step at once, ours stop next round (must_stop).
             r = self.ranked  # as the last tick left them
             still = too_still(r.quiet_since, time.monotonic(), r.phases, r.step_time_median_s)
-            unheard = up.members_unheard  # or its daemon's port is silent (seats.py)
-            if (still or unheard) and self.upkeep.ask_members(up.job, r.quiet_since or 0, unheard):
+            gone, mute = up.members_gone, up.members_silent  # a port refused, or silent
+            due = still or gone or mute
+            if due and self.upkeep.ask_members(up.job, r.quiet_since or 0, gone):
                 word = self.group.failure_word(ExitKind.HUNG, up.job.lighthouse)
                 told = (do.AnnounceFailure(word),)
         if gate.running_group_leaves(v.health, up.job, up.slot, self.cfg):

@@ -161,10 +161,10 @@ class EtcdUpkeep:
         """Ask the member (node rank, node id) our group waits on for a sign of life."""
         self._seats.probe(job, member)
 
-    def ask_members(self, job: JobView, silence: float, unheard: tuple[str, ...] = ()) -> bool:
+    def ask_members(self, job: JobView, silence: float, gone: tuple[str, ...] = ()) -> bool:
         """Ask every other member for a sign of life; True when a seat was revoked. Those
-        `unheard` (their status port stopped answering) lose theirs without the wait."""
-        return self._seats.probe_members(job, silence, unheard)
+        `gone` (their status port refused: no daemon) lose theirs without the wait."""
+        return self._seats.probe_members(job, silence, gone)
 
     def start_generation(self, gid: int, seen: int, store: dict[str, Any]) -> bool:
         """Move a spanning group's generation on from `seen` and publish its store: False
@@ -209,7 +209,8 @@ class EtcdUpkeep:
             leader=leader,
             most_groups=self.most_groups,
             must_pause=self.judge.must_pause(),
-            members_unheard=seats.unheard(),
+            members_gone=seats.gone(),
+            members_silent=seats.silent(),
         )
 
     def serving_http(self, port: int) -> None:

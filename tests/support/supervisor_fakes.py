@@ -162,7 +162,7 @@ class FakeUpkeep:
     def ask_member(self, job: JobView, member: tuple[int, str]) -> None:
         pass
 
-    def ask_members(self, job: JobView, silence: float, unheard: tuple[str, ...] = ()) -> bool:
+    def ask_members(self, job: JobView, silence: float, gone: tuple[str, ...] = ()) -> bool:
         return False
 
     def start_generation(self, gid: int, seen: int, store: dict[str, Any]) -> bool:

@@ -172,11 +172,11 @@ def test_the_running_members_status_ports_are_watched_and_a_dead_one_is_unheard(
         seated = [("seats/1/0", {"node": "a"}, 3), ("seats/1/1", {"node": "b"}, 3)]
         try:
             seats.watch(assemble([*records, *seated], 4))
-            assert not _wait(lambda: bool(seats.unheard()), 1.0)  # b listens
+            assert not _wait(lambda: bool(seats.gone()), 1.0)  # b listens
             moved = [("seats/1/0", {"node": "a"}, 3), ("seats/1/1", {"node": "c"}, 5)]
             seats.watch(assemble([*records, *moved], 6))  # c took the seat; its port refuses
-            assert _wait(lambda: seats.unheard() == ("c",))
+            assert _wait(lambda: seats.gone() == ("c",))
             seats.watch(None)  # our ranks stopped: nothing is watched
-            assert seats.unheard() == ()
+            assert seats.gone() == ()
         finally:
             seats.close()

@@ -22,26 +22,24 @@ def test_the_first_three_others_by_id_watch_and_a_majority_of_them_must_agree() 
     assert [u.needed(n) for n in (1, 2, 3)] == [1, 2, 2]
 
 
-def test_a_live_kernel_answers_and_a_listener_only_while_it_listens() -> None:
+def test_a_connection_is_accepted_refused_or_met_with_silence() -> None:
     with socket.socket() as listening:
         listening.bind(("127.0.0.1", 0))
         listening.listen()
         port = listening.getsockname()[1]
-        assert hp.host_answers("127.0.0.1", port)
-        assert hp.listener_answers("127.0.0.1", port)
-    assert hp.host_answers("127.0.0.1", port)  # refused: the host is there
-    assert not hp.listener_answers("127.0.0.1", port)  # but nothing listens
+        assert hp.connect("127.0.0.1", port) == hp.Answer.ACCEPTED
+    assert hp.connect("127.0.0.1", port) == hp.Answer.REFUSED  # the host is there
 
 
 class Answers:
-    """The probe's answers, one per call; True once the script runs out."""
+    """The probe's answers, one per call; accepted once the script runs out."""
 
-    def __init__(self, script: list[bool]) -> None:
+    def __init__(self, script: list[hp.Answer]) -> None:
         self.script, self.asked = list(script), 0
 
-    def __call__(self, host: str, port: int) -> bool:
+    def __call__(self, host: str, port: int) -> hp.Answer:
         self.asked += 1
-        return self.script.pop(0) if self.script else True
+        return self.script.pop(0) if self.script else hp.Answer.ACCEPTED
 
 
 def _until(predicate: Any, timeout_s: float = 5.0) -> None:
@@ -53,15 +51,17 @@ def _until(predicate: Any, timeout_s: float = 5.0) -> None:
 
 def test_the_probe_is_silent_after_failures_in_a_row_and_wakes_the_loop_once() -> None:
     woke = threading.Event()
-    answers = Answers([True, False, True, False, False, False])
+    ok, mute, no = hp.Answer.ACCEPTED, hp.Answer.SILENT, hp.Answer.REFUSED
+    answers = Answers([ok, mute, ok, no, mute, mute, mute])
     probe = hp.HostProbe(woke.set, answers)
     try:
         assert not probe.silent  # nothing followed
         probe.follow(("10.0.0.1", 29510))
         _until(lambda: answers.asked >= 3)
-        assert not probe.silent and not woke.is_set()  # one failure, then an answer
+        assert not probe.silent and not woke.is_set()  # one silence, then an answer
         _until(lambda: probe.silent)
-        assert woke.is_set()
+        assert woke.is_set() and not probe.refused  # a refusal broke the first run
+        assert answers.asked >= 6
         probe.follow(("10.0.0.2", 29510))  # a new leader's address: counted afresh
         assert not probe.silent
         probe.follow(None)
