@@ -36,7 +36,7 @@ POLL_S = 0.2
 
 # (phase, frame substrings): a sample belongs to the first phase one of whose frames
 # holds one of the substrings. Only samples inside the step loop are counted.
-LOOPS = {"phalanx": "run (trainer/loop.py", "torchrun": "main (bench/peer_ddp.py"}
+LOOPS = {"phalanx": "train (trainer/run.py", "torchrun": "main (bench/peer_ddp.py"}
 PHASES: list[tuple[str, tuple[str, ...]]] = [
     ("checkpoint", ("save (bench/peer_ddp.py", "trainer/checkpoint")),
     ("quorum: start", ("start_step (trainer/ft/replication.py",)),
@@ -45,14 +45,19 @@ PHASES: list[tuple[str, tuple[str, ...]]] = [
     ("gradient all-reduce", ("sync_gradients",)),
     ("loss across groups", ("average_across_groups", "_group_total")),
     ("backward", ("backward (torch/_tensor.py",)),
-    ("forward and data", ("_run_share", "gradients (bench/peer_worker.py")),
+    ("forward and data", ("trainer/forward_backward.py", "gradients (bench/peer_worker.py")),
     ("clip", ("clip_grad_norm",)),
     ("commit vote", ("should_commit",)),
     ("optimizer", ("torch/optim/",)),
-    ("heartbeat file", ("touch (trainer/loop.py",)),
+    ("heartbeat file", ("trainer/contracts/heartbeat.py",)),
     (
         "reporting: logs, metrics",
-        ("trainer/run.py", "trainer/metrics.py", "trainer/logs.py", "write (bench/peer_worker.py"),
+        (
+            "__call__ (trainer/run.py",
+            "trainer/metrics.py",
+            "trainer/logs.py",
+            "write (bench/peer_worker.py",
+        ),
     ),
 ]
 OTHER = "other step code"
