@@ -59,17 +59,20 @@ class UnreachableLeader:
         return self.probe.silent
 
     def round(self, job: JobView | None, lighthouse: str | None, leading: bool) -> None:
-        """`lighthouse`: the address last published (kept while the key is absent)."""
+        """`lighthouse`: the address last published (kept while the key is absent); while
+        the key is vacant the probe stays on it, for the election (``takeover_due``)."""
         if leading or job is None:
             self.probe.follow(None)
             return self._clear()
         if job.leader is None:  # vacant: the election takes it from here
             return self._clear()
         watchers = watchers_of(job.nodes, job.leader)
-        if self.node_id not in watchers:
+        # Only the address published under this leader's lease is its own: a new leader
+        # still starting its lighthouse is not judged by its predecessor's address.
+        if self.node_id not in watchers or job.lighthouse is None:
             self.probe.follow(None)
             return self._clear()
-        self.probe.follow(parse_address(job.lighthouse or lighthouse))
+        self.probe.follow(parse_address(job.lighthouse))
         if not self.probe.silent:
             return self._clear()
         mark = (job.leader, job.leader_epoch)
@@ -79,7 +82,7 @@ class UnreachableLeader:
             self.log.warning(
                 "leader_unreachable",
                 leader=job.leader,
-                address=job.lighthouse or lighthouse,
+                address=job.lighthouse,
                 watchers=list(watchers),
             )
         agree = [

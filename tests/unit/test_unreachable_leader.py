@@ -98,10 +98,16 @@ class Probe:
         self.closed = True
 
 
-def _job(leader: str | None, nodes: list[str], suspects: dict[str, Any] | None = None) -> Any:
+def _job(
+    leader: str | None,
+    nodes: list[str],
+    suspects: dict[str, Any] | None = None,
+    published: bool = True,
+) -> Any:
     entries: list[tuple[str, Any, int]] = [(f"nodes/{n}", {"host": n}, 2) for n in nodes]
     if leader is not None:
         entries += [("leader", {"node": leader, "instance": "i"}, 7)]
+    if leader is not None and published:
         entries += [("lighthouse", f"{leader}:29510", 8)]
     entries += [(f"suspects/{n}", v, 9) for n, v in (suspects or {}).items()]
     return assemble(entries, 10)
@@ -167,3 +173,11 @@ def test_a_leader_that_answers_again_or_a_vacancy_clears_the_suspicion() -> None
     watch.round(_job(None, ["a", "b", "c"]), "a:29510", leading=False)
     assert suspects.calls[-1] == ("clear",)
     assert probe.following == "a:29510"  # still probed: the election skips its own probe
+
+
+def test_a_new_leader_still_starting_its_lighthouse_is_not_judged_by_the_old_address() -> None:
+    """The old leader's host is silent and a new leader holds the key, its lighthouse
+    not published yet: nothing is probed or suspected until it publishes its own."""
+    watch, suspects, probe = _watch("b", silent=True)
+    watch.round(_job("c", ["a", "b", "c"], published=False), "a:29510", leading=False)
+    assert probe.following is None and suspects.calls == []
