@@ -7,13 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from pyetcd import transactions as etx
-
-from daemon.coordination.identity import holder_of
 from daemon.coordination.job_view import dump
+from daemon.coordination.slots import Txn, revoke_held
 
 PREFIX = "suspects/"
-Txn = Callable[[list[Any], list[Any], list[Any]], tuple[bool, list[Any]]]
 
 
 class LeaderSuspects:
@@ -42,9 +39,6 @@ class LeaderSuspects:
         """Delete the ``leader`` key (and ``lighthouse`` and ``lost``, on its lease) if
         `leader` still holds it; True if this call deleted it."""
         key = self._key("leader")
-        raw, meta = self._call(lambda c: c.get(key))
-        if raw is None or holder_of(bytes(raw))[0] != leader:
-            return False
-        gone = [etx.Delete(key), etx.Delete(self._key("lighthouse")), etx.Delete(self._key("lost"))]
-        ok, _ = self._txn([etx.Mod(key) == meta.mod_revision], gone, [])
-        return ok
+        raw, _ = self._call(lambda c: c.get(key))
+        also = (self._key("lighthouse"), self._key("lost"))
+        return revoke_held(self._txn, key, None if raw is None else bytes(raw), leader, also)

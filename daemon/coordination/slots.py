@@ -78,13 +78,17 @@ def rebind(do_txn: Txn, key: str, kv: Any, me: str, lease: int) -> bool:
     return ok
 
 
-def revoke_held(do_txn: Txn, key: str, value: bytes | None, member: str) -> bool:
-    """Delete the seat at `key` (its value `value`, as read) if `member` still holds it,
-    compared on the value (``daemon.supervision.seat_probe``: a member that gave no sign of
-    life); False when it does not (it left, or another holds it)."""
+def revoke_held(
+    do_txn: Txn, key: str, value: bytes | None, member: str, also: tuple[str, ...] = ()
+) -> bool:
+    """Delete the seat at `key` (its value `value`, as read), and the keys `also`, if
+    `member` still holds it, compared on the value (``daemon.supervision.seat_probe``: a
+    member that gave no sign of life; ``leader_suspects``: a leader its watchers could not
+    reach); False when it does not (it left, or another holds it)."""
     if value is None or holder_of(value)[0] != member:
         return False
-    ok, _ = do_txn([txn.Value(key) == bytes(value)], [txn.Delete(key)], [])
+    gone = [txn.Delete(k) for k in (key, *also)]
+    ok, _ = do_txn([txn.Value(key) == bytes(value)], gone, [])
     return ok
 
 

@@ -171,7 +171,7 @@ class Leadership:
         if job is not None and job.leader is not None:
             self._vacant_since = None  # the next vacancy is probed afresh (takeover_due)
             self._last_leader, self._back_from_fence = job.leader, False
-        self.unreachable.round(job, lighthouse, self.leader)
+        self.unreachable.round(job, self.leader)
         if self.must_campaign(job):
             if not self.takeover_due(job, lighthouse):
                 return

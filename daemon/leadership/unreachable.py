@@ -58,9 +58,9 @@ class UnreachableLeader:
         """The host of the lighthouse last probed gave no answer (:data:`FAILURES` times)."""
         return self.probe.silent
 
-    def round(self, job: JobView | None, lighthouse: str | None, leading: bool) -> None:
-        """`lighthouse`: the address last published (kept while the key is absent); while
-        the key is vacant the probe stays on it, for the election (``takeover_due``)."""
+    def round(self, job: JobView | None, leading: bool) -> None:
+        """While the leader key is vacant the probe stays on the address it followed, for
+        the election (``takeover_due``)."""
         if leading or job is None:
             self.probe.follow(None)
             return self._clear()

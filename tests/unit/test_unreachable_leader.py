@@ -121,16 +121,16 @@ def _watch(me: str, silent: bool) -> tuple[u.UnreachableLeader, Suspects, Probe]
 
 def test_a_watcher_that_hears_the_leader_writes_nothing() -> None:
     watch, suspects, probe = _watch("b", silent=False)
-    watch.round(_job("a", ["a", "b", "c"]), None, leading=False)
+    watch.round(_job("a", ["a", "b", "c"]), leading=False)
     assert probe.following == "a:29510" and suspects.calls == []
 
 
 def test_a_node_that_is_no_watcher_or_leads_does_not_probe() -> None:
     watch, suspects, probe = _watch("e", silent=True)
-    watch.round(_job("a", ["a", "b", "c", "d", "e"]), None, leading=False)
+    watch.round(_job("a", ["a", "b", "c", "d", "e"]), leading=False)
     assert probe.following is None and suspects.calls == []
     watch, suspects, probe = _watch("a", silent=True)
-    watch.round(_job("a", ["a", "b", "c"]), None, leading=True)
+    watch.round(_job("a", ["a", "b", "c"]), leading=True)
     assert probe.following is None and suspects.calls == []
 
 
@@ -138,12 +138,12 @@ def test_one_silent_watcher_of_two_suspects_and_the_second_deposes() -> None:
     nodes = ["a", "b", "c"]
     job = _job("a", nodes)
     watch, suspects, _ = _watch("b", silent=True)
-    watch.round(job, None, leading=False)
+    watch.round(job, leading=False)
     assert suspects.calls == [("suspect", "a", job.leader_epoch)]  # 1 of 2: no majority
-    watch.round(job, None, leading=False)
+    watch.round(job, leading=False)
     assert suspects.calls == [("suspect", "a", job.leader_epoch)]  # written once
     agreed = _job("a", nodes, {"c": {"leader": "a", "epoch": job.leader_epoch}})
-    watch.round(agreed, None, leading=False)
+    watch.round(agreed, leading=False)
     assert suspects.calls[-1] == ("depose", "a")
 
 
@@ -151,26 +151,26 @@ def test_a_suspicion_of_another_term_does_not_count() -> None:
     nodes = ["a", "b", "c"]
     watch, suspects, _ = _watch("b", silent=True)
     stale = _job("a", nodes, {"c": {"leader": "a", "epoch": 1}})
-    watch.round(stale, None, leading=False)
+    watch.round(stale, leading=False)
     assert [c[0] for c in suspects.calls] == ["suspect"]
 
 
 def test_the_only_watcher_of_a_two_node_job_deposes_alone() -> None:
     watch, suspects, _ = _watch("b", silent=True)
-    watch.round(_job("a", ["a", "b"]), None, leading=False)
+    watch.round(_job("a", ["a", "b"]), leading=False)
     assert [c[0] for c in suspects.calls] == ["suspect", "depose"]
 
 
 def test_a_leader_that_answers_again_or_a_vacancy_clears_the_suspicion() -> None:
     watch, suspects, probe = _watch("b", silent=True)
     job = _job("a", ["a", "b", "c"])
-    watch.round(job, None, leading=False)
+    watch.round(job, leading=False)
     probe.silent = False
-    watch.round(job, None, leading=False)
+    watch.round(job, leading=False)
     assert suspects.calls[-1] == ("clear",) and watch.suspected is None
     probe.silent = True
-    watch.round(job, None, leading=False)
-    watch.round(_job(None, ["a", "b", "c"]), "a:29510", leading=False)
+    watch.round(job, leading=False)
+    watch.round(_job(None, ["a", "b", "c"]), leading=False)
     assert suspects.calls[-1] == ("clear",)
     assert probe.following == "a:29510"  # still probed: the election skips its own probe
 
@@ -179,5 +179,5 @@ def test_a_new_leader_still_starting_its_lighthouse_is_not_judged_by_the_old_add
     """The old leader's host is silent and a new leader holds the key, its lighthouse
     not published yet: nothing is probed or suspected until it publishes its own."""
     watch, suspects, probe = _watch("b", silent=True)
-    watch.round(_job("c", ["a", "b", "c"], published=False), "a:29510", leading=False)
+    watch.round(_job("c", ["a", "b", "c"], published=False), leading=False)
     assert probe.following is None and suspects.calls == []
