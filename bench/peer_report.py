@@ -25,7 +25,7 @@ from bench.peer_measures import (
     over_repeats,
     ratio,
 )
-from bench.peer_settings import GROUPS, MODEL, ROWS, TRAIN, trainer_config
+from bench.peer_settings import GROUPS, MODEL, rows, train, trainer_config
 
 COUNTING = """\
 How each measure is counted:
@@ -93,7 +93,7 @@ def workload_line() -> str:
     return (
         f"workload: built-in Llama (dim {MODEL['dim']}, {MODEL['n_layers']} layers, vocab "
         f"{MODEL['vocab_size']}, {MODEL['n_heads']} heads, {params() / 1e6:.2f}M parameters), "
-        f"synthetic bigram data, seq {TRAIN['seq_len']}, {ROWS} rows per rank per step, AdamW, "
+        f"synthetic bigram data, seq {train()['seq_len']}, {rows()} rows per rank per step, AdamW, "
         f"{GROUPS} ranks, one thread per rank"
     )
 

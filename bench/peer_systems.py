@@ -33,7 +33,7 @@ from bench.peer_procs import (
     spawn,
     wait_listening,
 )
-from bench.peer_settings import GROUPS, ROWS, phalanx_job
+from bench.peer_settings import GROUPS, phalanx_job, rows
 from daemon.children import descendants, free_port, kill_tree
 from daemon.config import LighthouseConfig
 from daemon.coordination.etcd_server import EmbeddedEtcd
@@ -331,8 +331,8 @@ class Phalanx(System):
             self.warming.discard(int(e.get("pid", 0)))
             self.warmed.add(int(e.get("pid", 0)))
         if kind == "train_step":
-            first, stop = e.get("items", [0, ROWS])
-            commit = Commit(t, int(e["step"]), self.born.get(group, 0.0), (stop - first) / ROWS)
+            first, stop = e.get("items", [0, rows()])
+            commit = Commit(t, int(e["step"]), self.born.get(group, 0.0), (stop - first) / rows())
             self.timelines[group].append(commit)
             if t > self.count_after and int(e.get("participants", 0)) < len(self.groups):
                 self.count("train_step with participants < 2")

@@ -22,7 +22,8 @@ one side of the chaos window alone moved goodput by as much. How each measure
 is counted is printed with the results (see COUNTING).
 
     .venv/bin/python -m bench.peers [--repeats N] [--window S] [--kill-every S] \\
-        [--warmup S] [--chaos S] [--systems torchrun,torchft,phalanx] [--json PATH]
+        [--warmup S] [--chaos S] [--systems torchrun,torchft,phalanx] [--rows N] [--json PATH]
+    .venv/bin/python -m bench.peers --chaos 0 --after 0 --rows 2   # failure-free, short steps
     .venv/bin/python -m bench.peers --soak 600    # Phalanx only, no failures
     .venv/bin/python -m bench.peers --paired 8    # kill cycles beside kill-free ones
 
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import signal
 import sys
@@ -76,6 +78,7 @@ from bench.peer_phases import (
     wait_quiet,
     wait_ready,
 )
+from bench.peer_settings import ROWS_ENV, rows
 from bench.peer_systems import Phalanx, System
 
 
@@ -212,6 +215,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=0,
         help="pairs of --kill-every s cycles, one with a kill and one without (bench/peer_paired.py)",
     )
+    parser.add_argument(
+        "--rows",
+        type=int,
+        help=f"rows per rank per step (default {rows()}): a shorter or longer step, as "
+        f"{ROWS_ENV} sets it for every system's workers",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--keep", action="store_true", help="keep the logs and checkpoints")
     args = parser.parse_args(argv)
@@ -219,6 +228,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     unknown = [s for s in args.systems if s not in SYSTEMS]
     if unknown or not args.systems:
         parser.error(f"--systems takes a comma-separated subset of {','.join(SYSTEMS)}")
+    if args.rows is not None:
+        if args.rows < 1:
+            parser.error("--rows must be at least 1")
+        os.environ[ROWS_ENV] = str(args.rows)  # the workers and the job file read it
     if args.kill_every <= 0 or args.repeats < 1 or args.paired < 0:
         parser.error(
             "--kill-every must be positive, --repeats at least 1 and --paired not negative"

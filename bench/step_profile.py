@@ -1,14 +1,16 @@
-"""Where a training step's time goes: plain torchrun DDP against Phalanx, side by side
-(issue 14, failure-free overhead).
+"""Where a training step's time goes: plain torchrun DDP, bare torchft and Phalanx,
+side by side (issues 14 and 52, failure-free overhead).
 
-    python -m bench.step_profile [--warmup 20] [--seconds 40] [--rate 40]
+    python -m bench.step_profile [--warmup 20] [--seconds 40] [--rate 40] [--rows 8]
 
-Runs bench/peers.py's torchrun DDP world and then its two Phalanx daemons on the same
-model, data and thread settings, without failures. Once each is warm, `py-spy`
-samples every rank's main thread (wall time: waiting counts, `--idle`) for
+Runs bench/peers.py's torchrun DDP world, then its two bare torchft groups, then its
+two Phalanx daemons on the same model, data and thread settings, without failures
+(`--rows`: rows per rank per step, for a shorter or longer step). Once each is warm,
+`py-spy` samples every rank's main thread (wall time: waiting counts, `--idle`) for
 `--seconds`; each sample is put in the first phase below whose frame it is inside,
 and a phase's share of the samples times the measured step time gives its
-milliseconds per step. The last column is Phalanx minus DDP.
+milliseconds per step. The last two columns are Phalanx minus bare torchft and
+Phalanx minus DDP.
 
 Sampling costs CPU, more for a process with more threads (a Phalanx rank runs
 torchft's): at 200 samples/s Phalanx made 0.72x torchrun's steps/s while sampled,
@@ -20,6 +22,8 @@ Needs py-spy (in the dev extras: `pip install -e .[dev]`) and root or ptrace rig
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import platform
 import shutil
 import subprocess
@@ -28,21 +32,27 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from bench.pacing import PACING_LINE
 from bench.peer_measures import rate
 from bench.peer_procs import BIN, scratch
-from bench.peer_systems import Phalanx, System, Torchrun
+from bench.peer_settings import ROWS_ENV, rows
+from bench.peer_systems import BareTorchft, Phalanx, System, Torchrun
 
 POLL_S = 0.2
 
 # (phase, frame substrings): a sample belongs to the first phase one of whose frames
 # holds one of the substrings. Only samples inside the step loop are counted.
-LOOPS = {"phalanx": "train (trainer/run.py", "torchrun": "main (bench/peer_ddp.py"}
+LOOPS = {
+    "torchrun": "main (bench/peer_ddp.py",
+    "torchft": "main (bench/peer_torchft.py",
+    "phalanx": "train (trainer/run.py",
+}
 PHASES: list[tuple[str, tuple[str, ...]]] = [
     ("checkpoint", ("save (bench/peer_ddp.py", "trainer/checkpoint")),
-    ("quorum: start", ("start_step (trainer/ft/replication.py",)),
+    ("quorum: start", ("start_step (trainer/ft/replication.py", "start_quorum (torchft/")),
     ("quorum: wait", ("quorum (trainer/ft/replication.py", "_quorum_or_drain")),
     ("replica digest", ("_compare_replicas",)),
-    ("gradient all-reduce", ("sync_gradients",)),
+    ("gradient all-reduce", ("sync_gradients", "allreduce (torchft/", "wait (torchft/")),
     ("loss across groups", ("average_across_groups", "_group_total")),
     ("backward", ("backward (torch/_tensor.py",)),
     ("forward and data", ("trainer/forward_backward.py", "gradients (bench/peer_worker.py")),
@@ -131,30 +141,40 @@ def profile(system: System, loop: str, args: argparse.Namespace) -> tuple[Counte
         system.stop()
 
 
-def table(results: dict[str, tuple[Counter[str], float]]) -> list[str]:
-    names = list(results)
+def per_step_ms(results: dict[str, tuple[Counter[str], float]]) -> dict[str, dict[str, float]]:
+    """Milliseconds per step of each phase, per system; "step (measured)" the whole step."""
     ms: dict[str, dict[str, float]] = {}
     for name, (samples, steps_per_s) in results.items():
         total = sum(samples.values()) or 1
         ms[name] = {p: 1000 / steps_per_s * n / total for p, n in samples.items()}
-    lines = [f"{'phase':28}" + "".join(f"{n + ' ms':>14}" for n in names) + f"{'difference':>12}"]
-    order = [p for p, _ in PHASES] + [OTHER]
-    for phase in order:
+        ms[name][STEP] = 1000 / steps_per_s
+    return ms
+
+
+STEP = "step (measured)"
+
+
+def table(results: dict[str, tuple[Counter[str], float]]) -> list[str]:
+    """Each phase's milliseconds per step, and Phalanx minus each other system."""
+    names = list(results)
+    others = [n for n in names if n != "phalanx"] if "phalanx" in names else []
+    ms = per_step_ms(results)
+    head = "".join(f"{n + ' ms':>14}" for n in names)
+    lines = [f"{'phase':28}" + head + "".join(f"{'-' + o:>12}" for o in others)]
+    for phase in [p for p, _ in PHASES] + [OTHER, STEP]:
         row = [ms[n].get(phase, 0.0) for n in names]
         if not any(row):
             continue
-        diff = row[-1] - row[0] if len(row) > 1 else 0.0
-        lines.append(f"{phase:28}" + "".join(f"{v:14.1f}" for v in row) + f"{diff:+12.1f}")
-    steps = [1000 / results[n][1] for n in names]
-    lines.append(
-        f"{'step (measured)':28}"
-        + "".join(f"{v:14.1f}" for v in steps)
-        + f"{steps[-1] - steps[0]:+12.1f}"
-    )
-    rates = [results[n][1] for n in names]
-    lines.append("steps/s: " + ", ".join(f"{n} {r:.2f}" for n, r in zip(names, rates, strict=True)))
-    if len(rates) == 2:
-        lines.append(f"ratio phalanx/torchrun steps/s while sampled: {rates[1] / rates[0]:.3f}")
+        diffs = [ms["phalanx"].get(phase, 0.0) - ms[o].get(phase, 0.0) for o in others]
+        lines.append(
+            f"{phase:28}"
+            + "".join(f"{v:14.1f}" for v in row)
+            + "".join(f"{d:+12.1f}" for d in diffs)
+        )
+    rates = {n: results[n][1] for n in names}
+    lines.append("steps/s: " + ", ".join(f"{n} {r:.2f}" for n, r in rates.items()))
+    for o in others:
+        lines.append(f"ratio phalanx/{o} steps/s while sampled: {rates['phalanx'] / rates[o]:.3f}")
     return lines
 
 
@@ -163,8 +183,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=20.0, help="seconds before sampling")
     parser.add_argument("--seconds", type=int, default=40, help="seconds sampled")
     parser.add_argument("--rate", type=int, default=40, help="samples per second per rank")
+    parser.add_argument("--rows", type=int, help=f"rows per rank per step (default {rows()})")
+    parser.add_argument("--systems", default=",".join(LOOPS), help="a subset of " + ",".join(LOOPS))
+    parser.add_argument("--json", type=Path, help="also write the milliseconds per step here")
     parser.add_argument("--keep", action="store_true", help="keep the run directories")
     args = parser.parse_args(argv)
+    names = [n.strip() for n in args.systems.split(",") if n.strip()]
+    if not names or any(n not in LOOPS for n in names):
+        parser.error(f"--systems takes a comma-separated subset of {','.join(LOOPS)}")
+    if args.rows is not None:
+        if args.rows < 1:
+            parser.error("--rows must be at least 1")
+        os.environ[ROWS_ENV] = str(args.rows)  # every system's workers read it
     args.py_spy = shutil.which("py-spy") or str(BIN / "py-spy")
     if not Path(args.py_spy).exists():
         print(
@@ -173,13 +203,21 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     print(f"machine: {platform.machine()}, Python {platform.python_version()}; "
-          f"{args.seconds} s sampled at {args.rate}/s per rank after {args.warmup:.0f} s")  # fmt: skip
+          f"{args.seconds} s sampled at {args.rate}/s per rank after {args.warmup:.0f} s; "
+          f"{rows()} rows per rank per step")  # fmt: skip
+    print(PACING_LINE)
     with scratch("phalanx-profile-", args.keep) as tmp:
-        results = {
-            "torchrun": profile(Torchrun(tmp / "torchrun", save_every=20), LOOPS["torchrun"], args),
-            "phalanx": profile(Phalanx(tmp / "phalanx", None), LOOPS["phalanx"], args),
+        systems: dict[str, System] = {
+            "torchrun": Torchrun(tmp / "torchrun", save_every=20),
+            "torchft": BareTorchft(tmp / "torchft"),
+            "phalanx": Phalanx(tmp / "phalanx", None),
         }
+        results = {n: profile(systems[n], LOOPS[n], args) for n in names}
         print("\n".join(table(results)))
+    if args.json:
+        figures = {"rows": rows(), "rate": args.rate, "seconds": args.seconds}
+        figures |= {"ms_per_step": per_step_ms(results), "machine": platform.machine()}
+        args.json.write_text(json.dumps(figures, indent=2))
     return 0
 
 
