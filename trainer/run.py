@@ -94,7 +94,7 @@ def build(cfg: TrainerConfig, env: RankEnv, work: workload.Workload | None = Non
     workload.probe_data(work, where)
     full = workload.build_meta(work, where)
     layout = init_distributed(cfg.parallel, env, cfg.ft.timeout_s)
-    beat = Heartbeat(env.heartbeat)
+    beat = Heartbeat(env.heartbeat, background=True)  # step beats off the step loop
     beat.enter("start")  # the process group formed: progress
 
     # Pipeline stages, parallelize and materialise each, then the pipeline's schedule.

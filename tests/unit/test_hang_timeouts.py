@@ -3,8 +3,12 @@ settings, and the learned step timeout (daemon/ranks/hang.py, trainer/contracts/
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from pathlib import Path
+
+import pytest
 
 from daemon.config import DaemonConfig
 from daemon.ranks.hang import WINDOW, HangLimits, StepTimes, timeouts
@@ -87,3 +91,38 @@ def test_step_times_keep_a_window_of_the_newest() -> None:
     times = StepTimes().add([100.0] * WINDOW).add([1.0] * WINDOW)
     assert times.count == 2 * WINDOW and max(times.seen) == 1.0
     assert StepTimes().add([]) == StepTimes()
+
+
+def test_the_loops_step_beats_are_written_off_its_thread_and_never_go_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 52: the step loop does no file I/O for a step's beat; a longer phase is in
+    the file before enter() returns, and a step beat still waiting never replaces it."""
+    path = tmp_path / "rank-0"
+    writers: list[str] = []
+    replace = os.replace
+
+    def recorded(src: Path, dst: Path) -> None:
+        writers.append(threading.current_thread().name)
+        replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", recorded)
+    beat = Heartbeat(path, background=True)
+    beat.enter("start")  # written here: not a step
+    assert writers == ["MainThread"] and read_beat(path).phase == "start"
+    beat.enter("step")
+    time.sleep(0.02)
+    beat.enter("step")
+    assert beat.flush()
+    assert set(writers[1:]) == {"phalanx-heartbeat"}
+    seen = read_beat(path)
+    assert seen.phase == "step" and seen.step_s is not None and seen.step_s >= 0.02
+    beat.note_quorum(4)
+    assert beat.flush() and read_beat(path) == Beat("step", None, 4)
+    for _ in range(200):  # beats faster than the writer: it may write fewer, never older
+        beat.enter("step")
+    beat.enter("save")
+    assert writers[-1] == "MainThread" and read_beat(path).phase == "save"
+    assert beat.flush()
+    time.sleep(0.05)
+    assert read_beat(path) == Beat("save", None, 4)

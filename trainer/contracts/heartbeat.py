@@ -11,7 +11,10 @@ ends a stretch spent in steps carries its seconds (``step_s``), from which the d
 learns the steady-step timeout. Every beat also carries the id of the rank's last
 torchft quorum once it has one (``quorum_id``, :meth:`Heartbeat.note_quorum`): when
 the rank dies, its daemon announces the failure to the other groups' ranks in that
-quorum. Nothing is read from a device: a beat never syncs a GPU.
+quorum. Nothing is read from a device: a beat never syncs a GPU. The training loop's
+step beats are written by a thread of their own (``background``), so the step loop does
+no file I/O; a step beat the thread has not written yet when a newer one comes is
+replaced by it (the daemon needs progress, not every step's seconds).
 """
 
 from __future__ import annotations
@@ -66,13 +69,27 @@ def read_beat(path: Path) -> Beat:
 
 
 class Heartbeat:
-    def __init__(self, path: Path | None) -> None:
+    """This rank's beats. With `background` (the training loop's), a ``step`` beat is
+    handed to a writer thread and :meth:`enter` returns at once: a failure-free step does
+    no file I/O (issue 52). Every other phase is written before :meth:`enter` returns,
+    because the daemon must see a longer phase (a save, a heal, the finish) before the
+    rank spends its time there, and a step beat still waiting is dropped for it: a file
+    never goes back to an older beat. A rank that hangs stops entering phases, so its
+    file stops changing whichever thread writes it."""
+
+    def __init__(self, path: Path | None, background: bool = False) -> None:
         self.path = path
         self._tmp = path.with_name(f".{path.name}.tmp") if path is not None else Path()
         self._lock = threading.Lock()  # torchft's quorum thread beats for a heal
+        self._wake = threading.Condition(self._lock)
+        self._background = background
         self._phase = "start"
         self._since = time.monotonic()
         self._quorum_id: int | None = None
+        self._entered = 0  # beats entered, numbered from 1
+        self._written = 0  # the newest beat in the file
+        self._pending: tuple[int, dict[str, object]] | None = None  # for the writer thread
+        self._writer: tuple[int, threading.Thread] | None = None  # (pid, thread)
 
     def enter(self, phase: str) -> None:
         """Say that this rank enters `phase` (progress, whatever the phase)."""
@@ -84,7 +101,14 @@ class Heartbeat:
             if phase == "step" and self._phase == "step":
                 beat["step_s"] = round(now - self._since, 6)
             self._phase, self._since = phase, now
-            self._write(beat)
+            self._entered += 1
+            if self._background and phase == "step":
+                self._pending = (self._entered, beat)
+                self._start_writer()
+                self._wake.notify()
+                return
+            self._pending = None  # this beat is newer
+            self._write(self._entered, beat)
 
     def note_quorum(self, quorum_id: int) -> None:
         """Say which quorum this rank is in now (torchft's quorum thread, once per new id):
@@ -93,9 +117,48 @@ class Heartbeat:
             return
         with self._lock:
             self._quorum_id = quorum_id
-            self._write({"phase": self._phase})
+            if self._pending is not None:  # the writer adds the id to the beat it writes
+                return
+            self._entered += 1
+            self._write(self._entered, {"phase": self._phase})
 
-    def _write(self, beat: dict[str, object]) -> None:
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until every beat entered is in the file (the background writer's too);
+        False if `timeout` seconds passed first."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while self._pending is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._wake.wait(min(left, 0.05))
+            return True
+
+    def _start_writer(self) -> None:
+        """The writer thread, started on the first background beat of this process (a
+        rank forked from a zygote does not inherit its parent's thread)."""
+        pid = os.getpid()
+        if self._writer is not None and self._writer[0] == pid:
+            return
+        thread = threading.Thread(target=self._write_pending, name="phalanx-heartbeat", daemon=True)
+        self._writer = (pid, thread)
+        thread.start()
+
+    def _write_pending(self) -> None:
+        with self._lock:
+            while True:
+                while self._pending is None:
+                    self._wake.wait()
+                number, beat = self._pending
+                self._pending = None
+                self._write(number, beat)
+                self._wake.notify_all()  # flush()
+
+    def _write(self, number: int, beat: dict[str, object]) -> None:
+        """Write beat `number` unless a newer one is in the file (the lock is held)."""
+        if number <= self._written:
+            return
+        self._written = number
         if self._quorum_id is not None:
             beat["quorum_id"] = self._quorum_id
         # Replaced whole, never rewritten in place: the daemon reads a beat when the
