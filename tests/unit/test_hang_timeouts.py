@@ -126,3 +126,32 @@ def test_the_loops_step_beats_are_written_off_its_thread_and_never_go_back(
     assert beat.flush()
     time.sleep(0.05)
     assert read_beat(path) == Beat("save", None, 4)
+
+
+def test_a_step_beat_never_waits_for_a_write_in_flight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer thread holds no lock the step loop takes while it writes: a slow disk
+    delays the file, never the step."""
+    path = tmp_path / "rank-0"
+    writing, release = threading.Event(), threading.Event()
+    replace = os.replace
+
+    def slow(src: Path, dst: Path) -> None:
+        if threading.current_thread().name == "phalanx-heartbeat":
+            writing.set()
+            release.wait(10)
+        replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", slow)
+    beat = Heartbeat(path, background=True)
+    beat.enter("step")
+    assert writing.wait(5)  # the writer is inside its write, and stays there
+    entered = threading.Thread(target=lambda: [beat.enter("step") for _ in range(3)])
+    entered.start()
+    entered.join(5)
+    stuck = entered.is_alive()
+    release.set()
+    entered.join()
+    assert not stuck, "a step beat waited for the writer's file I/O"
+    assert beat.flush() and read_beat(path).phase == "step"

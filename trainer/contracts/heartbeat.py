@@ -71,15 +71,19 @@ def read_beat(path: Path) -> Beat:
 class Heartbeat:
     """This rank's beats. With `background` (the training loop's), a ``step`` beat is
     handed to a writer thread and :meth:`enter` returns at once: a failure-free step does
-    no file I/O (issue 52). Every other phase is written before :meth:`enter` returns,
-    because the daemon must see a longer phase (a save, a heal, the finish) before the
-    rank spends its time there, and a step beat still waiting is dropped for it: a file
-    never goes back to an older beat. A rank that hangs stops entering phases, so its
-    file stops changing whichever thread writes it."""
+    no file I/O and never waits for one (issue 52). Every other phase is written before
+    :meth:`enter` returns, because the daemon must see a longer phase (a save, a heal,
+    the finish) before the rank spends its time there, and a step beat still waiting is
+    dropped for it: writes are serialised and a file never goes back to an older beat.
+    A rank that hangs stops entering phases, so its file stops changing whichever thread
+    writes it."""
 
     def __init__(self, path: Path | None, background: bool = False) -> None:
         self.path = path
         self._tmp = path.with_name(f".{path.name}.tmp") if path is not None else Path()
+        # Lock order: _file_lock, then _lock. _lock guards the fields below and is never
+        # held across file I/O, so a step's beat never waits for a write in flight.
+        self._file_lock = threading.Lock()
         self._lock = threading.Lock()  # torchft's quorum thread beats for a heal
         self._wake = threading.Condition(self._lock)
         self._background = background
@@ -102,13 +106,14 @@ class Heartbeat:
                 beat["step_s"] = round(now - self._since, 6)
             self._phase, self._since = phase, now
             self._entered += 1
+            number = self._entered
             if self._background and phase == "step":
-                self._pending = (self._entered, beat)
+                self._pending = (number, beat)
                 self._start_writer()
-                self._wake.notify()
+                self._wake.notify_all()
                 return
             self._pending = None  # this beat is newer
-            self._write(self._entered, beat)
+        self._write(number, beat)
 
     def note_quorum(self, quorum_id: int) -> None:
         """Say which quorum this rank is in now (torchft's quorum thread, once per new id):
@@ -120,14 +125,17 @@ class Heartbeat:
             if self._pending is not None:  # the writer adds the id to the beat it writes
                 return
             self._entered += 1
-            self._write(self._entered, {"phase": self._phase})
+            number = self._entered
+            beat: dict[str, object] = {"phase": self._phase}
+        self._write(number, beat)
 
     def flush(self, timeout: float = 5.0) -> bool:
-        """Wait until every beat entered is in the file (the background writer's too);
-        False if `timeout` seconds passed first."""
+        """Wait until the newest beat entered is in the file (the background writer's
+        too); False if `timeout` seconds passed first."""
         deadline = time.monotonic() + timeout
         with self._lock:
-            while self._pending is not None:
+            target = self._entered
+            while self.path is not None and self._written < target:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -136,7 +144,7 @@ class Heartbeat:
 
     def _start_writer(self) -> None:
         """The writer thread, started on the first background beat of this process (a
-        rank forked from a zygote does not inherit its parent's thread)."""
+        rank forked from a zygote does not inherit its parent's thread); _lock is held."""
         pid = os.getpid()
         if self._writer is not None and self._writer[0] == pid:
             return
@@ -145,26 +153,29 @@ class Heartbeat:
         thread.start()
 
     def _write_pending(self) -> None:
-        with self._lock:
-            while True:
+        while True:
+            with self._lock:
                 while self._pending is None:
                     self._wake.wait()
                 number, beat = self._pending
                 self._pending = None
-                self._write(number, beat)
-                self._wake.notify_all()  # flush()
+            self._write(number, beat)
 
     def _write(self, number: int, beat: dict[str, object]) -> None:
-        """Write beat `number` unless a newer one is in the file (the lock is held)."""
-        if number <= self._written:
-            return
-        self._written = number
-        if self._quorum_id is not None:
-            beat["quorum_id"] = self._quorum_id
-        # Replaced whole, never rewritten in place: the daemon reads a beat when the
-        # file's mtime changes, which is coarser than a write, so it must never find a
-        # half-written one. OSError: the run directory went away (we are being stopped).
-        assert self.path is not None
-        with contextlib.suppress(OSError):
-            self._tmp.write_text(json.dumps(beat))
-            os.replace(self._tmp, self.path)
+        """Write beat `number` unless a newer one is in the file."""
+        with self._file_lock:
+            with self._lock:
+                if number <= self._written:
+                    return
+                if self._quorum_id is not None:
+                    beat["quorum_id"] = self._quorum_id
+            # Replaced whole, never rewritten in place: the daemon reads a beat when the
+            # file's mtime changes, which is coarser than a write, so it must never find a
+            # half-written one. OSError: the run directory went away (we are being stopped).
+            assert self.path is not None
+            with contextlib.suppress(OSError):
+                self._tmp.write_text(json.dumps(beat))
+                os.replace(self._tmp, self.path)
+            with self._lock:
+                self._written = number
+                self._wake.notify_all()  # flush()
