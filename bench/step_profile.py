@@ -106,9 +106,11 @@ def profile(system: System, loop: str, args: argparse.Namespace) -> tuple[Counte
             system.poll()
             time.sleep(POLL_S)
         end = time.time() + args.warmup
-        while time.time() < end:
+        while time.time() < end or (not system.quiet() and time.time() < end + args.quiet_timeout):
             system.poll()
             time.sleep(POLL_S)
+        if not system.quiet():
+            print(f"{system.name}: still warming up {args.quiet_timeout:.0f}s after the warm-up")
         pids = sorted({p for i in range(2) for p in system.victim(i)[2]})
         outs = [system.workdir / f"profile-{pid}.txt" for pid in pids]
         record = [args.py_spy, "record", "--duration", str(args.seconds), "--rate", str(args.rate)]
@@ -183,6 +185,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=20.0, help="seconds before sampling")
     parser.add_argument("--seconds", type=int, default=40, help="seconds sampled")
     parser.add_argument("--rate", type=int, default=40, help="samples per second per rank")
+    parser.add_argument(
+        "--quiet-timeout",
+        type=float,
+        default=180.0,
+        help="most seconds to wait after --warmup for standbys to be ready (Phalanx)",
+    )
     parser.add_argument("--rows", type=int, help=f"rows per rank per step (default {rows()})")
     parser.add_argument("--systems", default=",".join(LOOPS), help="a subset of " + ",".join(LOOPS))
     parser.add_argument("--json", type=Path, help="also write the milliseconds per step here")

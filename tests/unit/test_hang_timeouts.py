@@ -147,7 +147,12 @@ def test_a_step_beat_never_waits_for_a_write_in_flight(
     beat = Heartbeat(path, background=True)
     beat.enter("step")
     assert writing.wait(5)  # the writer is inside its write, and stays there
-    entered = threading.Thread(target=lambda: [beat.enter("step") for _ in range(3)])
+
+    def three_steps() -> None:
+        for _ in range(3):
+            beat.enter("step")
+
+    entered = threading.Thread(target=three_steps)
     entered.start()
     entered.join(5)
     stuck = entered.is_alive()
