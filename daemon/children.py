@@ -11,6 +11,7 @@ signals every descendant found in /proc. A chatty child's output goes through
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import ctypes
 import logging
@@ -18,12 +19,15 @@ import os
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable
 from logging.handlers import RotatingFileHandler
 from pathlib import Path
 from typing import IO
 
 PR_SET_PDEATHSIG = 1
+LOG_CHUNK_BYTES = 65536  # capped_log's largest read
+LOG_SETTLE_S = 0.2  # capped_log's pause after a read that found the pipe nearly empty
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -73,11 +77,20 @@ def kill_tree(pids: Iterable[int], sig: signal.Signals = signal.SIGKILL) -> None
             os.kill(pid, sig)
 
 
-def capped_log(stream: IO[bytes], path: Path, max_bytes: int) -> threading.Thread:
+def capped_log(
+    stream: IO[bytes], path: Path, max_bytes: int, settle_s: float = LOG_SETTLE_S
+) -> threading.Thread:
     """Copy a child's output to `path` until it closes, in a thread: when the file would
     pass `max_bytes` it becomes ``<path>.1`` (replacing the one before), so the child's
     log never takes more than twice that on disk, however long it runs (the standard
-    library's RotatingFileHandler, one backup)."""
+    library's RotatingFileHandler, one backup).
+
+    The output is copied in whole lines, as much as the pipe holds at a time, and after
+    a read that found little the thread lets `settle_s` pass before the next: a child
+    that writes a line per event (the lighthouse, several per quorum) otherwise woke
+    this thread, and wrote a record, for every line, taking CPU from the ranks beside it
+    (issue 52). A full read goes on at once, so the child never waits on the pipe."""
+    chunk = max(1, min(LOG_CHUNK_BYTES, max_bytes // 4))  # a record never fills a file
 
     def pump() -> None:
         out = RotatingFileHandler(
@@ -87,9 +100,25 @@ def capped_log(stream: IO[bytes], path: Path, max_bytes: int) -> threading.Threa
         # The volume is gone or full: say nothing, and go on reading, so the child never
         # blocks on a full pipe.
         out.handleError = lambda record: None  # type: ignore[method-assign]
+        decode = codecs.getincrementaldecoder("utf-8")("replace").decode
+        read = getattr(stream, "read1", stream.read)  # what the pipe holds, up to `chunk`
+
+        def emit(data: bytes, final: bool = False) -> None:
+            text = decode(data, final)
+            if text:
+                out.emit(logging.makeLogRecord({"msg": text}))
+
+        partial = b""
         try:
-            for line in iter(stream.readline, b""):
-                out.emit(logging.makeLogRecord({"msg": line.decode("utf-8", "replace")}))
+            while got := read(chunk):
+                data, partial = partial + got, b""
+                cut = data.rfind(b"\n") + 1
+                if 0 < cut < len(data) and len(data) - cut < chunk:
+                    data, partial = data[:cut], data[cut:]  # a line's start waits for its end
+                emit(data)
+                if len(got) < chunk // 2:
+                    time.sleep(settle_s)  # let lines gather in the pipe
+            emit(partial, final=True)
         finally:
             out.close()
             with contextlib.suppress(OSError, ValueError):
