@@ -57,10 +57,21 @@ def assert_out(d: Daemon, endpoint: str, reasons: dict[str, str]) -> None:
     assert doc["state"] == "claiming" and doc["replica_group"] is None, doc
     said = [str(e.get("waiting_for")) for e in d.events("waiting")]  # in the log, too
     assert any(w.startswith("the node to be healthy (failing: ") for w in said), said
-    code, body = d.get("/readyz")
+
+    def agreed() -> tuple[int, str] | None:
+        """/readyz read between two equal readings of /status: both from one health
+        report (it is taken again every health.interval_s, and the clock's reason carries
+        a measurement that moves with each), and /readyz naming each check as it does."""
+        before = failing(d)
+        code, body = d.get("/readyz")
+        if failing(d) != before or set(before) != set(reasons):
+            return None
+        return (
+            (code, body) if all(f"unhealthy: {n}: {r}" in body for n, r in before.items()) else None
+        )
+
+    code, body = wait_for(agreed, 10, "/readyz to name each failing check as /status does")
     assert code == 503 and body.startswith("claiming\n"), body
-    for name, reason in reasons.items():
-        assert f"unhealthy: {name}: {reason}" in body, body
     metric = healthy_metric(d)
     assert set(metric) == ALL
     assert {c for c, v in metric.items() if v == 0.0} == set(reasons), metric
