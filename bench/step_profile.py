@@ -34,11 +34,10 @@ from pathlib import Path
 
 from bench.pacing import PACING_LINE
 from bench.peer_measures import rate
+from bench.peer_phases import POLL_S, wait_quiet, wait_ready
 from bench.peer_procs import BIN, scratch
 from bench.peer_settings import ROWS_ENV, rows
 from bench.peer_systems import BareTorchft, Phalanx, System, Torchrun
-
-POLL_S = 0.2
 
 # (phase, frame substrings): a sample belongs to the first phase one of whose frames
 # holds one of the substrings. Only samples inside the step loop are counted.
@@ -99,18 +98,8 @@ def profile(system: System, loop: str, args: argparse.Namespace) -> tuple[Counte
     """Samples per phase over every rank, and the steps per second while sampling."""
     system.start()
     try:
-        started = time.time()
-        while not system.ready():
-            if time.time() - started > 180:
-                raise RuntimeError(f"{system.name}: no commit within 180 s")
-            system.poll()
-            time.sleep(POLL_S)
-        end = time.time() + args.warmup
-        while time.time() < end or (not system.quiet() and time.time() < end + args.quiet_timeout):
-            system.poll()
-            time.sleep(POLL_S)
-        if not system.quiet():
-            print(f"{system.name}: still warming up {args.quiet_timeout:.0f}s after the warm-up")
+        system.t0 = wait_ready(system, 180)
+        wait_quiet(system, system.t0 + args.warmup, args, system.name)
         pids = sorted({p for i in range(2) for p in system.victim(i)[2]})
         outs = [system.workdir / f"profile-{pid}.txt" for pid in pids]
         record = [args.py_spy, "record", "--duration", str(args.seconds), "--rate", str(args.rate)]
