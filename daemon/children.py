@@ -27,7 +27,7 @@ from typing import IO
 
 PR_SET_PDEATHSIG = 1
 LOG_CHUNK_BYTES = 65536  # capped_log's largest read
-LOG_SETTLE_S = 0.2  # capped_log's pause after a read that found the pipe nearly empty
+LOG_SETTLE_S = 1.0  # capped_log's pause after a read that found the pipe nearly empty
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -7,6 +7,10 @@ starved the supervisor loop; here every connection is a coroutine on one thread,
 an idle client costs a socket and nothing else. The socket is bound by the caller
 (so a taken port is the caller's error, at once); :class:`Listener` serves it until
 :meth:`Listener.stop`, then closes every connection still open.
+
+:class:`RawListener` is the same thread and limits for a handler that wants the
+socket itself rather than streams (the gate hands an admitted connection's socket to
+a relay, ``daemon.relay``, and streams would have read past where it hands over).
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ import threading
 from collections.abc import Awaitable, Callable
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+# Given a connection's non-blocking socket; True if it kept the socket (the listener
+# then neither tracks nor closes it), False to have it closed.
+RawHandler = Callable[[socket.socket], Awaitable[bool]]
 
 
 def bind(host: str, port: int, backlog: int = 128) -> socket.socket:
@@ -74,3 +81,70 @@ class Listener:
         finally:
             self.writers.discard(writer)
             writer.close()
+
+
+class RawListener:
+    """Serve `sock` with `handle` (one coroutine per connection, on its raw socket) in
+    thread `name`."""
+
+    def __init__(self, sock: socket.socket, handle: RawHandler, name: str) -> None:
+        self.sock = sock
+        self.port: int = sock.getsockname()[1]
+        self.handle = handle
+        self.open: set[socket.socket] = set()  # connections its handler has not kept
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name=name)
+
+    def start(self) -> RawListener:
+        self._thread.start()
+        self._ready.wait(10)
+        return self
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stopping is not None:
+            with contextlib.suppress(RuntimeError):  # the loop already ended
+                self._loop.call_soon_threadsafe(self._stopping.set)
+            self._thread.join(5)
+        self.sock.close()
+
+    def _run(self) -> None:
+        asyncio.run(self._serve())
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stopping = asyncio.Event()
+        self.sock.setblocking(False)
+        accepting = self._loop.create_task(self._accept())
+        self._ready.set()
+        await self._stopping.wait()
+        accepting.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        for conn in list(self.open):  # stopped: every connection not handed on ends now
+            conn.close()
+
+    async def _accept(self) -> None:
+        assert self._loop is not None
+        while True:
+            try:
+                conn, _ = await self._loop.sock_accept(self.sock)
+            except OSError:  # out of descriptors, or a connection reset before accept
+                await asyncio.sleep(0.1)
+                continue
+            conn.setblocking(False)
+            self.open.add(conn)
+            task = self._loop.create_task(self._tracked(conn))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _tracked(self, conn: socket.socket) -> None:
+        kept = False
+        try:
+            kept = await self.handle(conn)
+        finally:
+            self.open.discard(conn)
+            if not kept:
+                conn.close()

@@ -39,7 +39,7 @@ from daemon.coordination.lease_timing import fence_margin_s
 from daemon.host_probe import HostProbe
 from daemon.leadership.gate import alive as gate_alive
 from daemon.leadership.lighthouse import LighthouseError, LighthouseProcess, parse_address
-from daemon.leadership.lighthouse_status import Lost, lost_members, read_status
+from daemon.leadership.lighthouse_status import Lost, lost_members
 from daemon.leadership.unreachable import UnreachableLeader
 from daemon.leadership.will import Will
 from trainer import logs
@@ -222,7 +222,7 @@ class Leadership:
         tells its ranks, and those still in that quorum abandon the step that waits on
         them. Once per quorum and set of members lost."""
         lh = self.lighthouse
-        page = read_status(lh.internal_port) if lh and lh.internal_port else None
+        page = lh.status.read() if lh and lh.status else None
         if page is None:  # not read this round: nothing learned, nothing announced again
             return
         lost = lost_members(page, self.cfg.lighthouse.heartbeat_timeout_ms / 1000.0)

@@ -14,12 +14,14 @@ loopback only, and the leader's daemon listens on the published address
 3. the client's first bytes must be the HTTP/2 connection preface: torchft's
    clients speak gRPC (HTTP/2); the dashboard and its kill route are what HTTP/1.1
    clients (browsers, curl) reach, and they are refused;
-4. then bytes are relayed to the loopback lighthouse, both ways.
+4. then bytes are relayed to the loopback lighthouse, both ways, by the gate's relay
+   (``daemon.relay``: one thread for every admitted connection).
 
 Each node's forwarder (:class:`daemon.leadership.lighthouse.Forwarder`, the ranks'
 ``TORCHFT_LIGHTHOUSE``) answers step 2 on their behalf. One asyncio thread serves
-every connection (``daemon.listener``; at most :data:`MAX_CONNECTIONS`), so no flood
-of connections or silent clients costs threads. docs/operations.md, "Who can do what from where",
+every connection until it is admitted (``daemon.listener``; at most
+:data:`MAX_CONNECTIONS`), and one relay thread every admitted one, so no flood of
+connections or silent clients costs threads. docs/operations.md, "Who can do what from where",
 has the threat model.
 """
 
@@ -32,7 +34,8 @@ import os
 import socket
 import time
 
-from daemon.listener import Listener, bind
+from daemon.listener import RawListener, bind
+from daemon.relay import Relay
 from trainer import logs
 
 MAGIC = b"PHALANX-LIGHTHOUSE-GATE/1\n"
@@ -41,7 +44,6 @@ PROOF_BYTES = 32
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 HANDSHAKE_TIMEOUT_S = 5.0
 MAX_CONNECTIONS = 256
-CHUNK = 65536
 LOG_EVERY_S = 60.0  # a refused client's warning, at most
 
 
@@ -85,12 +87,21 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes:
     return data
 
 
+class _Closed(Exception):
+    """The client closed the connection; `partial` is what it sent of the awaited bytes."""
+
+    def __init__(self, partial: bytes) -> None:
+        super().__init__("closed")
+        self.partial = partial
+
+
 class Gate:
     """Listens on (host, port) and relays authenticated gRPC connections to the lighthouse
     on 127.0.0.1:upstream_port. Raises OSError from the constructor if the port is taken."""
 
     def __init__(self, host: str, port: int, upstream_port: int, secret: bytes) -> None:
-        self.listener = Listener(bind(host, port), self._connection, "lighthouse-gate").start()
+        self.relay = Relay("lighthouse-relay")
+        self.listener = RawListener(bind(host, port), self._connection, "lighthouse-gate").start()
         self.port: int = self.listener.port
         self.upstream_port = upstream_port
         self.secret = secret
@@ -102,29 +113,42 @@ class Gate:
     def close(self) -> None:
         self.closing = True  # the connections it cuts are not refusals
         self.listener.stop()
+        self.relay.close()
 
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if len(self.listener.writers) > MAX_CONNECTIONS:
-            return
+    async def _connection(self, sock: socket.socket) -> bool:
+        """Admit `sock` to the relay (True) or refuse it (False: the listener closes it)."""
+        if len(self.listener.open) + self.relay.pairs() > MAX_CONNECTIONS:
+            return False
         try:
-            why = await asyncio.wait_for(self._handshake(reader, writer), HANDSHAKE_TIMEOUT_S)
-        except (asyncio.IncompleteReadError, ConnectionError) as e:
+            why = await asyncio.wait_for(self._handshake(sock), HANDSHAKE_TIMEOUT_S)
+        except (_Closed, ConnectionError) as e:
             if not getattr(e, "partial", b""):  # closed without a word: a watcher's probe
-                return  # (daemon.leadership.unreachable), not a refusal
+                return False  # (daemon.leadership.unreachable), not a refusal
             why = "no answer to the handshake"
-        except TimeoutError:
+        except (TimeoutError, OSError):
             why = "no answer to the handshake"
         if why is not None:
             if not self.closing:
-                self._refused(writer, why)
-            return
-        await self._relay(reader, writer)
+                self._refused(sock, why)
+            return False
+        loop = asyncio.get_running_loop()
+        upstream = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        upstream.setblocking(False)
+        try:
+            await loop.sock_connect(upstream, ("127.0.0.1", self.upstream_port))
+        except OSError:
+            upstream.close()
+            return False
+        self.relay.add(sock, upstream, first=H2_PREFACE)
+        return True
 
-    def _refused(self, writer: asyncio.StreamWriter, why: str) -> None:
+    def _refused(self, sock: socket.socket, why: str) -> None:
         """Counted; logged once a minute per client, so a flood cannot fill the log."""
         self.refused += 1
-        peer = writer.get_extra_info("peername")
-        client = peer[0] if peer else None
+        try:
+            client: object = sock.getpeername()[0]
+        except OSError:
+            client = None
         now = time.monotonic()
         if now - self._said.get(client, -LOG_EVERY_S) >= LOG_EVERY_S:
             if len(self._said) > 1024:  # many clients: forget who was said when
@@ -134,36 +158,27 @@ class Gate:
                 "lighthouse_gate_refused", client=client, reason=why, refused_total=self.refused
             )
 
-    async def _handshake(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> str | None:
+    async def _handshake(self, sock: socket.socket) -> str | None:
         """Why the client may not pass, or None."""
+        loop = asyncio.get_running_loop()
         nonce = os.urandom(NONCE_BYTES)
-        writer.write(MAGIC + nonce)
-        await writer.drain()
-        answered = await reader.readexactly(PROOF_BYTES)
+        await loop.sock_sendall(sock, MAGIC + nonce)
+        answered = await _read_exactly(loop, sock, PROOF_BYTES)
         if not hmac.compare_digest(answered, proof(self.secret, nonce)):
             return "a wrong answer to the handshake (not a node of this job)"
-        preface = await reader.readexactly(len(H2_PREFACE))
+        preface = await _read_exactly(loop, sock, len(H2_PREFACE))
         if preface != H2_PREFACE:
             return "not gRPC (HTTP/2): the lighthouse's HTTP routes are not served through the gate"
         return None
 
-    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
-        except OSError:
-            return
-        up_writer.write(H2_PREFACE)
 
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-            try:
-                while data := await src.read(CHUNK):
-                    dst.write(data)
-                    await dst.drain()
-            except (ConnectionError, OSError):
-                pass
-            finally:
-                dst.close()
-
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+async def _read_exactly(loop: asyncio.AbstractEventLoop, sock: socket.socket, n: int) -> bytes:
+    """Exactly `n` bytes, and not one more (what follows is the relay's); _Closed if the
+    client closes first."""
+    data = b""
+    while len(data) < n:
+        chunk = await loop.sock_recv(sock, n - len(data))
+        if not chunk:
+            raise _Closed(data)
+        data += chunk
+    return data

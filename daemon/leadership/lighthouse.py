@@ -24,6 +24,8 @@ from daemon.children import capped_log, die_with_parent, free_port
 from daemon.config import LighthouseConfig
 from daemon.leadership.gate import Gate, answer
 from daemon.leadership.lighthouse_main import native_extension
+from daemon.leadership.lighthouse_status import StatusPage
+from daemon.relay import Relay
 from trainer import logs
 
 LAUNCHER = Path(__file__).with_name("lighthouse_main.py")
@@ -77,6 +79,7 @@ class LighthouseProcess:
         self.secret = secret
         self.internal_port: int | None = None  # the lighthouse's own, on 127.0.0.1
         self.gate: Gate | None = None
+        self.status: StatusPage | None = None  # its status page, read each round
         self.popen: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -95,6 +98,7 @@ class LighthouseProcess:
                 "free it or choose another port."
             ) from None
         self.port = self.gate.port
+        self.status = StatusPage(self.internal_port)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         argv = [
             *command,
@@ -138,6 +142,9 @@ class LighthouseProcess:
         if self.gate is not None:
             self.gate.close()
             self.gate = None
+        if self.status is not None:
+            self.status.close()
+            self.status = None
         if self.popen is None:
             return
         if self.popen.poll() is None:
@@ -172,6 +179,7 @@ class Forwarder:
         self._lock = threading.Lock()
         self._conns: set[socket.socket] = set()
         self._closed = False
+        self._relay = Relay("lighthouse-forwarder-relay")
         self.log = logs.get()
         threading.Thread(target=self._accept, daemon=True, name="lighthouse-forwarder").start()
 
@@ -192,8 +200,8 @@ class Forwarder:
                 return
             self._target, self._secret = target, secret
             old, self._conns = self._conns, set()
-        for conn in old:
-            _close(conn)
+        for conn in old:  # relayed ones the relay closes; one in its handshake fails it
+            self._relay.cut(conn)
 
     def _accept(self) -> None:
         while not self._closed:
@@ -227,27 +235,16 @@ class Forwarder:
                 _close(client)
                 _close(upstream)
                 return
+            # Pairs the relay ended are closed sockets: forget them as new ones come.
+            self._conns = {c for c in self._conns if c.fileno() != -1}
             self._conns.update((client, upstream))
-        threading.Thread(target=_pipe, args=(upstream, client), daemon=True).start()
-        _pipe(client, upstream)
-        with self._lock:
-            self._conns.difference_update((client, upstream))
+            self._relay.add(client, upstream)
 
     def close(self) -> None:
         self._closed = True
         _close(self._server)
         self.set_target(None)
-
-
-def _pipe(src: socket.socket, dst: socket.socket) -> None:
-    try:
-        while data := src.recv(65536):
-            dst.sendall(data)
-    except OSError:
-        pass
-    finally:
-        _close(src)
-        _close(dst)
+        self._relay.close()
 
 
 def _close(sock: socket.socket) -> None:

@@ -7,7 +7,8 @@ so only on its HTML status page (``GET /status``: the previous quorum's members,
 ``<b>replica id</b>``, and ``replica id: seen N s ago`` per heartbeat), so the leader
 reads that page from the lighthouse's loopback port once a round and announces the
 members it lost, with the id of the quorum they were lost from
-(``Coordinator.announce_lost``); every daemon then tells its ranks (``PHALANX_NOTICE``),
+(``Coordinator.announce_lost``); :class:`StatusPage` keeps one HTTP/1.1 connection open for
+those reads (opening one per read through urllib was a third of the leader's loop); every daemon then tells its ranks (``PHALANX_NOTICE``),
 and a rank abandons the step that waits on them only while its own quorum is that one:
 a replacement that took a lost member's replica id joins a later quorum (its first
 quorum is always numbered anew), so a collective with it is never abandoned for the
@@ -17,9 +18,10 @@ does not parse names nobody.
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import math
 import re
-import urllib.request
 from dataclasses import dataclass
 
 READ_TIMEOUT_S = 0.2  # on loopback; a lighthouse that slow is not read this round
@@ -29,15 +31,53 @@ _QUORUM_ID = re.compile(r"Previous quorum id:\s*(\d+)")
 _SEEN = re.compile(r"^\s*(\S+): seen ([0-9.eE+-]+)s ago\s*$", re.MULTILINE)
 
 
-def read_status(port: int) -> str | None:
-    """The lighthouse's status page from its loopback `port`, None when it does not answer."""
-    try:
-        with urllib.request.urlopen(
-            f"http://127.0.0.1:{port}/status", timeout=READ_TIMEOUT_S
-        ) as response:
-            return str(response.read().decode("utf-8", "replace"))
-    except (OSError, ValueError):
+class StatusPage:
+    """The status page of the lighthouse on loopback `port`, read over one kept-alive
+    connection."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.dials = 0  # connections opened so far
+        self._conn: http.client.HTTPConnection | None = None
+
+    def read(self) -> str | None:
+        """The page, None when the lighthouse does not answer within ``READ_TIMEOUT_S``.
+        A kept connection the lighthouse has closed since is dialled again once."""
+        for kept in (self._conn is not None, False):
+            if self._conn is None:
+                self._conn = http.client.HTTPConnection(
+                    "127.0.0.1", self.port, timeout=READ_TIMEOUT_S
+                )
+                self.dials += 1
+            try:
+                self._conn.request("GET", "/status")
+                response = self._conn.getresponse()
+                page = response.read().decode("utf-8", "replace")
+            except (OSError, http.client.HTTPException) as e:
+                self.close()
+                if kept and not isinstance(e, TimeoutError):
+                    continue
+                return None
+            if response.will_close:
+                self.close()
+            return page if response.status == 200 else None
         return None
+
+    def close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(OSError):
+                self._conn.close()
+            self._conn = None
+
+
+def read_status(port: int) -> str | None:
+    """The page from the lighthouse on loopback `port` over a connection of its own,
+    None when it does not answer."""
+    page = StatusPage(port)
+    try:
+        return page.read()
+    finally:
+        page.close()
 
 
 @dataclass(frozen=True)

@@ -93,19 +93,30 @@ class NodeStatus:
             "last_error": view.failure or rank_error,
         }
         copied = {
-            f.name: _copy(getattr(view, f.name))
-            for f in fields(cls)
-            if f.name not in given and hasattr(view, f.name)
+            name: _copy(getattr(view, name))
+            for name in _names(cls)
+            if name not in given and hasattr(view, name)
         }
-        shown = {f.name for f in fields(cls)}
+        shown = set(_names(cls))
         reported = {
-            f.name: getattr(report, f.name)
+            name: getattr(report, name)
             for report in (ranks, upkept, progress)
             if report is not None
-            for f in fields(report)
-            if f.name in shown
+            for name in _names(type(report))
+            if name in shown
         }
         return cls(**given, **copied, **reported)
+
+
+_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _names(cls: type) -> tuple[str, ...]:
+    """A dataclass's field names: listed once per class (a status is built every tick)."""
+    names = _NAMES.get(cls)
+    if names is None:
+        names = _NAMES[cls] = tuple(f.name for f in fields(cls))
+    return names
 
 
 def _copy(value: Any) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -11,7 +12,7 @@ from datetime import timedelta
 from torchft._torchft import LighthouseClient
 
 from daemon.leadership.lighthouse import lighthouse_command
-from daemon.leadership.lighthouse_status import Lost, lost_members, read_status
+from daemon.leadership.lighthouse_status import Lost, StatusPage, lost_members, read_status
 from tests.support.ports import free_port, wait_listening
 
 
@@ -33,6 +34,10 @@ def test_a_member_of_the_last_quorum_that_stopped_heartbeating_is_lost() -> None
         wait_listening(port, proc)
         page = read_status(port)
         assert page is not None and lost_members(page, 0.3) is None  # no quorum yet
+        kept = StatusPage(port)
+        assert [kept.read() is not None for _ in range(5)] == [True] * 5
+        assert kept.dials == 1  # torchft's lighthouse keeps the connection open
+        kept.close()
         client = LighthouseClient(f"http://127.0.0.1:{port}", timedelta(seconds=5))
         stays, goes = "phalanx_group_00000:a", "phalanx_group_00001:b"
         with ThreadPoolExecutor(2) as pool:  # a quorum of two forms once both ask
@@ -102,3 +107,32 @@ def test_a_followers_probe_finds_a_live_gate_and_no_refusal_in_its_log() -> None
         silent.close()
         upstream.close()
     assert not gate_alive("127.0.0.1", gate.port, secret, 0.3)
+
+
+def test_the_kept_connection_is_dialled_again_once_when_the_server_closed_it() -> None:
+    """A server that answers one request per connection and then closes it: every read
+    still gets the page, on a new connection; one that stops answering gives None."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    body = b"<h1>Previous Quorum</h1>"
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+
+    threading.Thread(target=serve, daemon=True).start()
+    page = StatusPage(port)
+    try:
+        assert [page.read() for _ in range(3)] == [body.decode()] * 3
+        assert page.dials == 3
+    finally:
+        server.shutdown(socket.SHUT_RDWR)  # wakes its accept: nothing listens any more
+        server.close()
+    assert page.read() is None
+    page.close()
