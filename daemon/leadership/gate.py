@@ -120,7 +120,8 @@ class Gate:
         if len(self.listener.open) + self.relay.pairs() > MAX_CONNECTIONS:
             return False
         try:
-            why = await asyncio.wait_for(self._handshake(sock), HANDSHAKE_TIMEOUT_S)
+            async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):  # no task of its own, as wait_for
+                why = await self._handshake(sock)
         except (_Closed, ConnectionError) as e:
             if not getattr(e, "partial", b""):  # closed without a word: a watcher's probe
                 return False  # (daemon.leadership.unreachable), not a refusal

@@ -137,3 +137,15 @@ def test_the_forwarder_answers_for_the_ranks_and_drops_them_on_a_new_target(
         wait_for(lambda: gate.relay.pairs() == 0, "the gate's side ended too")
     finally:
         forwarder.close()
+
+
+def test_a_client_that_says_nothing_is_refused_at_the_handshake_deadline(
+    gate: Gate, echo: Echo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("daemon.leadership.gate.HANDSHAKE_TIMEOUT_S", 0.3)
+    sock = dial(gate.port)
+    assert read_exactly(sock, len(MAGIC) + NONCE_BYTES).startswith(MAGIC)
+    sock.sendall(b"half an answer")  # and then nothing more
+    assert ended(sock)
+    wait_for(lambda: gate.refused == 1, "the silent client is refused")
+    assert echo.accepted == 0
