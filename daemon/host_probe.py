@@ -13,6 +13,7 @@ by a spanning group's nodes watching their partners (``daemon.supervision.seats`
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import threading
 import time
@@ -31,9 +32,20 @@ class Answer(StrEnum):
 
 
 def connect(host: str, port: int, timeout_s: float = CONNECT_S) -> Answer:
-    """How the kernel at (host, port) answers one connection, closed at once."""
+    """How the kernel at (host, port) answers one connection, closed at once. An address
+    is dialled as it is (a name is resolved first): a probe runs four times a second,
+    and the resolver's call was a third of its CPU."""
     try:
-        with socket.create_connection((host, port), timeout=timeout_s):
+        family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+    except ValueError:
+        family = None
+    try:
+        if family is None:
+            with socket.create_connection((host, port), timeout=timeout_s):
+                return Answer.ACCEPTED
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout_s)
+            sock.connect((host, port))
             return Answer.ACCEPTED
     except ConnectionRefusedError:
         return Answer.REFUSED

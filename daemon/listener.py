@@ -117,24 +117,35 @@ class RawListener:
         self._loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
         self.sock.setblocking(False)
-        accepting = self._loop.create_task(self._accept())
+        self._loop.add_reader(self.sock.fileno(), self._accept)
         self._ready.set()
         await self._stopping.wait()
-        accepting.cancel()
+        self._loop.remove_reader(self.sock.fileno())
         for task in list(self._tasks):
             task.cancel()
         for conn in list(self.open):  # stopped: every connection not handed on ends now
             conn.close()
 
-    async def _accept(self) -> None:
+    def _accept(self) -> None:
+        """Every connection waiting, from the loop's callback: a client that is gone
+        before it sent a byte (a probe of whether the host answers, four a second per
+        watcher) is closed here, without a coroutine of its own."""
         assert self._loop is not None
-        while True:
+        for _ in range(64):  # then the loop's other work gets its turn
             try:
-                conn, _ = await self._loop.sock_accept(self.sock)
-            except OSError:  # out of descriptors, or a connection reset before accept
-                await asyncio.sleep(0.1)
+                conn, _ = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except ConnectionError:  # reset before we took it
                 continue
+            except OSError:  # out of descriptors: wait a little rather than spin on it
+                self._loop.remove_reader(self.sock.fileno())
+                self._loop.call_later(0.1, self._loop.add_reader, self.sock.fileno(), self._accept)
+                return
             conn.setblocking(False)
+            if _gone(conn):
+                conn.close()
+                continue
             self.open.add(conn)
             task = self._loop.create_task(self._tracked(conn))
             self._tasks.add(task)
@@ -148,3 +159,13 @@ class RawListener:
             self.open.discard(conn)
             if not kept:
                 conn.close()
+
+
+def _gone(conn: socket.socket) -> bool:
+    """Whether the client closed the connection without sending anything."""
+    try:
+        return conn.recv(1, socket.MSG_PEEK) == b""
+    except BlockingIOError:
+        return False
+    except OSError:  # reset
+        return True

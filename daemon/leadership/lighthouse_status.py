@@ -19,9 +19,10 @@ does not parse names nobody.
 from __future__ import annotations
 
 import contextlib
-import http.client
 import math
 import re
+import socket
+import time
 from dataclasses import dataclass
 
 READ_TIMEOUT_S = 0.2  # on loopback; a lighthouse that slow is not read this round
@@ -31,43 +32,94 @@ _QUORUM_ID = re.compile(r"Previous quorum id:\s*(\d+)")
 _SEEN = re.compile(r"^\s*(\S+): seen ([0-9.eE+-]+)s ago\s*$", re.MULTILINE)
 
 
+REQUEST = b"GET /status HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+HEAD_MAX = 16384  # bytes of status line and headers: more is not the lighthouse
+_LENGTH = re.compile(rb"^content-length:\s*(\d+)\s*$", re.IGNORECASE | re.MULTILINE)
+_CLOSE = re.compile(rb"^connection:\s*close\s*$", re.IGNORECASE | re.MULTILINE)
+
+
+class _Unreadable(Exception):
+    """An answer that is not a whole HTTP/1.1 page with a length."""
+
+
 class StatusPage:
     """The status page of the lighthouse on loopback `port`, read over one kept-alive
-    connection."""
+    connection. The leader reads it every round: the request is fixed bytes and the
+    answer is read by its length (torchft's lighthouse sends one), without the standard
+    library's client and its header parser, which cost more than the page."""
 
     def __init__(self, port: int) -> None:
         self.port = port
         self.dials = 0  # connections opened so far
-        self._conn: http.client.HTTPConnection | None = None
+        self._sock: socket.socket | None = None
 
     def read(self) -> str | None:
-        """The page, None when the lighthouse does not answer within ``READ_TIMEOUT_S``.
-        A kept connection the lighthouse has closed since is dialled again once."""
-        for kept in (self._conn is not None, False):
-            if self._conn is None:
-                self._conn = http.client.HTTPConnection(
-                    "127.0.0.1", self.port, timeout=READ_TIMEOUT_S
-                )
-                self.dials += 1
+        """The page, None when the lighthouse does not answer within ``READ_TIMEOUT_S``
+        or not with a page. A kept connection the lighthouse has closed since is dialled
+        again once."""
+        for kept in (self._sock is not None, False):
+            deadline = time.monotonic() + READ_TIMEOUT_S
             try:
-                self._conn.request("GET", "/status")
-                response = self._conn.getresponse()
-                page = response.read().decode("utf-8", "replace")
-            except (OSError, http.client.HTTPException) as e:
+                if self._sock is None:
+                    self._sock = socket.create_connection(
+                        ("127.0.0.1", self.port), timeout=READ_TIMEOUT_S
+                    )
+                    self.dials += 1
+                self._sock.settimeout(READ_TIMEOUT_S)
+                self._sock.sendall(REQUEST)
+                status, page, close = self._answer(self._sock, deadline)
+            except _Unreadable:
+                self.close()
+                return None
+            except OSError as e:
                 self.close()
                 if kept and not isinstance(e, TimeoutError):
                     continue
                 return None
-            if response.will_close:
+            if close:
                 self.close()
-            return page if response.status == 200 else None
+            return page.decode("utf-8", "replace") if status == 200 else None
         return None
 
+    @staticmethod
+    def _answer(sock: socket.socket, deadline: float) -> tuple[int, bytes, bool]:
+        """(status code, body, whether the server closes after it); OSError if the
+        connection ends or times out first."""
+        data = b""
+        while (end := data.find(b"\r\n\r\n")) < 0:
+            if len(data) > HEAD_MAX:
+                raise _Unreadable()
+            data += _recv(sock, deadline)
+        head, body = data[:end], data[end + 4 :]
+        parts = head.split(b" ", 2)
+        length = _LENGTH.search(head)
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+            raise _Unreadable()
+        if length is None:
+            raise _Unreadable()  # chunked or unbounded: not the lighthouse we know
+        size = int(length.group(1))
+        while len(body) < size:
+            body += _recv(sock, deadline)
+        if len(body) > size:
+            raise _Unreadable()  # bytes we did not ask for
+        return int(parts[1]), body, _CLOSE.search(head) is not None
+
     def close(self) -> None:
-        if self._conn is not None:
+        if self._sock is not None:
             with contextlib.suppress(OSError):
-                self._conn.close()
-            self._conn = None
+                self._sock.close()
+            self._sock = None
+
+
+def _recv(sock: socket.socket, deadline: float) -> bytes:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("the lighthouse's status page took too long")
+    sock.settimeout(left)
+    chunk = sock.recv(65536)
+    if not chunk:
+        raise ConnectionResetError("the lighthouse closed the connection")
+    return chunk
 
 
 def read_status(port: int) -> str | None:

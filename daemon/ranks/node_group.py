@@ -67,6 +67,7 @@ class NodeGroup:
         )
         # Standbys that warm at idle priority refill at once (see tend_standbys).
         self.refill_delay_s = 0.0 if may_leave_idle() else REFILL_DELAY_S
+        self._standby_spec: GroupSpec | None = None  # the last one built, for its slot
         self.current: WorkerGroup | None = None
         self.attempt = 0
         self.cause: StopCause | None = None  # why it is being stopped
@@ -163,7 +164,15 @@ class NodeGroup:
         ):
             pool.reap()
         else:  # the start's own values (slot, lighthouse, store port) come on takeover
-            pool.fill(GroupSpec.for_node(self.cfg, slot or 0, "", self.rank_config))
+            pool.fill(self._spec_for_standbys(slot or 0))
+
+    def _spec_for_standbys(self, slot: int) -> GroupSpec:
+        """The standbys' spec for `slot`, built again only when the slot changes: a spec
+        reads a dozen config fields, and this is asked every tick."""
+        spec = self._standby_spec
+        if spec is None or spec.slot != slot:
+            spec = self._standby_spec = GroupSpec.for_node(self.cfg, slot, "", self.rank_config)
+        return spec
 
     def poll(self) -> GroupExit | None:
         """The group's outcome, None while it runs; a completed group is reaped at once."""

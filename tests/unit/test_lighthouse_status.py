@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import threading
@@ -9,6 +10,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
+import pytest
 from torchft._torchft import LighthouseClient
 
 from daemon.leadership.lighthouse import lighthouse_command
@@ -136,3 +138,32 @@ def test_the_kept_connection_is_dialled_again_once_when_the_server_closed_it() -
         server.close()
     assert page.read() is None
     page.close()
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.1 404 Not Found\r\nContent-Length: 9\r\n\r\nnot found",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        b"SSH-2.0-OpenSSH_9.6\r\n\r\n",
+    ],
+    ids=["not-found", "no-length", "not-http"],
+)
+def test_an_answer_that_is_not_a_page_with_a_length_names_nobody(answer: bytes) -> None:
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            conn, _ = server.accept()
+            with conn:
+                conn.recv(65536)
+                conn.sendall(answer)
+                conn.recv(1)  # until the reader hangs up
+
+    threading.Thread(target=serve, daemon=True).start()
+    page = StatusPage(server.getsockname()[1])
+    try:
+        assert page.read() is None
+    finally:
+        page.close()
+        server.close()

@@ -28,7 +28,9 @@ def test_a_connection_is_accepted_refused_or_met_with_silence() -> None:
         listening.listen()
         port = listening.getsockname()[1]
         assert hp.connect("127.0.0.1", port) == hp.Answer.ACCEPTED
+        assert hp.connect("localhost", port) == hp.Answer.ACCEPTED  # a name is resolved
     assert hp.connect("127.0.0.1", port) == hp.Answer.REFUSED  # the host is there
+    assert hp.connect("localhost", port) == hp.Answer.REFUSED
 
 
 class Answers:
