@@ -34,10 +34,11 @@ How each measure is counted:
                         speed drifts; "after/before" in each run's line shows by how much).
                         Each starts once nothing is warming up (phalanx: every standby
                         ready), as in a long job. torchrun: the
-                        world's steps (each one 2 ranks x 8 rows). torchft, phalanx: each
-                        replica group's committed steps (8 rows each; the two groups step
+                        world's steps (each one 2 ranks x R rows). torchft, phalanx: each
+                        replica group's committed steps (R rows each; the two groups step
                         together), and the mean of the two groups; the throughput ratio
-                        compares that mean with torchrun's world steps/s (16 rows a step both).
+                        compares that mean with torchrun's world steps/s (2 x R rows a step
+                        both). R: the rows per rank per step (--rows; {rows} in this run).
   recovery s            SIGKILL -> the first committed step, by a process started after the
                         kill, of the killed rank's group (torchrun: of the world).
   steps redone          last step committed before the kill - (first step committed after
@@ -51,8 +52,8 @@ How each measure is counted:
                         torchrun: net progress of the world's step over the window (steps
                         redone do not count) / (its failure-free steps/s x window).
                         torchft, phalanx: new data trained by both groups in the window, in
-                        group-steps of 8 rows (a torchft commit is one; a Phalanx commit is
-                        its share of the 16-row global batch: 1 with both groups up, 2 alone,
+                        group-steps of R rows (a torchft commit is one; a Phalanx commit is
+                        its share of the 2 x R-row global batch: 1 with both groups up, 2 alone,
                         0 while it heals) / ((sum of the groups' failure-free steps/s) x window).
   min/median/max        over repeats; for a per-kill measure, each repeat's median over its
                         kills; k.min/k.med/k.max/n pool every kill of every repeat."""
@@ -181,7 +182,7 @@ def print_results(runs: dict[str, list[RunResult]]) -> dict[str, Any]:
     profiles = print_after_kills(runs)
     cpu = print_cpu(runs)
     print()
-    print(COUNTING)
+    print(COUNTING.replace("{rows}", str(rows())))
     return {
         "ratios": ratios,
         "table": table,
