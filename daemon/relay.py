@@ -38,6 +38,7 @@ class Relay:
         self._peer: dict[int, int] = {}  # fd -> the fd its bytes go to
         self._unsent: dict[int, bytes] = {}  # fd -> bytes waiting to be written to it
         self._mask: dict[int, int] = {}  # fd -> the events epoll waits for on it now
+        self._ended: set[int] = set()  # fds of pairs ended while handling this poll's events
         self._lock = threading.Lock()  # add and cut against the thread's closing
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -96,8 +97,11 @@ class Relay:
                 events = self._epoll.poll(1.0)  # the timeout only notices close()
             except InterruptedError:
                 continue
+            self._ended = set()
             for fd, mask in events:
-                if fd in self._socks:
+                # A pair ended earlier in this batch: its fd may already be a new pair's,
+                # and this event was the old socket's.
+                if fd in self._socks and fd not in self._ended:
                     self._event(fd, mask)
 
     def _event(self, fd: int, mask: int) -> None:
@@ -150,6 +154,7 @@ class Relay:
     def _end(self, fd: int) -> None:
         with self._lock:
             for f in (fd, self._peer[fd]):
+                self._ended.add(f)
                 sock = self._socks.pop(f)
                 self._peer.pop(f, None)
                 self._unsent.pop(f, None)
