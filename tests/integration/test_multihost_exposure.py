@@ -139,6 +139,17 @@ print(urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/status", timeout=5
 """
 
 
+def unreachable(outsider: Host, leader_host: Host, member: Host, gate: int) -> str:
+    """Why the test cannot go on, with what tells a network fault from the gate's: the
+    leader's listening sockets and their queues, and whether a member reaches the gate."""
+    listening = leader_host.run(["ss", "-ltn", f"sport = :{gate}"]).stdout
+    return (
+        f"the test needs the gate reachable from {outsider.address}; a job member reaches "
+        f"it: {reaches(member, leader_host, gate)}; the outsider, a second time: "
+        f"{reaches(outsider, leader_host, gate)}; the leader's listener:\n{listening}"
+    )
+
+
 def test_from_another_host_the_lighthouse_neither_kills_nor_admits(
     two_hosts: list[tuple[Host, Daemon]], network: Network
 ) -> None:
@@ -157,7 +168,9 @@ def test_from_another_host_the_lighthouse_neither_kills_nor_admits(
     victims = sorted(set(re.findall(r"phalanx_group_\d{5}:[0-9a-f-]+", page.stdout)))
     assert len(victims) == 2, page
     outsider = network.add_host("x")
-    assert reaches(outsider, leader_host, gate), "the test needs the gate reachable"
+    assert reaches(outsider, leader_host, gate), unreachable(
+        outsider, leader_host, other_host, gate
+    )
     attacked_at = time.time()
     for victim in victims:
         tried = outsider.run(
