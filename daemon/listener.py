@@ -20,6 +20,7 @@ import contextlib
 import socket
 import threading
 from collections.abc import Awaitable, Callable
+from typing import Self
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 # Given a connection's non-blocking socket; True if it kept the socket (the listener
@@ -34,21 +35,18 @@ def bind(host: str, port: int, backlog: int = 128) -> socket.socket:
     return socket.create_server((host, port), family=family, backlog=backlog)
 
 
-class Listener:
-    """Serve `sock` with `handle` (one coroutine per connection) in thread `name`."""
+class _Served:
+    """A listening socket served by an asyncio loop in thread `name`, until :meth:`stop`."""
 
-    def __init__(self, sock: socket.socket, handle: Handler, name: str, limit: int = 65536) -> None:
+    def __init__(self, sock: socket.socket, name: str) -> None:
         self.sock = sock
         self.port: int = sock.getsockname()[1]
-        self.handle = handle
-        self.limit = limit
-        self.writers: set[asyncio.StreamWriter] = set()  # the connections open now
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name=name)
 
-    def start(self) -> Listener:
+    def start(self) -> Self:
         self._thread.start()
         self._ready.wait(10)
         return self
@@ -61,15 +59,31 @@ class Listener:
         self.sock.close()
 
     def _run(self) -> None:
-        asyncio.run(self._serve())
+        asyncio.run(self._main())
 
-    async def _serve(self) -> None:
+    async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
+        await self._serve(self._loop, self._stopping)
+
+    async def _serve(self, loop: asyncio.AbstractEventLoop, stopping: asyncio.Event) -> None:
+        raise NotImplementedError
+
+
+class Listener(_Served):
+    """Serve `sock` with `handle` (one coroutine per connection) in thread `name`."""
+
+    def __init__(self, sock: socket.socket, handle: Handler, name: str, limit: int = 65536) -> None:
+        super().__init__(sock, name)
+        self.handle = handle
+        self.limit = limit
+        self.writers: set[asyncio.StreamWriter] = set()  # the connections open now
+
+    async def _serve(self, loop: asyncio.AbstractEventLoop, stopping: asyncio.Event) -> None:
         server = await asyncio.start_server(self._tracked, sock=self.sock, limit=self.limit)
         self._ready.set()
         async with server:
-            await self._stopping.wait()
+            await stopping.wait()
         for writer in list(self.writers):  # stopped: every connection ends now
             writer.close()
         await asyncio.sleep(0)  # let the transports close their sockets
@@ -83,44 +97,22 @@ class Listener:
             writer.close()
 
 
-class RawListener:
+class RawListener(_Served):
     """Serve `sock` with `handle` (one coroutine per connection, on its raw socket) in
     thread `name`."""
 
     def __init__(self, sock: socket.socket, handle: RawHandler, name: str) -> None:
-        self.sock = sock
-        self.port: int = sock.getsockname()[1]
+        super().__init__(sock, name)
         self.handle = handle
         self.open: set[socket.socket] = set()  # connections its handler has not kept
         self._tasks: set[asyncio.Task[None]] = set()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stopping: asyncio.Event | None = None
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name=name)
 
-    def start(self) -> RawListener:
-        self._thread.start()
-        self._ready.wait(10)
-        return self
-
-    def stop(self) -> None:
-        if self._loop is not None and self._stopping is not None:
-            with contextlib.suppress(RuntimeError):  # the loop already ended
-                self._loop.call_soon_threadsafe(self._stopping.set)
-            self._thread.join(5)
-        self.sock.close()
-
-    def _run(self) -> None:
-        asyncio.run(self._serve())
-
-    async def _serve(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stopping = asyncio.Event()
+    async def _serve(self, loop: asyncio.AbstractEventLoop, stopping: asyncio.Event) -> None:
         self.sock.setblocking(False)
-        self._loop.add_reader(self.sock.fileno(), self._accept)
+        loop.add_reader(self.sock.fileno(), self._accept)
         self._ready.set()
-        await self._stopping.wait()
-        self._loop.remove_reader(self.sock.fileno())
+        await stopping.wait()
+        loop.remove_reader(self.sock.fileno())
         for task in list(self._tasks):
             task.cancel()
         for conn in list(self.open):  # stopped: every connection not handed on ends now

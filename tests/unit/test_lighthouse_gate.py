@@ -63,13 +63,8 @@ def dial(port: int) -> socket.socket:
 
 
 def read_exactly(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            break
-        data += chunk
-    return data
+    """`n` bytes, or fewer if the other side closes first."""
+    return sock.recv(n, socket.MSG_WAITALL)
 
 
 def ended(sock: socket.socket) -> bool:
