@@ -48,8 +48,8 @@ class Relay:
         else; the relay owns both. On a closed relay both are closed at once."""
         with self._lock:
             if self._closed:
-                _close(a)
-                _close(b)
+                close_socket(a)
+                close_socket(b)
                 return
             for s in (a, b):
                 s.setblocking(False)
@@ -161,10 +161,11 @@ class Relay:
                 self._mask.pop(f, None)
                 with contextlib.suppress(OSError):
                     self._epoll.unregister(f)
-                _close(sock)
+                close_socket(sock)
 
 
-def _close(sock: socket.socket) -> None:
+def close_socket(sock: socket.socket) -> None:
+    """Shut both ways and close, whatever state the socket is in."""
     with contextlib.suppress(OSError):
         sock.shutdown(socket.SHUT_RDWR)
     with contextlib.suppress(OSError):

@@ -54,7 +54,7 @@ def proof(secret: bytes, nonce: bytes) -> bytes:
 def answer(sock: socket.socket, secret: bytes) -> None:
     """The client's side of the handshake on a connected socket; OSError if it fails."""
     sock.settimeout(HANDSHAKE_TIMEOUT_S)
-    challenge = _recv_exactly(sock, len(MAGIC) + NONCE_BYTES)
+    challenge = recv_exactly(sock, len(MAGIC) + NONCE_BYTES)
     if not challenge.startswith(MAGIC):
         raise OSError("the lighthouse's address is not a Phalanx gate")
     sock.sendall(proof(secret, challenge[len(MAGIC) :]))
@@ -68,7 +68,7 @@ def alive(host: str, port: int, secret: bytes, timeout_s: float) -> bool:
     try:
         with socket.create_connection((host, port), timeout=timeout_s) as sock:
             sock.settimeout(timeout_s)
-            challenge = _recv_exactly(sock, len(MAGIC) + NONCE_BYTES)
+            challenge = recv_exactly(sock, len(MAGIC) + NONCE_BYTES)
             if not challenge.startswith(MAGIC):
                 return False
             sock.sendall(proof(secret, challenge[len(MAGIC) :]) + H2_PREFACE)
@@ -77,7 +77,8 @@ def alive(host: str, port: int, secret: bytes, timeout_s: float) -> bool:
         return False
 
 
-def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+def recv_exactly(sock: socket.socket, n: int) -> bytes:
+    """`n` bytes from a socket in blocking or timeout mode; OSError if it closes first."""
     data = b""
     while len(data) < n:
         chunk = sock.recv(n - len(data))

@@ -25,7 +25,7 @@ from daemon.config import LighthouseConfig
 from daemon.leadership.gate import Gate, answer
 from daemon.leadership.lighthouse_main import native_extension
 from daemon.leadership.lighthouse_status import StatusPage
-from daemon.relay import Relay
+from daemon.relay import Relay, close_socket
 from trainer import logs
 
 LAUNCHER = Path(__file__).with_name("lighthouse_main.py")
@@ -217,23 +217,23 @@ class Forwarder:
             if target is not None:  # a new target drops it even while we dial the old one
                 self._conns.add(client)
         if target is None:
-            _close(client)
+            close_socket(client)
             return
         try:  # a cut-off host never answers: without the line above, its rank waited 5 s
             upstream = socket.create_connection(target, timeout=5)
         except OSError:
-            _close(client)
+            close_socket(client)
             return
         try:
             answer(upstream, secret)
         except OSError:  # not the job's gate, or it refused us
-            _close(client)
-            _close(upstream)
+            close_socket(client)
+            close_socket(upstream)
             return
         with self._lock:
             if self._target != target:
-                _close(client)
-                _close(upstream)
+                close_socket(client)
+                close_socket(upstream)
                 return
             # Pairs the relay ended are closed sockets: forget them as new ones come.
             self._conns = {c for c in self._conns if c.fileno() != -1}
@@ -242,13 +242,6 @@ class Forwarder:
 
     def close(self) -> None:
         self._closed = True
-        _close(self._server)
+        close_socket(self._server)
         self.set_target(None)
         self._relay.close()
-
-
-def _close(sock: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        sock.shutdown(socket.SHUT_RDWR)
-    with contextlib.suppress(OSError):
-        sock.close()

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from daemon.leadership.gate import H2_PREFACE, MAGIC, NONCE_BYTES, Gate, answer
+from daemon.leadership.gate import H2_PREFACE, MAGIC, NONCE_BYTES, Gate, answer, recv_exactly
 from daemon.leadership.lighthouse import Forwarder
 
 SECRET = b"s" * 32
@@ -62,11 +62,6 @@ def dial(port: int) -> socket.socket:
     return sock
 
 
-def read_exactly(sock: socket.socket, n: int) -> bytes:
-    """`n` bytes, or fewer if the other side closes first."""
-    return sock.recv(n, socket.MSG_WAITALL)
-
-
 def ended(sock: socket.socket) -> bool:
     """Whether the other side closed (a close with our bytes unread is a reset)."""
     try:
@@ -87,7 +82,7 @@ def test_a_job_member_speaking_grpc_reaches_the_lighthouse(gate: Gate, echo: Ech
     answer(sock, SECRET)
     payload = H2_PREFACE + b"frames" * 1000
     sock.sendall(payload)  # the preface and what follows it in one write
-    assert read_exactly(sock, len(payload)) == payload  # the gate passed the preface on
+    assert recv_exactly(sock, len(payload)) == payload  # the gate passed the preface on
     assert gate.refused == 0
     assert gate.relay.pairs() == 1
 
@@ -110,7 +105,7 @@ def test_others_are_refused_and_counted(
 
 def test_a_probe_that_closes_without_a_word_is_no_refusal(gate: Gate, echo: Echo) -> None:
     sock = dial(gate.port)
-    assert read_exactly(sock, len(MAGIC) + NONCE_BYTES).startswith(MAGIC)
+    assert recv_exactly(sock, len(MAGIC) + NONCE_BYTES).startswith(MAGIC)
     sock.close()
     wait_for(lambda: not gate.listener.open, "the gate closed the probe's connection")
     assert gate.refused == 0
@@ -126,7 +121,7 @@ def test_the_forwarder_answers_for_the_ranks_and_drops_them_on_a_new_target(
         rank = dial(forwarder.port)
         payload = H2_PREFACE + b"heartbeat"
         rank.sendall(payload)
-        assert read_exactly(rank, len(payload)) == payload
+        assert recv_exactly(rank, len(payload)) == payload
         forwarder.set_target(None)  # the leader moved: old connections end
         assert rank.recv(1) == b""
         wait_for(lambda: gate.relay.pairs() == 0, "the gate's side ended too")
@@ -139,7 +134,7 @@ def test_a_client_that_says_nothing_is_refused_at_the_handshake_deadline(
 ) -> None:
     monkeypatch.setattr("daemon.leadership.gate.HANDSHAKE_TIMEOUT_S", 0.3)
     sock = dial(gate.port)
-    assert read_exactly(sock, len(MAGIC) + NONCE_BYTES).startswith(MAGIC)
+    assert recv_exactly(sock, len(MAGIC) + NONCE_BYTES).startswith(MAGIC)
     sock.sendall(b"half an answer")  # and then nothing more
     assert ended(sock)
     wait_for(lambda: gate.refused == 1, "the silent client is refused")
