@@ -36,6 +36,7 @@ from trainer import logs
 from trainer.chaos import Chaos
 from trainer.config import TrainerConfig
 from trainer.config.env import RankEnv
+from trainer.contracts import rank_events as events
 from trainer.data.shares import Quorum, group_share, rank_plan
 from trainer.data.sources import Sampler
 from trainer.forward_backward import ForwardBackward
@@ -164,7 +165,7 @@ class Loop:
         except StepAbandoned as e:
             self.drained = True
             if self.env.rank == 0:
-                self.log.info("step_abandoned", step=step + 1, reason=str(e))
+                self.log.info(events.STEP_ABANDONED, step=step + 1, reason=str(e))
             return None
         diverged = self._compare_replicas()
         self.state.before_mutation()  # healing (in should_commit) and the optimizer write next
@@ -211,6 +212,7 @@ class Loop:
             items=items,
             finite=finite,
             diverged=diverged,
+            quorum_s=self.replication.take_quorum_wait(),
         )
 
     def _gradients(self, step: int) -> tuple[float, list[torch.Tensor], range, bool]:

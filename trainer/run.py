@@ -213,15 +213,23 @@ def train(b: Built) -> int:
             b.step_log(report)
         if b.evaluator is not None and b.evaluator.due(report):
             b.beat.enter("eval")
+            began = time.monotonic()
             loss = b.evaluator.evaluate()
             b.metrics.observe_eval(report.step, loss)
             if b.env.rank == 0:
                 items = b.cfg.train.eval_batches * b.cfg.train.batch_size
                 log.info("eval", step=report.step, loss=loss, items=items)
+            if b.step_log is not None:
+                b.step_log.spent(events.EVAL_S, time.monotonic() - began)
         if b.checkpointer is not None and report.committed:
-            if b.checkpointer.due(report.step):
+            if b.checkpointer.due(report.step):  # a save starts (or is skipped) here
                 b.beat.enter("save")
-            b.checkpointer.after_commit(report.step)
+                began = time.monotonic()
+                b.checkpointer.after_commit(report.step)
+                if b.step_log is not None:
+                    b.step_log.spent(events.CHECKPOINT_S, time.monotonic() - began)
+            else:
+                b.checkpointer.after_commit(report.step)
         b.beat.enter("step")
     return _finish(b)
 
@@ -333,15 +341,23 @@ def _leave(b: Built) -> None:
 
 
 class StepLogger:
-    """Emits `train_step` (committed) and `step_skipped` (not committed) events."""
+    """Emits `train_step` (committed) and `step_skipped` (not committed) events, each with
+    where the loop's time went besides the step (the daemon's goodput: QUORUM_S and the
+    seconds :meth:`spent` since the last step's end)."""
 
     def __init__(self, every: int) -> None:
         self.every = every
         self.log = logs.get()
+        self.besides: dict[str, float] = {}  # field -> seconds, since the last event
+
+    def spent(self, field: str, seconds: float) -> None:
+        """The loop spent `seconds` on `field` (CHECKPOINT_S, EVAL_S) after a step."""
+        self.besides[field] = self.besides.get(field, 0.0) + seconds
 
     def __call__(self, r: StepReport) -> None:
+        times = self._times(r)
         if not r.committed:
-            self.log.warning("step_skipped", step=r.step, participants=r.participants)
+            self.log.warning(events.STEP_SKIPPED, step=r.step, participants=r.participants, **times)
             return
         # The data accounting: the items of every committed step, in train_step or alone.
         items = [r.items.start, r.items.stop]
@@ -354,8 +370,20 @@ class StepLogger:
                 lr=r.lr,
                 grad_norm=round(r.grad_norm, 6),
                 tokens_per_s=round(r.tokens / r.seconds, 1) if r.seconds > 0 else None,
-                step_seconds=round(r.seconds, 4),
                 participants=r.participants,
+                **times,
             )
         else:
-            self.log.info(events.STEP_ITEMS, step=r.step, items=items, participants=r.participants)
+            self.log.info(
+                events.STEP_ITEMS, step=r.step, items=items, participants=r.participants, **times
+            )
+
+    def _times(self, r: StepReport) -> dict[str, float]:
+        """The step's seconds, its quorum wait and what the loop spent since the last."""
+        times = {events.STEP_SECONDS: round(r.seconds, 4)}
+        if r.quorum_s > 0:
+            times[events.QUORUM_S] = round(r.quorum_s, 4)
+        if self.besides:
+            times.update((k, round(v, 4)) for k, v in self.besides.items())
+            self.besides = {}
+        return times

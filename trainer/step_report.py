@@ -20,3 +20,4 @@ class StepReport:
     items: range = range(0)  # the step's items this group trained on (empty unless committed)
     finite: bool = True  # False: a NaN/inf loss or gradient norm voted the step down
     diverged: bool = False  # the groups' parameters differed (this group is in the majority)
+    quorum_s: float = 0.0  # of `seconds`: waiting for the quorum to form (a heal included)

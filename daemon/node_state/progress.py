@@ -9,11 +9,13 @@ writing.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
+from daemon.accounting import Activity, Ledger
 from trainer.contracts import rank_events as events
 
 
@@ -40,6 +42,12 @@ class RankProgress:
     train_done: Mapping[str, Any] | None = None
     latest_checkpoint: Mapping[str, Any] | None = None  # from a rank's checkpoint_saved
     invalid_checkpoints: frozenset[str] = frozenset()  # paths our ranks refused to load
+    # The highest step the job had reached before the ranks last started, as far as this
+    # node knows (etcd's reached step, its own ranks' steps): a step committed up to it
+    # is trained again (a cold restart, from a checkpoint or from step 0).
+    redo_through: int = 0
+    # Where the node's time went (daemon.accounting): its state's, and its ranks' steps.
+    ledger: Ledger = field(default_factory=lambda: Ledger.begin(time.monotonic()))
 
     def unreplicated(self, most_groups: int) -> dict[str, int] | None:
         """The numbers of a run in which other groups held slots (at most `most_groups` at
@@ -55,11 +63,11 @@ class RankProgress:
 
 
 def fold(
-    p: RankProgress, event: Mapping[str, Any], node_id: str
+    p: RankProgress, event: Mapping[str, Any], node_id: str, now: float
 ) -> tuple[RankProgress, int | None]:
-    """`p` with one rank event taken in; and the step this node's group had reached when
-    the event is a step 1 committed after it (the job started over from step 0: no
-    checkpoint to load, no peer with state to heal from), else None."""
+    """`p` with one rank event taken in at `now` (monotonic); and the step this node's
+    group had reached when the event is a step 1 committed after it (the job started over
+    from step 0: no checkpoint to load, no peer with state to heal from), else None."""
     name, new = event.get("event"), dict[str, Any]()
     lost_from = None
     if name in (events.TRAIN_STEP, events.STEP_ITEMS):  # a committed step, logged or not
@@ -102,6 +110,10 @@ def fold(
         elif isinstance(rank, int):
             flagged.pop(rank, None)
         new["stragglers"] = MappingProxyType(flagged)
+    redo = max(p.redo_through, new.get("started_over_from", 0))  # (reached() set the first)
+    ledger = p.ledger.event(now, event, redo)
+    if ledger is not p.ledger:
+        new["ledger"] = ledger
     return (replace(p, **new) if new else p), lost_from
 
 
@@ -118,12 +130,26 @@ class ProgressFold:
 
     def track(self, event: Mapping[str, Any]) -> int | None:
         """Take in one rank event; the step the job had reached if it started over."""
+        now = time.monotonic()
         with self._lock:
-            self._now, lost_from = fold(self._now, event, self.node_id)
+            self._now, lost_from = fold(self._now, event, self.node_id, now)
         return lost_from
 
+    def account(self, mode: Activity | None) -> None:
+        """The node's time goes to `mode` from now (None: its ranks' steps say), see
+        daemon.accounting.Ledger.switch."""
+        if mode == self._now.ledger.mode:
+            return
+        now = time.monotonic()
+        with self._lock:
+            self._now = replace(self._now, ledger=self._now.ledger.switch(now, mode))
+
     def reached(self, step: int | None) -> None:
-        """The job's reached step as etcd recorded it when the ranks started (None: unread)."""
-        if step is not None:
-            with self._lock:
-                self._now = replace(self._now, reached=step)
+        """The ranks start; `step`: the job's reached step as etcd recorded it (None:
+        unread). What was reached before is the highest of it, the steps this node's ranks
+        committed and what was reached before their last start."""
+        with self._lock:
+            p = self._now
+            known = p.reached if step is None else step
+            redo = max(p.redo_through, p.step, known)
+            self._now = replace(p, reached=known, redo_through=redo)

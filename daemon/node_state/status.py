@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
 
+from daemon.accounting import Ledger
 from daemon.coordination.job_view import JobView
 from daemon.health import HealthReport
 from daemon.node_state.progress import RankProgress
@@ -67,6 +68,8 @@ class NodeStatus:
     ticks: int = 0
     last_tick: float = 0.0  # monotonic: when the supervisor's loop last went round
     job: JobView | None = None
+    ledger: Ledger | None = None  # where the node's time went (daemon.accounting)
+    nproc: int = 1  # the ranks this node runs (node.nproc): its accelerators
 
     @classmethod
     def of(
@@ -76,6 +79,7 @@ class NodeStatus:
         job_name: str,
         min_replicas: int,
         shared_fault: bool,
+        nproc: int = 1,
         ranks: RanksReport | None = None,
         upkept: UpkeepReport | None = None,
         progress: RankProgress | None = None,
@@ -90,6 +94,7 @@ class NodeStatus:
             "job_name": job_name,
             "min_replicas": min_replicas,
             "shared_fault": shared_fault,
+            "nproc": nproc,
             "last_error": view.failure or rank_error,
         }
         copied = {

@@ -19,6 +19,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from daemon.accounting import Activity
 from daemon.config import DaemonConfig
 from daemon.node_state.progress import ProgressFold, RankProgress
 from daemon.node_state.reports import RanksReport
@@ -131,6 +132,10 @@ class NodeGroup:
     def progress(self) -> RankProgress:
         """What the ranks' events said, folded (safe from any thread)."""
         return self.fold.snapshot()
+
+    def account(self, mode: Activity | None) -> None:
+        """The node's time goes to `mode` from now (None: the ranks' steps say which)."""
+        self.fold.account(mode)
 
     def report(self) -> RanksReport:
         """What the ranks look like now: pids, standbys, phases and hang timeouts."""

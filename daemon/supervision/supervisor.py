@@ -46,7 +46,7 @@ from daemon.supervision.after_stop import after_stop
 from daemon.supervision.commands import Command, Decision, carry_out, to
 from daemon.supervision.generation import next_part
 from daemon.supervision.parts import Parts
-from daemon.supervision.reports import node_status, report_unreplicated, upkeep_input
+from daemon.supervision.reports import exit_report, node_status, time_goes_to, upkeep_input
 from daemon.supervision.restarts import RestartBudget
 from daemon.supervision.seat_probe import too_still
 from daemon.supervision.spanning import SpanningGroup
@@ -107,11 +107,8 @@ class Supervisor:
             self.group.kill()
             self.upkeep.close()
             self.progress = self.group.progress()  # with what the ranks said as they ended
-        report_unreplicated(self.progress, self.upkept)
-        fields: dict[str, Any] = {"state": self.view.state.value, "code": self.exit_code}
-        if self.exit_code != EXIT_OK:  # a rank error the group got past is not why it ended
-            fields["error"] = self.view.failure or self.progress.rank_error
-        self.log.info("daemon_exit", **fields)
+        ending = exit_report(self.view, self.exit_code, self.progress, self.upkept)
+        self.log.info("daemon_exit", **ending)
         return self.exit_code
 
     def tick(self) -> None:
@@ -137,6 +134,7 @@ class Supervisor:
                 break
         live = self.view.state in STANDBY_STATES and not self.drain_requested.is_set()
         self.group.tend_standbys(live, self.upkept.slot)
+        self.group.account(time_goes_to(self.view.state, self.upkept.spare))
         self.ranked = self.group.report()  # what the ranks look like after this tick
         self.view.ticks, self.view.last_tick = self.view.ticks + 1, time.monotonic()
         self.publish()

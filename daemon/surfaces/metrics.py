@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.registry import Collector
 
 from daemon import __version__
+from daemon.accounting import ORDER, Activity
 from daemon.node_state.status import NodeStatus
 
 RESTART_REASONS = ("rank_exit", "hang")
@@ -25,6 +27,9 @@ RESTART_REASONS = ("rank_exit", "hang")
 class _NodeCollector(Collector):
     def __init__(self, status: Callable[[], NodeStatus]) -> None:
         self.status = status
+        # The activities' seconds as last shown: a status published a moment late (the
+        # ledger switched, the tick not yet published) never shows less (a counter).
+        self._shown: dict[Activity, float] = dict.fromkeys(ORDER, 0.0)
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily | InfoMetricFamily]:
         v = self.status()
@@ -141,6 +146,24 @@ class _NodeCollector(Collector):
         errors = CounterMetricFamily("phalanx_etcd_errors", "Failed etcd requests.", labels=names)
         errors.add_metric(values, float(v.etcd_errors))
         yield errors
+        yield gauge(
+            "phalanx_node_ranks",
+            "Ranks this node runs (node.nproc), one accelerator each: its seconds times this "
+            "are accelerator-seconds.",
+            float(v.nproc),
+        )
+        if v.ledger is not None:
+            spent = CounterMetricFamily(
+                "phalanx_activity_seconds",
+                "Seconds of this daemon's life by what they went to (they add up to it); "
+                "training is goodput, the rest badput by cause (docs/metrics.md). A step "
+                "in flight is counted when it ends.",
+                labels=[*names, "activity"],
+            )
+            for activity, seconds in v.ledger.totals(time.monotonic()).items():
+                shown = self._shown[activity] = max(self._shown[activity], seconds)
+                spent.add_metric([*values, activity.value], shown)
+            yield spent
 
 
 class DaemonMetrics:

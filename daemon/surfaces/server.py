@@ -20,6 +20,7 @@ from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
 
+from daemon.accounting import time_document
 from daemon.health import HealthReport
 from daemon.listener import Listener, bind
 from daemon.node_state.states import State
@@ -80,6 +81,8 @@ def status_document(v: NodeStatus) -> dict[str, Any]:
         # Failing only a check every node fails (a shared volume): it trains regardless.
         "shared_fault": v.shared_fault,
         "ticks": v.ticks,
+        # Where this daemon's time went (daemon.accounting), and its goodput.
+        "time": None if v.ledger is None else time_document(v.ledger, time.monotonic()),
         "view": job,
     }
 

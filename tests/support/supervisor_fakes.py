@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from daemon.accounting import Activity
 from daemon.config import load_daemon_config
 from daemon.coordination import JobView
 from daemon.fencing import Fence
@@ -45,6 +46,7 @@ class FakeRanks:
     now: RankProgress = field(default_factory=RankProgress)  # what progress() returns
     calls: list[str] = field(default_factory=list)
     restarts: list[str | None] = field(default_factory=list)  # each start's restart reason
+    modes: list[Activity | None] = field(default_factory=list)  # what account() was told
 
     def next_replica_uuid(self) -> str:
         return "uuid"
@@ -63,6 +65,9 @@ class FakeRanks:
 
     def progress(self) -> RankProgress:
         return self.now
+
+    def account(self, mode: Activity | None) -> None:
+        self.modes.append(mode)
 
     def tend_standbys(self, live: bool, slot: int | None) -> None:
         pass

@@ -28,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from daemon.coordination.job_view import JobView
 from daemon.health import CheckResult, HealthReport
+from daemon.node_state.progress import RankProgress
 from daemon.node_state.reports import RanksReport, UpkeepReport
 from daemon.node_state.status import NodeStatus
 from daemon.node_state.view import NodeView
@@ -92,8 +93,17 @@ def node_metrics_text(tmp: Path) -> str:
     )
     # The forwarder has a target and, on this leader, the lighthouse process is alive.
     upkept = UpkeepReport(lighthouse_up=True, leader=True, slot=1, etcd_up=True, job=job)
+    # The ranks' progress carries the node's time ledger (phalanx_activity_seconds_total).
+    progress = RankProgress()
     status = NodeStatus.of(
-        view, "doc-node", "doc-job", 2, shared_fault=False, ranks=ranks, upkept=upkept
+        view,
+        "doc-node",
+        "doc-job",
+        2,
+        shared_fault=False,
+        ranks=ranks,
+        upkept=upkept,
+        progress=progress,
     )
     metrics = DaemonMetrics(lambda: status, tmp / "metrics")  # wipes and creates the directory
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp / "metrics")}

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from daemon.accounting import Activity
 from daemon.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from daemon.fencing import Fence
 from daemon.node_state.progress import RankProgress
@@ -139,6 +140,23 @@ def test_a_tick_follows_a_failed_group_through_its_restart_without_waiting_a_tic
     assert n.upkeep.calls == STARTED
 
 
+def test_each_tick_tells_the_ranks_what_the_nodes_time_goes_to_as_it_ends() -> None:
+    """daemon.accounting: the state a tick ends in (a spare's wait is its own)."""
+    n = node(State.CLAIMING)
+    n.upkeep.slot, n.upkeep.free_slot = None, None
+    n.sup.tick()  # no seat free
+    n.upkeep.free_slot = 0
+    n.sup.tick()  # CLAIMING -> WAITING -> RUNNING: the ranks' steps say from here
+    n.ranks.running, n.upkeep.must_pause = True, True
+    n.upkeep.verdict = (Fence.HOLD, "etcd unreachable")
+    n.sup.tick()  # the lease unconfirmed: the ranks pause
+    n.upkeep.must_pause, n.upkeep.verdict = False, (Fence.KEEP, "etcd confirmed the lease")
+    n.sup.tick()  # the fence lifts: the ranks go on
+    n.ranks.outcome = FAILED
+    n.sup.tick()  # a rank failed: its group is being stopped, for a restart
+    assert n.ranks.modes == [Activity.WAITING, None, Activity.FENCED, None, Activity.RESTARTING]
+
+
 def test_the_upkeep_is_handed_the_nodes_progress_as_a_value() -> None:
     n = node(State.RUNNING)
     n.ranks.running = True
@@ -182,7 +200,11 @@ def test_the_exit_reads_what_the_ranks_said_as_they_ended() -> None:
         warning=lambda event, **kw: said.append((event, kw)),
     )
     assert n.sup.run() == EXIT_FAILED
-    assert ("daemon_exit", {"state": "failed", "code": 1, "error": "rank 0 exited 1"}) in said
+    exits = [fields for event, fields in said if event == "daemon_exit"]
+    assert len(exits) == 1
+    seconds = exits[0].pop("seconds")  # its life by activity (test_time_ledger.py)
+    assert exits[0] == {"state": "failed", "code": 1, "error": "rank 0 exited 1"}
+    assert set(seconds) == {a.value for a in Activity}
 
 
 def test_a_completed_job_is_recorded_at_the_ranks_last_step() -> None:

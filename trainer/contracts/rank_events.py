@@ -17,3 +17,12 @@ CHECKPOINT_INVALID = "checkpoint_invalid"
 STRAGGLER = "straggler"
 STRAGGLER_CLEARED = "straggler_cleared"
 STANDBY_READY = "standby_ready"  # a standby has imported and built what it can
+STEP_SKIPPED = "step_skipped"  # a step that did not commit (retried with the same data)
+STEP_ABANDONED = "step_abandoned"  # a drain left a step whose quorum did not form
+
+# Fields of a step's end (train_step, step_items, step_skipped): where the loop's time went
+# (daemon.accounting). The step's seconds always; the others only when not zero.
+STEP_SECONDS = "step_seconds"  # the step attempt, from its start to its end
+QUORUM_S = "quorum_s"  # of the step: waiting for its quorum to form (a heal in it included)
+CHECKPOINT_S = "checkpoint_s"  # the loop blocked on a checkpoint save after the last step
+EVAL_S = "eval_s"  # the loop ran an evaluation after the last step

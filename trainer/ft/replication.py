@@ -55,6 +55,12 @@ class StepLifecycle(Protocol):
         formed, a cross-group collective) since the last call (see trainer/ft/straggler.py)."""
         ...
 
+    def take_quorum_wait(self) -> float:
+        """Returns: the seconds this rank waited for a quorum to form (a heal in it
+        included) since the last call: part of :meth:`take_waited`, for the step's end
+        event (trainer.contracts.rank_events.QUORUM_S)."""
+        ...
+
     def shutdown(self) -> None:
         """Leave the quorum for good (the last step has been committed or abandoned)."""
         ...
@@ -234,6 +240,9 @@ class SingleGroup:
         return 0
 
     def take_waited(self) -> float:
+        return 0.0
+
+    def take_quorum_wait(self) -> float:
         return 0.0
 
     def shutdown(self) -> None:

@@ -107,6 +107,7 @@ class TorchFTGroup:
         self.stop_requested = stop_requested
         self._heal_seconds: list[float] = []  # see take_heals
         self._waited_s = 0.0  # see take_waited
+        self._quorum_s = 0.0  # see take_quorum_wait
         self._last_quorum: Quorum | None = None
         self._next: Quorum | None = None  # see last_quorum
         self._timeout_s = cfg.timeout_s
@@ -143,7 +144,9 @@ class TorchFTGroup:
         self._step_started = time.monotonic()
         self.transport.close()  # a copy served to a healer in the last step
         self.notices.between_steps()
-        self.manager.start_quorum()
+        began = time.monotonic()
+        self.manager.start_quorum()  # a synchronous quorum forms (and heals) here
+        self._quorum_s += time.monotonic() - began
 
     def _members(self) -> tuple[int, list[str]] | None:
         last = self.recorder.last
@@ -190,12 +193,18 @@ class TorchFTGroup:
             try:
                 return self._quorum()
             finally:
-                self._waited_s += time.monotonic() - began
+                waited = time.monotonic() - began
+                self._waited_s += waited
+                self._quorum_s += waited
                 self.beat.enter("step")
         return self._quorum()
 
     def take_waited(self) -> float:
         waited, self._waited_s = self._waited_s, 0.0
+        return waited
+
+    def take_quorum_wait(self) -> float:
+        waited, self._quorum_s = self._quorum_s, 0.0
         return waited
 
     def _quorum(self) -> Quorum:
