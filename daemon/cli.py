@@ -50,6 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument(
         "--json", action="store_true", help="print one JSON object instead of a table"
     )
+    status.add_argument(
+        "--incidents",
+        action="store_true",
+        help="print the job's incident record: every failure it lived through",
+    )
     demo = sub.add_parser(
         "demo",
         help="two nodes on this machine, a failure injected and healed",
@@ -74,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     if args.command == "status":
-        return status(cfg, as_json=args.json)
+        return status(cfg, as_json=args.json, incidents=args.incidents)
     return run(cfg)
 
 
@@ -196,12 +201,13 @@ def run(cfg: DaemonConfig) -> int:
         lock.release()
 
 
-def status(cfg: DaemonConfig, as_json: bool) -> int:
-    """Print the job as etcd sees it. Exit 0 printed, 1 etcd unreachable (or anything
-    unforeseen), 2 bad input (no etcd to ask, a credential etcd refuses); stdout holds only
-    the table or the JSON, warnings go to stderr."""
+def status(cfg: DaemonConfig, as_json: bool, incidents: bool = False) -> int:
+    """Print the job as etcd sees it (`incidents`: its incident record only). Exit 0
+    printed, 1 etcd unreachable (or anything unforeseen), 2 bad input (no etcd to ask, a
+    credential etcd refuses); stdout holds only the table or the JSON, warnings go to
+    stderr."""
     from daemon.coordination.progress import with_steps
-    from daemon.surfaces.status import dumps, status_json, status_table
+    from daemon.surfaces.status import dumps, incidents_table, status_json, status_table
 
     logs.configure()  # stderr: with --json, stdout stays one JSON document
     endpoints = list(cfg.etcd.endpoints)
@@ -224,9 +230,13 @@ def status(cfg: DaemonConfig, as_json: bool) -> int:
         coord = Coordinator(settings, cfg.job.name, f"status-{os.getpid()}", cfg.etcd.lease_ttl_s)
         view = coord.snapshot()
         steps = with_steps(view.nodes, coord.read_progress())  # outside the job's prefix
+        record = coord.incidents.read()  # outside it too
         coord.close(revoke=False)
-        doc = status_json(cfg.job.name, replace(view, nodes=steps))
-        text = dumps(doc) if as_json else status_table(doc)
+        doc = status_json(cfg.job.name, replace(view, nodes=steps), record)
+        if incidents:
+            doc = {"job": doc["job"], "incidents": doc["incidents"]}
+        show = incidents_table if incidents else status_table
+        text = dumps(doc) if as_json else show(doc)
     except EtcdAccessDenied as e:  # a wrong password or certificate: bad input
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -4,6 +4,17 @@ badput by cause), kept as a value that the node's state and its ranks' events ad
 from __future__ import annotations
 
 from daemon.accounting.activities import ORDER, Activity
+from daemon.accounting.incidents import Action, Incident, IncidentLog, Kind
 from daemon.accounting.ledger import Ledger, goodput, time_document
 
-__all__ = ["ORDER", "Activity", "Ledger", "goodput", "time_document"]
+__all__ = [
+    "ORDER",
+    "Action",
+    "Activity",
+    "Incident",
+    "IncidentLog",
+    "Kind",
+    "Ledger",
+    "goodput",
+    "time_document",
+]

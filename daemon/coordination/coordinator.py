@@ -45,6 +45,7 @@ from daemon.coordination.etcd_client import (
 )
 from daemon.coordination.group_keys import bump_generation, generation_key, store_key
 from daemon.coordination.identity import Identity, holder_of, new_instance
+from daemon.coordination.incident_store import IncidentStore
 from daemon.coordination.job_secret import get_or_make_secret
 from daemon.coordination.job_spec import put_spec
 from daemon.coordination.job_view import STATES, JobView, dump, parse_job
@@ -113,21 +114,20 @@ class Coordinator:
             )  # fmt: skip
         except ValueError as e:
             raise CoordinationError(f"{e}.") from None
-        self.settings = settings
-        self.job = job
-        self.node_id = node_id
-        self.lease_ttl_s = lease_ttl_s
+        self.settings, self.job = settings, job
+        self.node_id, self.lease_ttl_s = node_id, lease_ttl_s
         self.prefix = f"/phalanx/{job}/"
         self.identity = identity or Identity(node_id, new_instance())
         self._me = self.identity.holder()  # the value of the slot and leader keys we hold
         self._conn = _Connection(settings, settings.timeout_s)
         keepalive_timeout = max(0.5, min(settings.timeout_s, lease_ttl_s / 3.0))
-        keepalive = LeaseKeepAlive(_Connection(settings, keepalive_timeout))
+        self.keepalive = keepalive = LeaseKeepAlive(_Connection(settings, keepalive_timeout))
         self._lease_of = NodeLease(self._conn, keepalive, job, lease_ttl_s)  # record, slot
         self._leader = LeaderLease(settings, job, min(leader_ttl_s, lease_ttl_s))
         self._record: tuple[int, str] | None = None  # (lease, value) of our record as last put
         self._secret: bytes | None = None  # the job's (job_secret), once read
         self.suspects = LeaderSuspects(self._call, self._txn, self._key, self._lease, node_id)
+        self.incidents = IncidentStore(self._call, job)  # the job's incident record
 
     # ------------------------------------------------------------------ session
 

@@ -80,6 +80,7 @@ class _Stream:
         self._unanswered: deque[float] = deque()  # send times, oldest first (refresh only)
         self._answers: queue.Queue[Any] = queue.Queue()
         self._ended = threading.Event()
+        self.raft_term: int | None = None  # as the last answer's header said
         self._call = client.leasestub.LeaseKeepAlive(
             self._outgoing(),  # no timeout: the stream lives until closed or broken
             credentials=client.call_credentials,
@@ -128,6 +129,7 @@ class _Stream:
                     grpc.StatusCode.UNAVAILABLE, "etcd closed the lease keepalive stream"
                 )
             asked = self._unanswered.popleft()
+            self.raft_term = int(answer.header.raft_term)
             if int(answer.ID) == lease_id:
                 best = (int(answer.TTL), asked)
                 if best[0] <= 0:
@@ -168,6 +170,9 @@ class LeaseKeepAlive:
         self._lock = threading.Lock()
         self._stream: _Stream | None = None
         self._closed = False
+        # etcd's raft term as its last keepalive answer said: it moves on when etcd itself
+        # failed or elected a new leader, not when only this node lost it (accounting).
+        self.raft_term: int | None = None
 
     @property
     def timeout_s(self) -> float:
@@ -181,8 +186,16 @@ class LeaseKeepAlive:
             if self._closed:
                 raise CoordinationError("the lease keepalive is closed.")
             return self.conn.call(
-                lambda client: self._on(client).refresh(lease_id, timeout_s, stale_s)
+                lambda client: self._refresh(client, lease_id, timeout_s, stale_s)
             )
+
+    def _refresh(
+        self, client: Any, lease_id: int, timeout_s: float, stale_s: float
+    ) -> tuple[int, float]:
+        stream = self._on(client)
+        answered = stream.refresh(lease_id, timeout_s, stale_s)
+        self.raft_term = stream.raft_term or self.raft_term
+        return answered
 
     def close(self) -> None:
         """Close the stream, its reader thread and the connection (the keepalive's own);

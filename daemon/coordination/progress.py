@@ -30,7 +30,9 @@ from daemon.coordination.records import key_text, load_value
 PROGRESS_EVERY_S = 10.0
 ASK_KEY = "asks/progress"  # below the job prefix: every daemon watches it
 ASK_WAIT_S = 3.0  # how long an asking node waits for every running node's answer
-FIELDS = ("step", "participants", "epoch", "epoch_step")
+# The last two ride on writes made for the others (daemon.supervision.node_record): the
+# node's seconds by activity since its daemon started, and over the last hour.
+FIELDS = ("step", "participants", "epoch", "epoch_step", "time", "time_1h")
 
 
 @dataclass(frozen=True)

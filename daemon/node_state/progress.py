@@ -15,7 +15,8 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
-from daemon.accounting import Activity, Ledger
+from daemon.accounting import Action, Activity, IncidentLog, Kind, Ledger
+from daemon.accounting.incident_events import take
 from trainer.contracts import rank_events as events
 
 
@@ -48,6 +49,7 @@ class RankProgress:
     redo_through: int = 0
     # Where the node's time went (daemon.accounting): its state's, and its ranks' steps.
     ledger: Ledger = field(default_factory=lambda: Ledger.begin(time.monotonic()))
+    incidents: IncidentLog = field(default_factory=IncidentLog)  # its failures (accounting)
 
     def unreplicated(self, most_groups: int) -> dict[str, int] | None:
         """The numbers of a run in which other groups held slots (at most `most_groups` at
@@ -63,11 +65,12 @@ class RankProgress:
 
 
 def fold(
-    p: RankProgress, event: Mapping[str, Any], node_id: str, now: float
+    p: RankProgress, event: Mapping[str, Any], node_id: str, now: float, wall: float = 0.0
 ) -> tuple[RankProgress, int | None]:
-    """`p` with one rank event taken in at `now` (monotonic); and the step this node's
-    group had reached when the event is a step 1 committed after it (the job started over
-    from step 0: no checkpoint to load, no peer with state to heal from), else None."""
+    """`p` with one rank event taken in at `now` (monotonic; `wall`: epoch s); and the step
+    this node's group had reached when the event is a step 1 committed after it (the job
+    started over from step 0: no checkpoint to load, no peer with state to heal from),
+    else None."""
     name, new = event.get("event"), dict[str, Any]()
     lost_from = None
     if name in (events.TRAIN_STEP, events.STEP_ITEMS):  # a committed step, logged or not
@@ -114,6 +117,9 @@ def fold(
     ledger = p.ledger.event(now, event, redo)
     if ledger is not p.ledger:
         new["ledger"] = ledger
+    incidents = take(p.incidents, event, wall, p.participants or 1)
+    if incidents is not p.incidents:
+        new["incidents"] = incidents
     return (replace(p, **new) if new else p), lost_from
 
 
@@ -123,26 +129,60 @@ class ProgressFold:
     def __init__(self, node_id: str) -> None:
         self.node_id = node_id
         self._lock = threading.Lock()
-        self._now = RankProgress()
+        self._now = RankProgress(incidents=IncidentLog(node_id))
 
     def snapshot(self) -> RankProgress:
         return self._now  # one reference, swapped whole under the lock
 
     def track(self, event: Mapping[str, Any]) -> int | None:
         """Take in one rank event; the step the job had reached if it started over."""
-        now = time.monotonic()
+        now, wall = time.monotonic(), time.time()
         with self._lock:
-            self._now, lost_from = fold(self._now, event, self.node_id, now)
+            self._now, lost_from = fold(self._now, event, self.node_id, now, wall)
         return lost_from
 
-    def account(self, mode: Activity | None) -> None:
+    def account(
+        self,
+        mode: Activity | None,
+        etcd_up: bool | None = None,
+        etcd_term: int | None = None,
+        group: int | None = None,
+    ) -> None:
         """The node's time goes to `mode` from now (None: its ranks' steps say), see
-        daemon.accounting.Ledger.switch."""
-        if mode == self._now.ledger.mode:
+        daemon.accounting.Ledger.switch; `etcd_up`, `etcd_term`: whether etcd answered the
+        last round, and its raft term (an outage or a partition: IncidentLog.etcd)."""
+        p = self._now
+        if mode == p.ledger.mode and etcd_up is None:
             return
-        now = time.monotonic()
+        now, wall = time.monotonic(), time.time()
         with self._lock:
-            self._now = replace(self._now, ledger=self._now.ledger.switch(now, mode))
+            p = self._now
+            ledger = p.ledger.switch(now, mode)
+            log = p.incidents
+            if etcd_up is not None:
+                log = log.etcd(wall, etcd_up, etcd_term, p.participants or 1, group)
+            if ledger is not p.ledger or log is not p.incidents:
+                self._now = replace(p, ledger=ledger, incidents=log)
+
+    def struck(
+        self,
+        kind: Kind,
+        detail: str,
+        group: int | None,
+        action: Action = Action.RESTART,
+        began: float | None = None,
+    ) -> None:
+        """A failure of this node's own (its ranks failed or hung, a drain, its previous
+        life lost): opened in the incident record now, with what is done about it."""
+        wall = time.time()
+        with self._lock:
+            log = self._now.incidents.opened(kind, wall, began=began, group=group, detail=detail)
+            self._now = replace(self._now, incidents=log.acted(action))
+
+    def left(self) -> None:
+        """The node leaves: its open incident, if any, ends now."""
+        with self._lock:
+            self._now = replace(self._now, incidents=self._now.incidents.left(time.time()))
 
     def reached(self, step: int | None) -> None:
         """The ranks start; `step`: the job's reached step as etcd recorded it (None:

@@ -47,6 +47,7 @@ class UpkeepReport:
     nodes_per_group: int = 1
     spare: bool = False  # the last claim found every slot (seat) held: a spare node
     etcd_up: bool = False
+    etcd_term: int | None = None  # etcd's raft term, as its last keepalive answer said
     etcd_errors: int = 0
     leader: bool = False
     most_groups: int = 0  # the most replica-group slots held at once, as read from etcd

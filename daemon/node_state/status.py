@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
 
-from daemon.accounting import Ledger
+from daemon.accounting import IncidentLog, Ledger
 from daemon.coordination.job_view import JobView
 from daemon.health import HealthReport
 from daemon.node_state.progress import RankProgress
@@ -69,6 +69,7 @@ class NodeStatus:
     last_tick: float = 0.0  # monotonic: when the supervisor's loop last went round
     job: JobView | None = None
     ledger: Ledger | None = None  # where the node's time went (daemon.accounting)
+    incidents: IncidentLog | None = None  # the failures it lived through (accounting)
     nproc: int = 1  # the ranks this node runs (node.nproc): its accelerators
 
     @classmethod

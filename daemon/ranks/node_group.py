@@ -19,7 +19,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from daemon.accounting import Activity
+from daemon.accounting import Action, Activity, Kind
 from daemon.config import DaemonConfig
 from daemon.node_state.progress import ProgressFold, RankProgress
 from daemon.node_state.reports import RanksReport
@@ -31,6 +31,10 @@ from daemon.ranks.stop_cause import GroupRestart, StopCause
 from daemon.ranks.workers import ExitKind, GroupExit, WorkerGroup
 from trainer import logs
 from trainer.spares.scheduling import may_leave_idle
+
+# A group's failures that are an incident of this node's (the others follow from one:
+# a quorum timed out because of something that struck elsewhere).
+STRUCK = {ExitKind.FAILED: Kind.RANK_EXIT, ExitKind.HUNG: Kind.HANG}
 
 
 def keeps_replica_id(codes: list[int | None] | None) -> bool:
@@ -71,6 +75,7 @@ class NodeGroup:
         self._standby_spec: GroupSpec | None = None  # the last one built, for its slot
         self.current: WorkerGroup | None = None
         self.attempt = 0
+        self.slot: int | None = None  # the slot of the last start
         self.cause: StopCause | None = None  # why it is being stopped
         self.last_codes: list[int | None] | None = None  # the exit codes of the last group
         # The uuid of the group's torchft replica id, drawn by the first start: a restart
@@ -109,7 +114,7 @@ class NodeGroup:
         `reached`: the job's reached step in etcd (None: unread), for a start-over;
         `restart`: why this start is a restart (``group_restarted``), None for the first."""
         self.fold.reached(reached)
-        self.attempt += 1
+        self.attempt, self.slot = self.attempt + 1, slot
         replica_uuid = part.replica_uuid if part is not None else self.next_replica_uuid()
         seat = part.seat if part is not None else None
         spec = GroupSpec.for_node(
@@ -133,9 +138,12 @@ class NodeGroup:
         """What the ranks' events said, folded (safe from any thread)."""
         return self.fold.snapshot()
 
-    def account(self, mode: Activity | None) -> None:
-        """The node's time goes to `mode` from now (None: the ranks' steps say which)."""
-        self.fold.account(mode)
+    def account(
+        self, mode: Activity | None, etcd_up: bool | None = None, etcd_term: int | None = None
+    ) -> None:
+        """The node's time goes to `mode` from now (None: the ranks' steps say which); and
+        whether etcd answered (ProgressFold.account)."""
+        self.fold.account(mode, etcd_up, etcd_term, self.slot)
 
     def report(self) -> RanksReport:
         """What the ranks look like now: pids, standbys, phases and hang timeouts."""
@@ -192,6 +200,10 @@ class NodeGroup:
         self._quiet_since = min(beats, default=None)
         if outcome is not None and outcome.kind == ExitKind.COMPLETED:
             self.kill()  # every rank has exited 0: this only reaps
+        elif outcome is not None and outcome.kind in STRUCK:  # the incident record's
+            quiet = self._quiet_since if outcome.kind == ExitKind.HUNG else None
+            began = None if quiet is None else time.time() - (time.monotonic() - quiet)
+            self.fold.struck(STRUCK[outcome.kind], outcome.reason, self.slot, began=began)
         return outcome
 
     def failure_word(self, kind: ExitKind, lighthouse: str | None) -> dict[str, Any] | None:
@@ -222,6 +234,7 @@ class NodeGroup:
         self.current.request_stop()
 
     def drain(self) -> None:
+        self.fold.struck(Kind.DRAIN, "SIGTERM", self.slot, Action.DRAINED)
         if self.current is not None and self.current.paused:
             self.current.kill()  # fenced: leaving the quorum cleanly is not ours to do
         elif self.current is not None:
@@ -256,6 +269,7 @@ class NodeGroup:
             outcome = self.current.poll(self.timeouts)
             self.last_codes = outcome.codes if outcome else None
         self.current, self._phases = None, ()
+        self.fold.left()
 
     def take_cause(self) -> StopCause:
         cause, self.cause = self.cause, None

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import threading
 
+from daemon.accounting import Action, Kind
+from daemon.accounting.life_file import last_life, write_life
 from daemon.config import DaemonConfig, node_device, write_rank_config
 from daemon.coordination.coordinator import Coordinator
 from daemon.health import HealthMonitor, HealthSettings
@@ -23,6 +25,8 @@ def build_supervisor(
     """The supervisor of this node, its parts built over `cfg.run_dir` (made here)."""
     run_dir = cfg.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
+    lost = last_life(run_dir)  # how the previous daemon here ended, before this one says
+    write_life(run_dir)
     rank_config = write_rank_config(cfg, run_dir / "config.json")
     view = NodeView()
     wake = threading.Event()  # a rank's output ended, or the job changed: look at once
@@ -40,8 +44,13 @@ def build_supervisor(
         return built[0].published
 
     settings = HealthSettings.of(cfg, coordinator.settings.endpoints, node_device(cfg))
+    ranks = NodeGroup(cfg, rank_config, wake, publish)
+    if lost is not None:  # it ended without leaving: the node's incident, until its next step
+        kind = Kind.LEADER_LOST if lost.leading else Kind.NODE_LOST
+        why = "the daemon's previous life ended without leaving (killed, crashed, host down)"
+        ranks.fold.struck(kind, why, None, Action.RESTART, began=lost.last_seen)
     parts = Parts(
-        ranks=NodeGroup(cfg, rank_config, wake, publish),
+        ranks=ranks,
         upkeep=EtcdUpkeep(cfg, coordinator, run_dir, published, wake.set, shown),
         health=HealthMonitor(settings, cfg.health.interval_s, wake.set),
         notifier=notifier or Notifier(),

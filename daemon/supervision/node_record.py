@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import os
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from daemon import __version__
+from daemon.accounting import Incident
+from daemon.accounting.life_file import write_life
 from daemon.config import DaemonConfig
 from daemon.coordination.coordinator import Coordinator
 from daemon.coordination.identity import machine_id
@@ -31,6 +34,7 @@ from daemon.supervision.health_gate import failing
 
 _UNSET = object()
 RECORD_GAP_S = 1.0
+HOUR_S = 3600.0
 
 
 class NodeRecord:
@@ -48,6 +52,9 @@ class NodeRecord:
         self._reached = 0  # the highest step this node wrote as the job's reached step
         self._ask_answered: object = _UNSET  # the asks/progress value last answered
         self.machine = machine_id()  # tells this node's host from other machines'
+        self._leading = False  # as the run directory's life file says (life_file.py)
+        self._told: tuple[Incident, ...] = ()  # the closed incidents written to etcd
+        self._hour: deque[tuple[float, dict[str, float]]] = deque()  # totals as written
 
     def build(self) -> dict[str, Any]:
         v = self.status()
@@ -67,13 +74,31 @@ class NodeRecord:
             "pids": list(v.pids),
         }
 
-    def update(self, force: bool = False) -> None:
+    def update(self, force: bool = False, last: bool = False) -> None:
         """Write the record if it changed and the last write is RECORD_GAP_S old (a later
-        round writes what is held back); raises the coordinator's errors."""
+        round writes what is held back), and the incidents that ended; `last`: the node
+        leaves (its slot is given back next), so its open incident ends now. Raises the
+        coordinator's errors."""
         record, now = self.build(), time.monotonic()
         if force or (record != self._written and now - self._written_at >= RECORD_GAP_S):
             self.coord.register(record)
             self._written, self._written_at = record, now
+        v = self.status()
+        if v.leader != self._leading:  # a lost life that led is a lost leader (life_file.py)
+            write_life(self.cfg.run_dir, leading=v.leader)
+            self._leading = v.leader
+        log = v.incidents.left(time.time()) if last and v.incidents else v.incidents
+        if log is not None and log.closed is not self._told:
+            self._tell(log.closed)
+
+    def _tell(self, closed: tuple[Incident, ...]) -> None:
+        """Write the closed incidents not yet written (or changed since) to the job's
+        record in etcd (incident_store.py); one that fails is tried again next round."""
+        told = set(self._told)
+        for incident in closed:
+            if incident not in told:
+                self.coord.incidents.write(incident)
+        self._told = closed
 
     def update_progress(self, asked: object, epoch: int | None, epoch_step: int) -> None:
         """Write the progress if it is due, or if `asked` (the job's asks/progress value)
@@ -93,11 +118,28 @@ class NodeRecord:
         # the ranks started and what this node wrote since, never below step 2. A group
         # that started over and trains again from step 1 leaves it as it was.
         reached = v.step > max(1, v.reached, self._reached)
-        self.coord.put_progress(progress, reached=reached)
+        self.coord.put_progress({**progress, **self._time(v)}, reached=reached)
         self._progress, self._progress_at = progress, now
         if reached:
             self._reached = v.step
         self._ask_answered = asked
+
+    def _time(self, v: NodeStatus) -> dict[str, Any]:
+        """The node's seconds by activity since the daemon started and over the last hour
+        (daemon.accounting), riding on a progress write that is made anyway: `phalanx
+        status` sums them into the job's goodput. The hour's are the totals less those of
+        the newest write at least an hour old (or the first, in a daemon's first hour)."""
+        if v.ledger is None:
+            return {}
+        now = time.monotonic()
+        totals = {a.value: round(s, 1) for a, s in v.ledger.totals(now).items()}
+        kept = self._hour
+        kept.append((now, totals))
+        while len(kept) > 1 and kept[1][0] <= now - HOUR_S:
+            kept.popleft()
+        base = kept[0][1]
+        hour = {k: round(s - base.get(k, 0.0), 1) for k, s in totals.items()}
+        return {"time": totals, "time_1h": hour}
 
     def forget(self) -> None:
         """A new session: the next updates write the record and the step."""

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from daemon.accounting import Activity
+from daemon.accounting.life_file import write_life
 from daemon.config import DaemonConfig
 from daemon.exits import EXIT_OK
 from daemon.node_state.progress import RankProgress
@@ -67,12 +68,14 @@ def time_goes_to(state: State, spare: bool) -> Activity | None:
 
 
 def exit_report(
-    view: NodeView, code: int, progress: RankProgress, upkept: UpkeepReport
+    cfg: DaemonConfig, view: NodeView, code: int, progress: RankProgress, upkept: UpkeepReport
 ) -> dict[str, Any]:
     """As the daemon exits: ``never_replicated`` where it applies (report_unreplicated),
-    and the daemon_exit event's fields: the state and exit code, the error where it
-    failed, and the seconds of its life by activity (they add up to it)."""
+    the run directory's life file says this life ended (not lost: life_file.py), and the
+    daemon_exit event's fields: the state and exit code, the error where it failed, and
+    the seconds of its life by activity (they add up to it)."""
     report_unreplicated(progress, upkept)
+    write_life(cfg.run_dir, ended=True)
     fields: dict[str, Any] = {"state": view.state.value, "code": code}
     if code != EXIT_OK:  # a rank error the group got past is not why it ended
         fields["error"] = view.failure or progress.rank_error

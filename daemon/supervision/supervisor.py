@@ -107,7 +107,7 @@ class Supervisor:
             self.group.kill()
             self.upkeep.close()
             self.progress = self.group.progress()  # with what the ranks said as they ended
-        ending = exit_report(self.view, self.exit_code, self.progress, self.upkept)
+        ending = exit_report(self.cfg, self.view, self.exit_code, self.progress, self.upkept)
         self.log.info("daemon_exit", **ending)
         return self.exit_code
 
@@ -134,7 +134,8 @@ class Supervisor:
                 break
         live = self.view.state in STANDBY_STATES and not self.drain_requested.is_set()
         self.group.tend_standbys(live, self.upkept.slot)
-        self.group.account(time_goes_to(self.view.state, self.upkept.spare))
+        up = self.upkept  # a spare's wait is its own; etcd's answers: an outage (incidents)
+        self.group.account(time_goes_to(self.view.state, up.spare), up.etcd_up, up.etcd_term)
         self.ranked = self.group.report()  # what the ranks look like after this tick
         self.view.ticks, self.view.last_tick = self.view.ticks + 1, time.monotonic()
         self.publish()
@@ -163,6 +164,7 @@ class Supervisor:
         note, self.note = self.note, {}
         self.log.info("state_changed", **{"from": frm.value, "to": state.value}, **note)
         self.view.state, self.entered_at = state, time.monotonic()
+        self.group.account(time_goes_to(state, self.upkept.spare))  # every state it passes
         self.view.waiting_for = None
         step = self.progress.step
         self.notifier.status(f"{state.value} group={self.upkept.slot_label} step={step}")
@@ -341,8 +343,7 @@ class Supervisor:
             return self._done("job completed")
         if self.upkept.slot is None:
             return to(State.CLAIMING)
-        waits = time.monotonic() < self.restart_at
-        return to(State.RESTARTING if waits else State.WAITING)
+        return to(State.RESTARTING if time.monotonic() < self.restart_at else State.WAITING)
 
     def _draining(self) -> Decision:
         was_running = self.group.running

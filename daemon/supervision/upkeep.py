@@ -24,9 +24,9 @@ parts each keep their own (seats.py the seat, attempts.py etcd's health, the ele
 leadership); nothing of theirs is shared with the supervisor's other parts. Its
 handlers ask the rest through the verbs ``parts.Upkeep`` lists (claim, give back,
 start or end a generation, the fence's verdict, the job's state), never this object's
-parts. A node id held by another live daemon is waited on, then
-refused (held_id.py). A new session (the old lease lost by our clock) re-registers and
-re-claims before it revokes the old lease: the node's keys never all vanish at once.
+parts. A node id held by another live daemon is waited on, then refused (held_id.py). A
+new session (the old lease lost by our clock) re-registers and re-claims before it
+revokes the old lease: the node's keys never all vanish at once.
 """
 
 from __future__ import annotations
@@ -182,8 +182,7 @@ class EtcdUpkeep:
     # -------------------------------------------------------------------- rounds
 
     def tick(self, node: UpkeepInput) -> UpkeepReport:
-        """One round of upkeep: fence, session, leadership, the job view, forwarder, record,
-        checkpoint; returns what the supervisor acts on."""
+        """One round: fence, session, leadership, job view, forwarder, record, checkpoint."""
         self.node = node
         self._round()
         report = self.report(slot_lost=self._slot_lost)
@@ -192,8 +191,7 @@ class EtcdUpkeep:
 
     def report(self, slot_lost: bool = False) -> UpkeepReport:
         """What the upkeep knows now, as one frozen value."""
-        url, leader = self.follow.ranks_url, self.leadership.leader
-        seats = self._seats
+        url, leader, seats = self.follow.ranks_url, self.leadership.leader, self._seats
         return UpkeepReport(
             slot_lost=slot_lost,
             ranks_lighthouse=url,  # and our lighthouse's process lives, while we lead
@@ -205,6 +203,7 @@ class EtcdUpkeep:
             nodes_per_group=seats.nodes,
             spare=seats.spare,
             etcd_up=self._attempt.up,
+            etcd_term=self.coord.keepalive.raft_term,
             etcd_errors=self._attempt.errors,
             leader=leader,
             most_groups=self.most_groups,
@@ -382,6 +381,7 @@ class EtcdUpkeep:
         self._attempt.retry_at = 0.0
 
         def give_back() -> None:
+            self.record.update(last=True)  # and the incident that ends as the node leaves
             self.leadership.resign()
             self._seats.release()
 

@@ -18,7 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.registry import Collector
 
 from daemon import __version__
-from daemon.accounting import ORDER, Activity
+from daemon.accounting import ORDER, Activity, IncidentLog, Kind
 from daemon.node_state.status import NodeStatus
 
 RESTART_REASONS = ("rank_exit", "hang")
@@ -164,6 +164,33 @@ class _NodeCollector(Collector):
                 shown = self._shown[activity] = max(self._shown[activity], seconds)
                 spent.add_metric([*values, activity.value], shown)
             yield spent
+        if v.incidents is not None:
+            yield from _incidents(v.incidents, names, values)
+
+
+def _incidents(
+    log: IncidentLog, names: list[str], values: list[str]
+) -> Iterator[CounterMetricFamily]:
+    """The incidents this node recorded (daemon.accounting.incidents), by kind, once over."""
+    seen = {kind: (n, cost) for kind, n, cost in log.counts}
+    count = CounterMetricFamily(
+        "phalanx_incidents",
+        "Failures this node recorded and saw the end of, by kind (docs/metrics.md, "
+        '"Incidents"): one per failure, by the node it struck.',
+        labels=[*names, "kind"],
+    )
+    cost = CounterMetricFamily(
+        "phalanx_incident_cost_group_seconds",
+        "What those failures cost: from each failure to its recovery, times the replica "
+        "groups it stopped.",
+        labels=[*names, "kind"],
+    )
+    for kind in Kind:
+        n, seconds = seen.get(kind, (0, 0.0))
+        count.add_metric([*values, kind.value], float(n))
+        cost.add_metric([*values, kind.value], seconds)
+    yield count
+    yield cost
 
 
 class DaemonMetrics:

@@ -83,6 +83,10 @@ def status_document(v: NodeStatus) -> dict[str, Any]:
         "ticks": v.ticks,
         # Where this daemon's time went (daemon.accounting), and its goodput.
         "time": None if v.ledger is None else time_document(v.ledger, time.monotonic()),
+        # Its last incidents and the open one (recovered null), oldest first.
+        "incidents": [
+            {"name": i.key, **i.record()} for i in (v.incidents.every() if v.incidents else ())
+        ],
         "view": job,
     }
 

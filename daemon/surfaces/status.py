@@ -1,14 +1,21 @@
-"""`phalanx status`: the job as etcd sees it, as a table or JSON."""
+"""`phalanx status`: the job as etcd sees it, as a table or JSON: its nodes, groups, leader
+and step, its goodput (from the time each node's progress carries) and its incidents
+(the job's incident record, ``daemon.coordination.incident_store``)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
+from daemon.accounting import Incident
 from daemon.coordination.coordinator import JobView
 
+SHOWN = 5  # incidents the table shows (--incidents: all)
 
-def status_json(job: str, view: JobView) -> dict[str, Any]:
+
+def status_json(job: str, view: JobView, incidents: Sequence[Incident] = ()) -> dict[str, Any]:
     nodes = [
         {
             "id": node_id,
@@ -44,7 +51,55 @@ def status_json(job: str, view: JobView) -> dict[str, Any]:
         "checkpoint": view.checkpoint,
         "nodes": nodes,
         "warnings": replication_warnings(nodes, len(view.groups), view.state or {}),
+        "goodput": job_goodput(list(view.nodes.values())),
+        "incidents": [{"name": i.key, **i.record()} for i in incidents],
     }
+
+
+def job_goodput(records: Sequence[dict[str, Any]]) -> dict[str, float | None]:
+    """The job's goodput: its live nodes' training seconds over all their seconds (every
+    node runs node.nproc ranks, so seconds weigh as accelerator-seconds), since their
+    daemons started and over the last hour, as their last progress writes said."""
+
+    def share(field: str) -> float | None:
+        training = total = 0.0
+        for record in records:
+            spent = record.get(field)
+            if not isinstance(spent, dict):
+                continue
+            seconds = {k: float(v) for k, v in spent.items() if isinstance(v, int | float)}
+            training += seconds.get("training", 0.0)
+            total += sum(seconds.values())
+        return round(training / total, 4) if total > 0 else None
+
+    return {"since_start": share("time"), "last_hour": share("time_1h")}
+
+
+def incidents_table(doc: dict[str, Any], last: int | None = None) -> str:
+    """The job's incidents, oldest first (the `last` ones, else all)."""
+    shown = doc.get("incidents", [])[-last:] if last else doc.get("incidents", [])
+    rows = [("BEGAN (UTC)", "KIND", "NODE", "GROUP", "DETECT_S", "RECOVER_S", "ACTION", "COST")]
+    for i in shown:
+        began = datetime.fromtimestamp(i["began"], UTC).strftime("%Y-%m-%d %H:%M:%S")
+        recover = "-" if i["recovered"] is None else f"{i['recovered'] - i['detected']:.1f}"
+        rows.append(
+            (
+                began,
+                i["kind"],
+                str(i["node"]),
+                "-" if i["group"] is None else str(i["group"]),
+                f"{i['detected'] - i['began']:.1f}",
+                recover,
+                i["action"],
+                f"{i['cost_group_s']:.1f} group-s",
+            )
+        )
+    if len(rows) == 1:
+        return "(no incidents)"
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    )
 
 
 def _failing_checks(value: object) -> dict[str, str]:
@@ -107,6 +162,12 @@ def status_table(doc: dict[str, Any]) -> str:
         head += f"\nlatest checkpoint: step {checkpoint.get('step')} at {checkpoint.get('path')}"
     for warning in doc.get("warnings", []):
         head += f"\nwarning: {warning}"
+    good = doc.get("goodput") or {}
+    if good.get("since_start") is not None:
+        hour = good.get("last_hour")
+        head += f"\ngoodput {good['since_start']:.3f} since the daemons started" + (
+            f", {hour:.3f} over the last hour" if hour is not None else ""
+        )
     for gid, held in doc.get("seats", {}).items():
         generation = doc.get("generations", {}).get(gid, "-")
         state = doc.get("group_states", {}).get(gid, "-")
@@ -140,6 +201,9 @@ def status_table(doc: dict[str, Any]) -> str:
         for n in doc["nodes"]
         for name, reason in sorted((n.get("health") or {}).items())
     ]
+    if doc.get("incidents"):
+        lines += ["", "last incidents (all: phalanx status --incidents):"]
+        lines.append(incidents_table(doc, SHOWN))
     return head + "\n" + "\n".join(lines)
 
 

@@ -18,6 +18,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.accounting_checks import (
+    incident_problems,
+    ledger_goodput,
+    life,
+    log_goodput,
+    unaccounted,
+)
 from tests.support.fault_checks import (
     healed_from_losing_side,
     left_running,
@@ -29,7 +36,7 @@ from tests.support.fault_checks import (
 )
 from tests.support.faults import INJECT, KINDS, NODES, Cluster, schedule
 from tests.support.harness import wait_for
-from tests.support.job_queries import digest
+from tests.support.job_queries import digest, incidents_json
 from tests.support.multihost import NEEDS_NAMESPACES
 from tests.support.netns import Network
 
@@ -88,5 +95,19 @@ def test_random_faults_keep_every_promise(tmp_path: Path, network: Network) -> N
         assert not taken, f"a partition's losing side won ({replay}): {taken}"
         assert not pauses, f"pauses beyond their bounds ({replay}): {pauses}"
         assert not unstructured_lines(c), unstructured_lines(c)[:10]
+        # Issue 54: each daemon that exited accounted for its whole life, and the job's
+        # goodput from those accounts agrees with the ranks' step events.
+        exited = [x for x in map(life, c.every_life()) if x is not None]
+        assert len(exited) >= len(NODES), [d.proc.stderr.name for d in c.every_life()]
+        assert not unaccounted(exited), unaccounted(exited)
+        counted, logged = ledger_goodput(exited), log_goodput(c.lives, exited)
+        print(f"goodput: {counted:.4f} from the daemons' accounts, {logged:.4f} from the logs")
+        assert abs(counted - logged) <= 0.02, (counted, logged)
+        # ... and every fault is one incident of its kind in the job's record, no more.
+        record = incidents_json(c.endpoint)["incidents"]
+        for incident in record:
+            print(f"incident {incident}")
+        problems = incident_problems(faults, record)
+        assert not problems, f"({replay}) " + "\n".join(problems)
     finally:
         c.close()

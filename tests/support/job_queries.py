@@ -22,6 +22,12 @@ def status_json(endpoint: str) -> dict[str, Any]:
     return doc
 
 
+def incidents_json(endpoint: str) -> dict[str, Any]:
+    """`phalanx status --incidents --json`: the job's incident record."""
+    doc: dict[str, Any] = json.loads(_status(endpoint, "--incidents", "--json"))
+    return doc
+
+
 def digest(d: Daemon) -> str:
     done = d.events("train_done")
     assert done, d.proc.tail()

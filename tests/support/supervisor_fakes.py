@@ -66,7 +66,9 @@ class FakeRanks:
     def progress(self) -> RankProgress:
         return self.now
 
-    def account(self, mode: Activity | None) -> None:
+    def account(
+        self, mode: Activity | None, etcd_up: bool | None = None, etcd_term: int | None = None
+    ) -> None:
         self.modes.append(mode)
 
     def tend_standbys(self, live: bool, slot: int | None) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from daemon.accounting import Activity, Ledger
 from daemon.config import load_daemon_config
 from daemon.coordination.progress import PROGRESS_EVERY_S
 from daemon.node_state import NodeView, State
@@ -134,12 +135,36 @@ def test_the_step_is_written_first_at_its_first_move_then_every_period(
     assert len(sent.progress) == 3
     clock[0] += PROGRESS_EVERY_S
     record.update_progress(None, 7, RANKS.now.step)
-    assert sent.progress[-1] == {
+    last = dict(sent.progress[-1])
+    assert {"time", "time_1h"} <= set(last)  # riders: test_the_nodes_time_rides_on_...
+    del last["time"], last["time_1h"]
+    assert last == {
         "step": RANKS.now.step,
         "participants": 2,
         "epoch": 7,
         "epoch_step": RANKS.now.step,
     }
+
+
+def test_the_nodes_time_rides_on_progress_writes_with_the_last_hours_share(
+    tmp_path: Path, clock: list[float]
+) -> None:
+    """daemon.accounting's seconds by activity go out with writes made for the step, and
+    never cause one: the scale bench's etcd requests stay as they were."""
+    record, sent, _ = made(tmp_path)
+    RANKS.set(ledger=Ledger.begin(clock[0]))  # the node waits from now
+    record.update_progress(None, None, 0)
+    clock[0] += 5.0
+    record.update_progress(None, None, 0)  # only the time moved: no write
+    assert len(sent.progress) == 1
+    RANKS.set(ledger=RANKS.now.ledger.switch(clock[0], Activity.SPARE))
+    for _ in range(400):  # 4,000 s of writes 10 s apart
+        clock[0] += PROGRESS_EVERY_S
+        RANKS.set(step=RANKS.now.step + 1)
+        record.update_progress(None, None, 0)
+    last = sent.progress[-1]
+    assert (last["time"]["waiting"], last["time"]["spare"]) == (5.0, 4000.0)
+    assert last["time_1h"] == {**{a.value: 0.0 for a in Activity}, "spare": 3600.0}
 
 
 def test_each_ask_is_answered_at_once_and_only_once(tmp_path: Path, clock: list[float]) -> None:

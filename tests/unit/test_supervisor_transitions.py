@@ -9,6 +9,7 @@ and checks the state the node moved to and what it asked of its parts.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -140,9 +141,9 @@ def test_a_tick_follows_a_failed_group_through_its_restart_without_waiting_a_tic
     assert n.upkeep.calls == STARTED
 
 
-def test_each_tick_tells_the_ranks_what_the_nodes_time_goes_to_as_it_ends() -> None:
-    """daemon.accounting: the state a tick ends in (a spare's wait is its own)."""
-    n = node(State.CLAIMING)
+def test_each_state_tells_the_ranks_what_the_nodes_time_goes_to() -> None:
+    """daemon.accounting: every state a tick passes through, and a spare's wait."""
+    n = node(State.CLAIMING, "node.restart_backoff_s=0")
     n.upkeep.slot, n.upkeep.free_slot = None, None
     n.sup.tick()  # no seat free
     n.upkeep.free_slot = 0
@@ -154,7 +155,19 @@ def test_each_tick_tells_the_ranks_what_the_nodes_time_goes_to_as_it_ends() -> N
     n.sup.tick()  # the fence lifts: the ranks go on
     n.ranks.outcome = FAILED
     n.sup.tick()  # a rank failed: its group is being stopped, for a restart
-    assert n.ranks.modes == [Activity.WAITING, None, Activity.FENCED, None, Activity.RESTARTING]
+    stopped_by(FAILED)(n)
+    n.ranks.outcome = None  # the new ranks run
+    n.sup.tick()  # stopped, no backoff: restarted in the same tick (the time is a restart's)
+    modes = [mode for mode, _ in itertools.groupby(n.ranks.modes)]
+    assert modes == [
+        Activity.WAITING,  # CLAIMING
+        None,  # RUNNING (WAITING passed in the same tick as the claim)
+        Activity.FENCED,
+        None,
+        Activity.RESTARTING,  # STOPPING, then RESTARTING
+        Activity.WAITING,  # -> WAITING: ...
+        None,  # ... -> RUNNING in one tick
+    ]
 
 
 def test_the_upkeep_is_handed_the_nodes_progress_as_a_value() -> None:

@@ -184,7 +184,7 @@ def _load(ckpt: Checkpointer, replication: Checkpointing, path: Path) -> bool:
     replication.restore(int(scalars["step"]), scalars.get("torchft", {}))
     # Every rank says what it loaded: a test (and an operator) can see they agree.
     ckpt.log.info(
-        "checkpoint_loaded", step=int(scalars["step"]), source=str(path), buffers=has_buffers
+        events.CHECKPOINT_LOADED, step=int(scalars["step"]), source=str(path), buffers=has_buffers
     )
     return True
 

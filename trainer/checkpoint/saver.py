@@ -237,7 +237,7 @@ class Checkpointer:
         """Counted, said once for the group; rank 0 removes what the save had written (the
         last complete checkpoint is untouched, and the space goes back to the volume)."""
         self.metrics.observe_checkpoint_failure()
-        self.note("error", "checkpoint_failed", step=step, error=error)
+        self.note("error", events.CHECKPOINT_FAILED, step=step, error=error)
         if partial is not None and self.rank == 0:
             shutil.rmtree(partial, ignore_errors=True)
 

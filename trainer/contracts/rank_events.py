@@ -19,6 +19,10 @@ STRAGGLER_CLEARED = "straggler_cleared"
 STANDBY_READY = "standby_ready"  # a standby has imported and built what it can
 STEP_SKIPPED = "step_skipped"  # a step that did not commit (retried with the same data)
 STEP_ABANDONED = "step_abandoned"  # a drain left a step whose quorum did not form
+CHECKPOINT_LOADED = "checkpoint_loaded"  # every rank, with the step it resumed from
+CHECKPOINT_FAILED = "checkpoint_failed"  # a save failed (training goes on)
+STEP_NOT_FINITE = "step_not_finite"  # a step voted down for a NaN or infinite value
+REPLICAS_DIVERGED = "replicas_diverged"  # the groups' parameters differed
 
 # Fields of a step's end (train_step, step_items, step_skipped): where the loop's time went
 # (daemon.accounting). The step's seconds always; the others only when not zero.

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from trainer import logs
+from trainer.contracts import rank_events as events
 from trainer.ft.replication import Comparing
 
 SLICES = 4  # 6-bit slices of the digest, each voted on separately
@@ -136,7 +137,7 @@ def check_replicas(
         return False
     if rank == 0:
         logs.get().warning(
-            "replicas_diverged",
+            events.REPLICAS_DIVERGED,
             step=step,
             share=round(seen.share, 3),
             group="minority: restarting to heal" if seen.minority else "majority",

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 from trainer import logs
+from trainer.contracts import rank_events as events
 
 
 class NonFiniteTraining(RuntimeError):
@@ -31,7 +32,7 @@ class NonFiniteStreak:
         self.in_a_row += 1
         if self.speaks:
             logs.get().warning(
-                "step_not_finite",
+                events.STEP_NOT_FINITE,
                 step=step + 1,  # the step attempted, numbered as train_step numbers it
                 loss=loss if math.isfinite(loss) else str(loss),
                 grad_norm=grad_norm if math.isfinite(grad_norm) else str(grad_norm),

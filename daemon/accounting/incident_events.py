@@ -1,0 +1,37 @@
+"""What a rank event means for the node's incident record (daemon.accounting.incidents)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from daemon.accounting.incidents import Action, IncidentLog, Kind, shared_key
+from trainer.contracts import rank_events as events
+
+STEP_ENDS = frozenset({events.TRAIN_STEP, events.STEP_ITEMS})
+# Events that are a failure of their own: the kind, and the field that says why.
+STRIKES: dict[str, tuple[Kind, str]] = {
+    events.CHECKPOINT_INVALID: (Kind.CHECKPOINT, "reason"),
+    events.CHECKPOINT_FAILED: (Kind.CHECKPOINT, "error"),
+    events.STEP_NOT_FINITE: (Kind.NON_FINITE, "loss"),
+    events.REPLICAS_DIVERGED: (Kind.DIVERGENCE, "group"),
+}
+
+
+def take(log: IncidentLog, event: Mapping[str, Any], now: float, groups: int) -> IncidentLog:
+    """`log` with one rank event taken in at `now` (epoch s); `groups`: the groups in the
+    node's last quorum (the ones a cold restart stopped)."""
+    name = event.get("event")
+    if name in STEP_ENDS:
+        return log.committed(now)
+    if name == events.HEAL_DONE:
+        return log.acted(Action.HEAL)
+    if name == events.CHECKPOINT_LOADED and log.open is not None:
+        # No peer had state: every group resumed from this checkpoint, after one failure
+        # that every node names alike by the step they resumed from.
+        key = shared_key("cold_restart", f"from-{event.get('step')}")
+        return log.acted(Action.COLD_RESTART).shared(key, groups)
+    if name in STRIKES:
+        kind, field = STRIKES[str(name)]
+        return log.opened(kind, now, detail=str(event.get(field, ""))[:200])
+    return log

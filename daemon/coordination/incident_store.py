@@ -1,0 +1,132 @@
+"""The job's incident record in etcd: ``/phalanx/_incidents/<job>/<name>``, one key per
+incident (``daemon.accounting.incidents``), kept where no daemon's watch hears it and
+bound to no lease, so it outlives the nodes that wrote it. A node writes an incident
+once it is over (and again if it learns more); the record holds at most ``KEEP``
+incidents, the oldest deleted by the node that wrote a new one. Read by
+``phalanx status``.
+
+A failure that every node lived through has one name on every node (an etcd outage,
+by etcd's new raft term; a cold restart, by the step the groups resumed from): each
+node's write merges into the record there (:func:`merged`), so it stays one incident.
+A group that healed from one that had loaded the checkpoint in such a cold restart
+(it came back last) recorded its own rank exit: read back, that one is part of the
+cold restart (:func:`one_per_failure`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from daemon.accounting.incidents import (
+    ACTION_ORDER,
+    UPGRADES,
+    Action,
+    Incident,
+    Kind,
+    from_record,
+)
+from daemon.coordination.job_view import dump
+from daemon.coordination.records import key_text, load_value
+
+KEEP = 100  # incidents kept in etcd, per job
+SAME_FAILURE_S = 2.0  # ranks of other nodes that failed this close to a cold restart's
+
+Call = Callable[[Callable[[Any], Any]], Any]
+
+
+def incident_prefix(job: str) -> str:
+    return f"/phalanx/_incidents/{job}/"
+
+
+def merged(old: Incident, new: Incident) -> Incident:
+    """One incident from two nodes' records of it: the kind that explains it better, the
+    earliest start and detection, the latest recovery, the most groups and the most
+    telling action; the first reporter's node."""
+    kind = new.kind if old.kind in UPGRADES.get(new.kind, frozenset()) else old.kind
+    action = max(old.action, new.action, key=ACTION_ORDER.index)
+    ends = [t for t in (old.recovered, new.recovered) if t is not None]
+    return Incident(
+        key=old.key,
+        kind=kind,
+        node=old.node,
+        group=old.group,
+        began=min(old.began, new.began),
+        detected=min(old.detected, new.detected),
+        recovered=max(ends) if ends else None,
+        action=action,
+        groups=max(old.groups, new.groups),
+        detail=old.detail if kind == old.kind else new.detail,
+    )
+
+
+def one_per_failure(incidents: list[Incident]) -> list[Incident]:
+    """The record as failures, by when they began: another node's rank exit, hang or
+    refused checkpoint that began within SAME_FAILURE_S of a cold restart is part of it."""
+    colds = {i.key: i for i in incidents if i.action == Action.COLD_RESTART}
+    rest = []
+    for incident in incidents:
+        if incident.key in colds:
+            continue
+        home = next((k for k, c in colds.items() if _part_of(incident, c)), None)
+        if home is None:
+            rest.append(incident)
+        else:
+            colds[home] = merged(colds[home], incident)
+    return sorted([*rest, *colds.values()], key=lambda i: i.began)
+
+
+def _part_of(incident: Incident, cold: Incident) -> bool:
+    return (
+        incident.node != cold.node
+        and incident.kind in (Kind.RANK_EXIT, Kind.HANG, Kind.CHECKPOINT)
+        and abs(incident.began - cold.began) <= SAME_FAILURE_S
+    )
+
+
+def parse_incidents(job: str, kvs: Iterable[Any]) -> list[tuple[Incident, int]]:
+    """The job's incidents with their keys' create revisions, oldest first; values that
+    are not an incident are skipped."""
+    prefix, out = incident_prefix(job), []
+    for kv in kvs:
+        key = key_text(bytes(kv.key))
+        ok, value = load_value(bytes(kv.value), bytes(kv.key))
+        if key is None or not ok or not isinstance(value, dict):
+            continue
+        incident = from_record(key.removeprefix(prefix), value)
+        if incident is not None:
+            out.append((incident, int(kv.create_revision)))
+    return sorted(out, key=lambda pair: pair[1])
+
+
+class IncidentStore:
+    def __init__(self, call: Call, job: str) -> None:
+        self._call, self.job = call, job
+
+    def read(self) -> list[Incident]:
+        """Every failure of the job in etcd, oldest first (one range read)."""
+        return one_per_failure([i for i, _ in self._read()])
+
+    def write(self, incident: Incident) -> None:
+        """Put `incident`, merged into the record of the same name if another node wrote
+        one; after a new key, delete the oldest beyond KEEP."""
+        key = incident_prefix(self.job) + incident.key
+        raw, _ = self._call(lambda c: c.get(key))
+        ok, value = (False, None) if raw is None else load_value(bytes(raw))
+        old = from_record(incident.key, value) if ok and isinstance(value, dict) else None
+        record = incident if old is None else merged(old, incident)
+        self._call(lambda c: c.put(key, dump(record.record())))
+        if old is None:
+            self._trim()
+
+    def _read(self) -> list[tuple[Incident, int]]:
+        response = self._call(lambda c: c.get_prefix_response(incident_prefix(self.job)))
+        return parse_incidents(self.job, response.kvs)
+
+    def _trim(self) -> None:
+        held = self._read()
+        for incident, _ in held[: max(0, len(held) - KEEP)]:
+            self._delete(incident_prefix(self.job) + incident.key)
+
+    def _delete(self, key: str) -> None:
+        self._call(lambda c: c.delete(key))

@@ -1,0 +1,138 @@
+"""Issue 54's checks of the daemons' accounts against the logs and the faults injected:
+each daemon's activities (its ``daemon_exit`` ``seconds``, what
+``phalanx_activity_seconds_total`` counts) add up to its uptime, the job's goodput from
+them agrees with a count from the logs alone, and each fault is one incident."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tests.support.harness import Daemon, Event, event_time
+
+STEP_ENDS = ("train_step", "step_items")
+
+
+@dataclass(frozen=True)
+class Life:
+    """One daemon process that exited: its uptime (daemon_started to daemon_exit, from the
+    log's timestamps) and the seconds its ledger counted by activity."""
+
+    name: str  # its log file
+    uptime: float
+    seconds: Mapping[str, float]
+
+    @property
+    def accounted(self) -> float:
+        return sum(self.seconds.values())
+
+
+def life(d: Daemon) -> Life | None:
+    """`d`'s life, or None when it never exited by itself (killed: its ledger is gone)."""
+    events = d.events()
+    started = next((e for e in events if e.get("event") == "daemon_started"), None)
+    ended = next((e for e in events if e.get("event") == "daemon_exit"), None)
+    if started is None or ended is None:
+        return None
+    uptime = event_time(ended) - event_time(started)
+    return Life(d.proc.stderr.name, uptime, ended["seconds"])
+
+
+def unaccounted(lives: Sequence[Life], tolerance: float = 0.01) -> list[str]:
+    """The lives whose activities do not add up to their uptime within `tolerance`."""
+    return [
+        f"{x.name}: {x.accounted:.3f} s accounted of {x.uptime:.3f} s up"
+        for x in lives
+        if abs(x.accounted - x.uptime) > tolerance * x.uptime
+    ]
+
+
+def ledger_goodput(lives: Sequence[Life]) -> float:
+    """The job's goodput as the daemons counted it: training over all their seconds (every
+    node runs the same number of ranks, so seconds weigh as accelerator-seconds)."""
+    return sum(x.seconds["training"] for x in lives) / sum(x.accounted for x in lives)
+
+
+def fenced(events: Sequence[Event]) -> list[tuple[float, float]]:
+    """When the daemon held its ranks paused (FENCED), from its state changes (epoch s)."""
+    spans, since = [], None
+    for e in events:
+        if e.get("event") != "state_changed":
+            continue
+        if e.get("to") == "fenced":
+            since = event_time(e)
+        elif e.get("from") == "fenced" and since is not None:
+            spans.append((since, event_time(e)))
+            since = None
+    return spans
+
+
+def own_time(e: Event, paused: Sequence[tuple[float, float]]) -> float:
+    """A committed step's own time from its event: its seconds less its quorum wait and
+    less the time its ranks were held paused after the quorum (a fence: the rank's clock
+    went on while it was stopped)."""
+    end = event_time(e)
+    quorum = float(e.get("quorum_s", 0.0))
+    work_began = end - float(e["step_seconds"]) + quorum
+    held = sum(max(0.0, min(end, b) - max(work_began, a)) for a, b in paused)
+    return max(0.0, end - work_began - held)
+
+
+def log_goodput(lives_by_node: Mapping[str, Sequence[Daemon]], exited: Sequence[Life]) -> float:
+    """The job's goodput counted from the logs alone: each node's committed steps, each
+    step number once (the last time it committed: one trained again after a cold restart
+    replaces the first), times the step's own time (:func:`own_time`), over the uptime of
+    the daemons that exited. Steps of a daemon that was killed count for neither side."""
+    counted = {x.name for x in exited}
+    trained = 0.0
+    for lives in lives_by_node.values():
+        kept: dict[int, tuple[str, float]] = {}
+        for d in lives:
+            events = d.events()
+            paused = fenced(events)
+            for e in events:
+                if e.get("event") in STEP_ENDS and "step_seconds" in e:
+                    kept[int(e["step"])] = (d.proc.stderr.name, own_time(e, paused))
+        trained += sum(own for name, own in kept.values() if name in counted)
+    return trained / sum(x.uptime for x in exited)
+
+
+# The incident each injected fault must come out as (tests/support/faults.py). A slow
+# rank is none: a straggler is no failure (the job goes on at its pace).
+EXPECTED: dict[str, str | None] = {
+    "rank_kill": "rank_exit",
+    "rank_stop": "hang",
+    "slow_rank": None,
+    "cold_restart": "rank_exit",  # every group's ranks killed: one record, a cold restart
+    "corrupt_checkpoint": "checkpoint",
+    "daemon_kill": "node_lost",
+    "leader_kill": "leader_lost",
+    "drain": "drain",
+    "etcd_kill": "etcd_outage",
+    "host_isolated": "partition",
+    "etcd_cut": "partition",
+}
+# An incident's start is the daemons' clock and, for a lost daemon, its ranks' last
+# heartbeat: it may come this much before the driver's note of the fault's start.
+SLACK_S = 1.0
+
+
+def incident_problems(faults: Sequence[Any], incidents: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Each incident belongs to the last fault that started before it began (SLACK_S
+    allowed); each fault must have exactly the incident of its kind (none for a slow
+    rank), and no incident may begin before the first fault."""
+    ordered = sorted(faults, key=lambda f: f.started)
+    found: dict[int, list[str]] = {id(f): [] for f in ordered}
+    problems = []
+    for i in incidents:
+        before = [f for f in ordered if f.started <= i["began"] + SLACK_S]
+        if not before:
+            problems.append(f"an incident before any fault: {i}")
+            continue
+        found[id(before[-1])].append(i["kind"])
+    for f in ordered:
+        want = [EXPECTED[f.kind]] if EXPECTED[f.kind] else []
+        if found[id(f)] != want:
+            problems.append(f"{f.line()}: incidents {found[id(f)]}, expected {want}")
+    return problems

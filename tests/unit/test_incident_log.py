@@ -1,0 +1,137 @@
+"""The node's incident record (daemon/accounting/incidents.py, incident_events.py): what
+opens an incident, what it is called, what was done and when it ends; and how two
+nodes' records of one failure become one (daemon/coordination/incident_store.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from daemon.accounting import Action, IncidentLog, Kind
+from daemon.accounting.incident_events import take
+from daemon.accounting.incidents import KEEP, from_record, shared_key
+from daemon.accounting.life_file import last_life, write_life
+from daemon.coordination.incident_store import merged, one_per_failure
+from trainer.contracts import heartbeat
+from trainer.contracts import rank_events as events
+
+STEP = {"event": events.STEP_ITEMS, "step": 9}
+
+
+def test_a_rank_exit_is_open_until_the_ranks_commit_again() -> None:
+    log = IncidentLog("node-b").opened(Kind.RANK_EXIT, 100.0, group=1, detail="rank 0 exited")
+    log = log.acted(Action.RESTART)
+    assert log.open is not None and log.closed == ()
+    log = take(log, {"event": events.HEAL_DONE, "seconds": 1.0}, 102.0, 3)
+    log = take(log, STEP, 103.5, 3)
+    assert log.open is None
+    (done,) = log.closed
+    assert (done.kind, done.node, done.group, done.action) == (Kind.RANK_EXIT, "node-b", 1, "heal")
+    assert (done.began, done.detected, done.recovered) == (100.0, 100.0, 103.5)
+    assert done.cost_group_s == 3.5 and log.counts == ((Kind.RANK_EXIT, 1, 3.5),)
+
+
+def test_what_happens_while_one_is_open_is_part_of_it() -> None:
+    log = IncidentLog("a").opened(Kind.RANK_EXIT, 10.0).acted(Action.RESTART)
+    log = log.opened(Kind.HANG, 11.0).opened(Kind.NON_FINITE, 11.5)
+    assert log.open is not None and log.open.kind == Kind.RANK_EXIT
+    # ... but a finding that explains it takes its kind: a checkpoint refused at load.
+    refused = {"event": events.CHECKPOINT_INVALID, "reason": "checksum", "path": "/c/step-9"}
+    log = take(log, refused, 12.0, 3)
+    assert log.open is not None and log.open.kind == Kind.CHECKPOINT
+    assert log.acted(Action.NONE).open == log.open  # the most telling action stays
+
+
+def test_a_cold_restart_takes_the_name_every_node_gives_it() -> None:
+    """Every group lost its ranks: each node names the incident by the step they all
+    resumed from, so the job's record holds one."""
+    names = set()
+    for node in ("a", "b", "c"):
+        log = IncidentLog(node).opened(Kind.RANK_EXIT, 50.0 + ord(node)).acted(Action.RESTART)
+        log = take(log, {"event": events.CHECKPOINT_LOADED, "step": 350}, 60.0, 3)
+        log = take(log, STEP, 61.0, 3)
+        (done,) = log.closed
+        assert (done.action, done.groups) == (Action.COLD_RESTART, 3)
+        names.add(done.key)
+    assert names == {shared_key("cold_restart", "from-350")}
+    # A job's first start loads a checkpoint too: no incident.
+    assert (
+        take(IncidentLog("a"), {"event": events.CHECKPOINT_LOADED, "step": 9}, 1.0, 3).open is None
+    )
+
+
+def test_etcd_away_is_an_outage_if_its_term_moved_on_else_this_nodes_partition() -> None:
+    up = IncidentLog("a").etcd(0.0, True, 4, 3)
+    assert up.etcd_term == 4 and up.etcd(1.0, True, 4, 3) is up  # steady: no new value
+    blip = up.etcd(10.0, False, 4, 3).etcd(10.3, True, 4, 3)
+    assert blip.open is None  # under ETCD_LOST_MIN_S
+    cut = up.etcd(10.0, False, 4, 3).etcd(12.0, False, 4, 3).etcd(16.0, True, 4, 3)
+    assert cut.open is not None and cut.open.kind == Kind.PARTITION
+    assert (cut.open.began, cut.open.detected, cut.open.groups) == (10.0, 10.0, 1)
+    down = up.etcd(10.0, False, 4, 3).etcd(13.0, True, 5, 3)
+    assert down.open is not None and down.open.kind == Kind.ETCD_OUTAGE
+    assert (down.open.key, down.open.groups) == (shared_key(Kind.ETCD_OUTAGE, 5), 3)
+    # etcd answered before the keepalive told its new term: the cut becomes the outage.
+    late = up.etcd(10.0, False, 4, 3).etcd(13.0, True, 4, 3)
+    assert late.open is not None and late.open.kind == Kind.PARTITION
+    late = late.etcd(13.4, True, 5, 3)
+    assert late.open is not None and late.open.kind == Kind.ETCD_OUTAGE
+    assert (late.open.key, late.open.began) == (shared_key(Kind.ETCD_OUTAGE, 5), 10.0)
+    # Ranks that failed while etcd was away failed because of it.
+    failed = up.etcd(10.0, False, 4, 3).opened(Kind.RANK_EXIT, 11.0).etcd(14.0, True, 4, 3)
+    assert failed.open is not None and failed.open.kind == Kind.PARTITION
+    assert failed.open.began == 10.0
+
+
+def test_a_straggler_is_no_incident_the_job_goes_on_at_its_pace() -> None:
+    log = take(IncidentLog("a"), {"event": events.STRAGGLER, "rank": 0, "ratio": 2.1}, 5.0, 2)
+    assert log.open is None and log.every() == ()
+
+
+def test_a_drain_ends_when_the_node_leaves_and_the_memory_is_bounded() -> None:
+    log = IncidentLog("a").opened(Kind.DRAIN, 1.0).acted(Action.DRAINED).left(4.0)
+    assert log.closed[0].recovered == 4.0 and log.closed[0].action == Action.DRAINED
+    for n in range(KEEP + 5):
+        log = log.opened(Kind.NON_FINITE, 10.0 + n).committed(10.5 + n)
+    assert (
+        len(log.closed) == KEEP
+        and dict((k, n) for k, n, _ in log.counts)[Kind.NON_FINITE] == KEEP + 5
+    )
+
+
+def test_two_nodes_records_of_one_failure_merge_into_one() -> None:
+    a = IncidentLog("a").opened(Kind.RANK_EXIT, 10.0, key="k").acted(Action.RESTART).left(14.0)
+    b = IncidentLog("b").opened(Kind.CHECKPOINT, 9.0, key="k").acted(Action.COLD_RESTART)
+    one = merged(a.closed[0], b.left(16.0).closed[0])
+    assert (one.kind, one.node, one.action) == (Kind.CHECKPOINT, "a", Action.COLD_RESTART)
+    assert (one.began, one.recovered) == (9.0, 16.0)
+    assert from_record("k", one.record()) == one
+    assert from_record("k", {"kind": "meteor"}) is None
+
+
+def test_a_life_that_never_said_it_ended_was_lost(tmp_path: Path) -> None:
+    assert last_life(tmp_path) is None  # no predecessor
+    write_life(tmp_path)
+    write_life(tmp_path, leading=True)
+    (tmp_path / heartbeat.DIRECTORY).mkdir()
+    (tmp_path / heartbeat.DIRECTORY / "rank-0").write_text("step")
+    lost = last_life(tmp_path)
+    assert lost is not None and lost.leading and lost.last_seen > 0
+    write_life(tmp_path, ended=True)
+    assert last_life(tmp_path) is None
+
+
+def test_read_back_a_group_that_healed_in_a_cold_restart_is_part_of_it() -> None:
+    """Every group's ranks were killed: two loaded the checkpoint (one shared record), the
+    third came back last and healed from them (its own record): one failure."""
+    cold = IncidentLog("a").opened(Kind.RANK_EXIT, 100.0, key="cold_restart-from-500")
+    cold = cold.acted(Action.COLD_RESTART).shared("cold_restart-from-500", 3).left(103.0)
+    healed = IncidentLog("c").opened(Kind.RANK_EXIT, 100.02).acted(Action.HEAL).left(104.0)
+    later = IncidentLog("c").opened(Kind.RANK_EXIT, 130.0).acted(Action.HEAL).left(133.0)
+    (one, other) = one_per_failure([*cold.closed, *healed.closed, *later.closed])
+    assert (one.key, one.action, one.recovered, one.groups) == (
+        "cold_restart-from-500",
+        Action.COLD_RESTART,
+        104.0,
+        3,
+    )
+    assert other == later.closed[0]
