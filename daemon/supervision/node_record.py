@@ -37,6 +37,10 @@ RECORD_GAP_S = 1.0
 HOUR_S = 3600.0
 
 
+def _nonzero(seconds: dict[str, float]) -> dict[str, float]:
+    return {k: s for k, s in seconds.items() if s}
+
+
 class NodeRecord:
     def __init__(
         self, cfg: DaemonConfig, coord: Coordinator, status: Callable[[], NodeStatus]
@@ -139,7 +143,8 @@ class NodeRecord:
             kept.popleft()
         base = kept[0][1]
         hour = {k: round(s - base.get(k, 0.0), 1) for k, s in totals.items()}
-        return {"time": totals, "time_1h": hour}
+        # Only what is not zero: the riders are most of what a progress write puts.
+        return {"time": _nonzero(totals), "time_1h": _nonzero(hour)}
 
     def forget(self) -> None:
         """A new session: the next updates write the record and the step."""
