@@ -14,9 +14,10 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 
 import torch
 import torch.distributed as dist
@@ -340,22 +341,32 @@ def _leave(b: Built) -> None:
     b.chaos.at("finish", 0)  # a rank slower to exit than its group's others
 
 
+NOTHING: Mapping[str, float] = MappingProxyType({})
+# A quorum wait shorter than this is a failure-free step's round trip: not worth a field.
+QUORUM_MIN_S = 0.001
+
+
 class StepLogger:
-    """Emits `train_step` (committed) and `step_skipped` (not committed) events, each with
-    where the loop's time went besides the step (the daemon's goodput: QUORUM_S and the
-    seconds :meth:`spent` since the last step's end)."""
+    """Emits `train_step` (committed) and `step_skipped` (not committed) events. Where the
+    loop's time went besides the step (the daemon's goodput: daemon.accounting) rides on
+    them only when there is something to say: the rank's first step (what came before it
+    was its start), a wait for the quorum, or a save or an evaluation since the last step
+    (:meth:`spent`); then with the step's own seconds. A failure-free step's event is
+    what it was."""
 
     def __init__(self, every: int) -> None:
         self.every = every
         self.log = logs.get()
         self.besides: dict[str, float] = {}  # field -> seconds, since the last event
+        self.first = True  # no step ended yet in this rank
 
     def spent(self, field: str, seconds: float) -> None:
         """The loop spent `seconds` on `field` (CHECKPOINT_S, EVAL_S) after a step."""
         self.besides[field] = self.besides.get(field, 0.0) + seconds
 
     def __call__(self, r: StepReport) -> None:
-        times = self._times(r)
+        said = self.first or self.besides or r.quorum_s >= QUORUM_MIN_S
+        times = self._times(r) if said else NOTHING
         if not r.committed:
             self.log.warning(events.STEP_SKIPPED, step=r.step, participants=r.participants, **times)
             return
@@ -371,7 +382,7 @@ class StepLogger:
                 grad_norm=round(r.grad_norm, 6),
                 tokens_per_s=round(r.tokens / r.seconds, 1) if r.seconds > 0 else None,
                 participants=r.participants,
-                **times,
+                **{events.STEP_SECONDS: round(r.seconds, 4), **times},
             )
         else:
             self.log.info(
@@ -380,8 +391,9 @@ class StepLogger:
 
     def _times(self, r: StepReport) -> dict[str, float]:
         """The step's seconds, its quorum wait and what the loop spent since the last."""
+        self.first = False
         times = {events.STEP_SECONDS: round(r.seconds, 4)}
-        if r.quorum_s > 0:
+        if r.quorum_s >= QUORUM_MIN_S:
             times[events.QUORUM_S] = round(r.quorum_s, 4)
         if self.besides:
             times.update((k, round(v, 4)) for k, v in self.besides.items())

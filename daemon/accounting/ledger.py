@@ -8,10 +8,11 @@ now. What the open interval is depends on the mode:
   is that activity's, and a reading includes it;
 - ``None``, the ranks run: the interval belongs to the step in flight, and only the
   step's end says what it was. Local rank 0 logs every step's end (committed, skipped,
-  abandoned) with the step's seconds, the part of them it waited for its quorum, and
-  the seconds the loop spent on a checkpoint save and an evaluation before it
-  (``trainer.contracts.rank_events``); a heal says how long the peer's state took. A
-  reading leaves this interval out until then, so the counters never go back.
+  abandoned), with the step's seconds, the part of them it waited for its quorum, and
+  the seconds the loop spent on a checkpoint save and an evaluation before it where
+  there is something to say (``trainer.contracts.rank_events``; a step's end without
+  them is all step); a heal says how long the peer's state took. A reading leaves this
+  interval out until then, so the counters never go back.
 
 The seconds of the ledger always add up to its life: each credit closes the open
 interval and opens the next at the same instant.

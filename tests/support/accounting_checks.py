@@ -68,15 +68,28 @@ def fenced(events: Sequence[Event]) -> list[tuple[float, float]]:
     return spans
 
 
-def own_time(e: Event, paused: Sequence[tuple[float, float]]) -> float:
-    """A committed step's own time from its event: its seconds less its quorum wait and
-    less the time its ranks were held paused after the quorum (a fence: the rank's clock
-    went on while it was stopped)."""
+def own_time(e: Event, prev: float | None, paused: Sequence[tuple[float, float]]) -> float:
+    """A committed step's time from the rank's own timestamps: from the rank's last step
+    end (or heal) to this one, less the save and evaluation before it and the part of
+    its quorum wait after `prev`, less the time its ranks were held paused (a fence: the
+    rank's clock went on while it was stopped). A rank's first step (`prev` None) counts
+    from its quorum's end (what came before was its start)."""
     end = event_time(e)
+    seconds = float(e.get("step_seconds", 0.0))
     quorum = float(e.get("quorum_s", 0.0))
-    work_began = end - float(e["step_seconds"]) + quorum
-    held = sum(max(0.0, min(end, b) - max(work_began, a)) for a, b in paused)
-    return max(0.0, end - work_began - held)
+    step_start = end - seconds
+    if prev is None:
+        began, work = step_start + quorum, end - step_start - quorum
+    else:
+        besides = float(e.get("checkpoint_s", 0.0)) + float(e.get("eval_s", 0.0))
+        after = max(0.0, min(quorum, step_start + quorum - prev)) if seconds else 0.0
+        began, work = prev, end - prev - besides - after
+    held = sum(max(0.0, min(end, b) - max(began, a)) for a, b in paused)
+    return max(0.0, work - held)
+
+
+RANK_STARTS = ("group_started", "group_restarted")
+STEP_ENDS_ALL = (*STEP_ENDS, "step_skipped", "step_abandoned")
 
 
 def log_goodput(lives_by_node: Mapping[str, Sequence[Daemon]], exited: Sequence[Life]) -> float:
@@ -89,11 +102,18 @@ def log_goodput(lives_by_node: Mapping[str, Sequence[Daemon]], exited: Sequence[
     for lives in lives_by_node.values():
         kept: dict[int, tuple[str, float]] = {}
         for d in lives:
-            events = d.events()
-            paused = fenced(events)
+            events, name = d.events(), d.proc.stderr.name
+            paused, prev = fenced(events), None
             for e in events:
-                if e.get("event") in STEP_ENDS and "step_seconds" in e:
-                    kept[int(e["step"])] = (d.proc.stderr.name, own_time(e, paused))
+                kind = e.get("event")
+                if kind in RANK_STARTS:
+                    prev = None
+                elif kind == "heal_done":
+                    prev = event_time(e)
+                elif kind in STEP_ENDS_ALL:
+                    if kind in STEP_ENDS:
+                        kept[int(e["step"])] = (name, own_time(e, prev, paused))
+                    prev = event_time(e)
         trained += sum(own for name, own in kept.values() if name in counted)
     return trained / sum(x.uptime for x in exited)
 

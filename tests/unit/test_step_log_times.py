@@ -26,21 +26,25 @@ def report(step: int, committed: bool = True, quorum_s: float = 0.0) -> StepRepo
     )
 
 
-def test_every_step_end_carries_its_seconds_and_what_the_loop_spent_before_it() -> None:
+def test_a_step_end_says_where_the_time_went_only_when_there_is_something_to_say() -> None:
     with capture_logs() as said:
         log = StepLogger(every=10)
-        log(report(1, quorum_s=0.05))  # logged in full (the first step)
+        log(report(1, quorum_s=0.05))  # the rank's first step, logged in full
         log.spent(events.CHECKPOINT_S, 1.5)
         log.spent(events.EVAL_S, 0.5)
         log.spent(events.CHECKPOINT_S, 0.25)
         log(report(1, committed=False))  # skipped: retried
-        log(report(2))  # the loop spent nothing since
-    first, skipped, items = said
+        log(report(2, quorum_s=0.0004))  # failure-free: a quorum round trip
+        log(report(3, quorum_s=0.2))  # waited for a quorum
+        log(report(10))  # a full train_step keeps its step_seconds
+    first, skipped, quiet, waited, full = said
     assert first["event"] == events.TRAIN_STEP
     assert (first[events.STEP_SECONDS], first[events.QUORUM_S]) == (0.25, 0.05)
     assert skipped["event"] == events.STEP_SKIPPED
     assert skipped[events.STEP_SECONDS] == 0.25
     assert (skipped[events.CHECKPOINT_S], skipped[events.EVAL_S]) == (1.75, 0.5)
-    assert items["event"] == events.STEP_ITEMS and items[events.STEP_SECONDS] == 0.25
-    spent = {events.QUORUM_S, events.CHECKPOINT_S, events.EVAL_S}
-    assert not spent & set(items) and not {events.CHECKPOINT_S, events.EVAL_S} & set(first)
+    times = {events.STEP_SECONDS, events.QUORUM_S, events.CHECKPOINT_S, events.EVAL_S}
+    assert quiet["event"] == events.STEP_ITEMS and not times & set(quiet)
+    assert (waited[events.STEP_SECONDS], waited[events.QUORUM_S]) == (0.25, 0.2)
+    assert full["event"] == events.TRAIN_STEP and full[events.STEP_SECONDS] == 0.25
+    assert not {events.QUORUM_S, events.CHECKPOINT_S, events.EVAL_S} & set(full)

@@ -25,7 +25,9 @@ STEP_NOT_FINITE = "step_not_finite"  # a step voted down for a NaN or infinite v
 REPLICAS_DIVERGED = "replicas_diverged"  # the groups' parameters differed
 
 # Fields of a step's end (train_step, step_items, step_skipped): where the loop's time went
-# (daemon.accounting). The step's seconds always; the others only when not zero.
+# (daemon.accounting), only when there is something to say (trainer.run.StepLogger): the
+# rank's first step, a quorum wait, a save or an evaluation; train_step always has its
+# step's seconds.
 STEP_SECONDS = "step_seconds"  # the step attempt, from its start to its end
 QUORUM_S = "quorum_s"  # of the step: waiting for its quorum to form (a heal in it included)
 CHECKPOINT_S = "checkpoint_s"  # the loop blocked on a checkpoint save after the last step
