@@ -365,8 +365,8 @@ class StepLogger:
         self.besides[field] = self.besides.get(field, 0.0) + seconds
 
     def __call__(self, r: StepReport) -> None:
-        said = self.first or self.besides or r.quorum_s >= QUORUM_MIN_S
-        times = self._times(r) if said else NOTHING
+        quiet = r.quorum_s < QUORUM_MIN_S and not self.besides and not self.first
+        times = NOTHING if quiet else self._times(r)
         if not r.committed:
             self.log.warning(events.STEP_SKIPPED, step=r.step, participants=r.participants, **times)
             return
@@ -384,7 +384,7 @@ class StepLogger:
                 participants=r.participants,
                 **{events.STEP_SECONDS: round(r.seconds, 4), **times},
             )
-        elif times:
+        elif not quiet:
             self.log.info(
                 events.STEP_ITEMS, step=r.step, items=items, participants=r.participants, **times
             )
