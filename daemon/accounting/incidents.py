@@ -194,16 +194,31 @@ class IncidentLog:
         return self._close(now)
 
     def left(self, now: float) -> IncidentLog:
-        """The node leaves (its daemon exits): what is open ends here."""
+        """The node leaves (its daemon exits), or has no ranks whose step could end what
+        is open (it waits as a spare, or etcd came back while none ran): it ends here."""
         return self if self.open is None else self._close(now)
 
     def etcd(
-        self, now: float, up: bool, term: int | None, groups: int, group: int | None = None
+        self,
+        now: float,
+        up: bool,
+        term: int | None,
+        groups: int,
+        group: int | None = None,
+        running: bool = True,
     ) -> IncidentLog:
         """etcd answered (`up`) or not at `now`; `term`: its raft term as last answered.
         When it answers again after ETCD_LOST_MIN_S: an etcd outage if its term moved on
         (etcd itself failed or elected anew: every node lived through it, so it takes a
-        name they all give it), else a partition of this node from a running etcd."""
+        name they all give it), else a partition of this node from a running etcd. Where
+        no ranks run (`running`), one it opens is over when etcd is back."""
+        log = self._etcd(now, up, term, groups, group)
+        fresh = self.open is None and log.open is not None
+        return log.left(now) if fresh and not running else log
+
+    def _etcd(
+        self, now: float, up: bool, term: int | None, groups: int, group: int | None
+    ) -> IncidentLog:
         if up and self.etcd_lost is None and term in (None, self.etcd_term):
             return self  # every tick while etcd answers: nothing new
         if not up:

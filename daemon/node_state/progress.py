@@ -160,7 +160,10 @@ class ProgressFold:
             ledger = p.ledger.switch(now, mode)
             log = p.incidents
             if etcd_up is not None:
-                log = log.etcd(wall, etcd_up, etcd_term, p.participants or 1, group)
+                groups, running = p.participants or 1, mode is None
+                log = log.etcd(wall, etcd_up, etcd_term, groups, group, running)
+            if mode == Activity.SPARE:  # no group of its own left to recover
+                log = log.left(wall)
             if ledger is not p.ledger or log is not p.incidents:
                 self._now = replace(p, ledger=ledger, incidents=log)
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from daemon.accounting import Action, IncidentLog, Kind
+from daemon.accounting import Action, Activity, IncidentLog, Kind
 from daemon.accounting.incident_events import take
 from daemon.accounting.incidents import KEEP, from_record, shared_key
 from daemon.accounting.life_file import last_life, write_life
 from daemon.coordination.incident_store import merged, one_per_failure
+from daemon.node_state.progress import ProgressFold
 from trainer.contracts import heartbeat
 from trainer.contracts import rank_events as events
 
@@ -135,3 +136,26 @@ def test_read_back_a_group_that_healed_in_a_cold_restart_is_part_of_it() -> None
         3,
     )
     assert other == later.closed[0]
+
+
+def test_where_no_ranks_run_etcd_back_ends_what_it_opened_and_a_spare_has_nothing_open() -> None:
+    up = IncidentLog("a").etcd(0.0, True, 4, 3, running=False)
+    idle = up.etcd(10.0, False, 4, 3, running=False).etcd(14.0, True, 4, 3, running=False)
+    assert idle.open is None and idle.closed[0].kind == Kind.PARTITION
+    assert idle.closed[0].recovered == 14.0
+    # An incident open before (its ranks exited) waits for their step as ever.
+    failed = up.opened(Kind.RANK_EXIT, 9.0)
+    failed = failed.etcd(10.0, False, 4, 3, running=False).etcd(14.0, True, 4, 3, running=False)
+    assert failed.open is not None and failed.open.kind == Kind.PARTITION
+
+
+def test_a_node_that_finds_its_seat_taken_has_nothing_left_to_recover() -> None:
+    """Its previous life was lost and a spare took the seat: it waits as a spare now, and
+    the job recovered without it."""
+    fold = ProgressFold("a")
+    fold.struck(Kind.NODE_LOST, "lost", None, began=1.0)
+    fold.account(Activity.WAITING, True, 4)
+    assert fold.snapshot().incidents.open is not None
+    fold.account(Activity.SPARE, True, 4)
+    (done,) = fold.snapshot().incidents.closed
+    assert done.kind == Kind.NODE_LOST and done.recovered is not None
