@@ -18,10 +18,20 @@ STRIKES: dict[str, tuple[Kind, str]] = {
 }
 
 
-def take(log: IncidentLog, event: Mapping[str, Any], now: float, groups: int) -> IncidentLog:
+def take(
+    log: IncidentLog,
+    event: Mapping[str, Any],
+    now: float,
+    groups: int,
+    refused: frozenset[str] = frozenset(),
+) -> IncidentLog:
     """`log` with one rank event taken in at `now` (epoch s); `groups`: the groups in the
-    node's last quorum (the ones a cold restart stopped)."""
+    node's last quorum (the ones a cold restart stopped); `refused`: checkpoints its ranks
+    refused before (one refused again is no new failure: a cold restart that finds it
+    newest is the ranks' failure, not the checkpoint's)."""
     name = event.get("event")
+    if name == events.CHECKPOINT_INVALID and str(event.get("path")) in refused:
+        return log
     if name in STEP_ENDS:
         return log.committed(now)
     if name == events.HEAL_DONE:

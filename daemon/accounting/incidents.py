@@ -55,6 +55,21 @@ UPGRADES: dict[Kind, frozenset[Kind]] = {
 }
 CUT_OFF = "etcd unreachable from this node while it ran"
 ETCD_LOST_MIN_S = 0.5  # etcd away shorter than this is a blip, not an incident
+TERM_WAIT_S = 5.0  # how long etcd's term is waited for once it answers again
+
+
+@dataclass(frozen=True)
+class EtcdSeen:
+    """What the node last saw of etcd: whether its last round's requests were answered,
+    and its raft term with when a lease keepalive answer said it (epoch s). Right after
+    etcd answers again the term may still be the one from before (the keepalive has not
+    answered since): only an answer after the loss tells an outage from a cut."""
+
+    up: bool
+    term: int | None = None
+    term_at: float | None = None
+
+
 # Actions in the order they say more: a heal is a restart that healed.
 ACTION_ORDER = (Action.NONE, Action.RESTART, Action.HEAL, Action.COLD_RESTART, Action.DRAINED)
 
@@ -132,6 +147,7 @@ class IncidentLog:
     closed: tuple[Incident, ...] = ()
     counts: tuple[tuple[Kind, int, float], ...] = ()  # closed so far: kind, count, cost
     etcd_lost: float | None = None  # epoch s: etcd stopped answering (None: it answers)
+    etcd_back: float | None = None  # epoch s: it answers again, its new term not yet told
     etcd_term: int | None = None  # etcd's raft term, as last seen while it answered
 
     def opened(
@@ -201,36 +217,44 @@ class IncidentLog:
     def etcd(
         self,
         now: float,
-        up: bool,
-        term: int | None,
+        seen: EtcdSeen,
         groups: int,
         group: int | None = None,
         running: bool = True,
     ) -> IncidentLog:
-        """etcd answered (`up`) or not at `now`; `term`: its raft term as last answered.
-        When it answers again after ETCD_LOST_MIN_S: an etcd outage if its term moved on
-        (etcd itself failed or elected anew: every node lived through it, so it takes a
-        name they all give it), else a partition of this node from a running etcd. Where
-        no ranks run (`running`), one it opens is over when etcd is back."""
-        log = self._etcd(now, up, term, groups, group)
+        """What etcd answered at `now`. When it answers again after ETCD_LOST_MIN_S, and
+        its raft term is known from an answer since (or TERM_WAIT_S passed): an etcd
+        outage if the term moved on (etcd itself failed or elected anew: every node lived
+        through it, so it takes a name they all give it), else a partition of this node
+        from a running etcd. Where no ranks run (`running`), one it opens is over at once."""
+        log = self._etcd(now, seen, groups, group)
         fresh = self.open is None and log.open is not None
         return log.left(now) if fresh and not running else log
 
-    def _etcd(
-        self, now: float, up: bool, term: int | None, groups: int, group: int | None
-    ) -> IncidentLog:
-        if up and self.etcd_lost is None and term in (None, self.etcd_term):
+    def _etcd(self, now: float, seen: EtcdSeen, groups: int, group: int | None) -> IncidentLog:
+        lost, known = self.etcd_lost, self.etcd_term
+        if seen.up and lost is None and seen.term in (None, known):
             return self  # every tick while etcd answers: nothing new
-        if not up:
-            return self if self.etcd_lost is not None else replace(self, etcd_lost=now)
-        lost, seen = self.etcd_lost, self.etcd_term
-        back = replace(self, etcd_lost=None, etcd_term=term if term is not None else seen)
-        moved = term is not None and seen is not None and term != seen
+        if not seen.up:
+            return (
+                self
+                if lost is not None and self.etcd_back is None
+                else replace(self, etcd_lost=lost if lost is not None else now, etcd_back=None)
+            )
+        told = seen.term is not None and seen.term_at is not None
+        fresh = told and (lost is None or (seen.term_at or 0.0) > lost)
+        term = seen.term if fresh else known
+        moved = fresh and known is not None and seen.term != known
         if lost is None:  # the term moved on while etcd answered: an open cut was an outage
+            back = replace(self, etcd_term=term)
             cut = self.open is not None and self.open.detail == CUT_OFF
             return back._outage(now, term, groups, None) if moved and cut else back
-        if now - lost < ETCD_LOST_MIN_S:
-            return back
+        came_back = self.etcd_back if self.etcd_back is not None else now
+        if came_back - lost < ETCD_LOST_MIN_S:  # a blip
+            return replace(self, etcd_lost=None, etcd_back=None, etcd_term=term)
+        if not fresh and now - came_back < TERM_WAIT_S:  # the keepalive's next answer
+            return self if self.etcd_back is not None else replace(self, etcd_back=now)
+        back = replace(self, etcd_lost=None, etcd_back=None, etcd_term=term)
         if moved:
             return back._outage(now, term, groups, lost)
         return back.opened(

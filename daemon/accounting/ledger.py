@@ -42,6 +42,9 @@ class Ledger:
     seconds: tuple[float, ...] = (0.0,) * len(ORDER)  # closed seconds, in ORDER
     mode: Activity | None = Activity.WAITING  # None: the ranks run (their events decide)
     stepped: bool = False  # a step of the running ranks has ended (else they are starting)
+    # Seconds of the step in flight before a fence paused it: its end says what they were
+    # (a step that commits after the fence is lifted, or one lost or skipped).
+    held: float = 0.0
 
     @classmethod
     def begin(cls, now: float) -> Ledger:
@@ -56,8 +59,9 @@ class Ledger:
         return out
 
     def in_flight(self, now: float) -> float:
-        """The seconds of the step in flight, not yet in :meth:`totals` (0 in a fixed mode)."""
-        return max(0.0, now - self.since) if self.mode is None else 0.0
+        """The seconds of the step in flight, not yet in :meth:`totals`: what ran of it
+        before a fence, and since (none while the node's mode is fixed)."""
+        return self.held + (max(0.0, now - self.since) if self.mode is None else 0.0)
 
     def pending(self) -> Activity:
         """What the ranks' open interval is until a step ends: their start, or a step."""
@@ -65,12 +69,18 @@ class Ledger:
 
     def switch(self, now: float, mode: Activity | None) -> Ledger:
         """The node moved to `mode` (None: its ranks run) at `now`. A step in flight when
-        the ranks stop for a restart is lost; one in flight at a fence or a drain is
-        counted as it would have ended."""
+        the ranks stop for a restart is lost; one in flight at a drain is counted as it
+        would have ended; a fence pauses it (held): its end says, after the fence, or it
+        is lost with the ranks the fence stops."""
         if mode == self.mode:
             return self
+        if self.mode is None and mode == Activity.FENCED:  # the step is held, not ended
+            held = self.held + max(0.0, now - self.since)
+            return replace(self, since=max(now, self.since), held=held, mode=mode)
         if self.mode is not None:
-            closed = self._credit(now, (), self.mode)
+            closed = self._credit(now, (), self.mode, flight=False)
+            if mode is not None and closed.held:  # the held step's ranks are stopped
+                closed = closed._credit(now, (), Activity.DISCARDED)
         else:
             lost = mode == Activity.RESTARTING
             closed = self._credit(now, (), Activity.DISCARDED if lost else self.pending())
@@ -86,7 +96,7 @@ class Ledger:
         name = event.get("event")
         if name == events.HEAL_DONE:
             took = _seconds(event, "seconds")
-            span = max(0.0, now - self.since)
+            span = self.held + max(0.0, now - self.since)
             return self._credit(now, ((self.pending(), span - took),), Activity.HEALING)
         if name in STEP_ENDS:
             step = event.get("step")
@@ -103,7 +113,7 @@ class Ledger:
         step itself (`rest`). A step that began before the interval (a heal in it was
         credited already, as part of the quorum wait) has that part taken off its
         quorum wait. Without the step's seconds, the interval is the step."""
-        span = max(0.0, now - self.since)
+        span = self.held + max(0.0, now - self.since)
         step = _seconds(event, events.STEP_SECONDS) or span
         gap, earlier = max(0.0, span - step), max(0.0, step - span)
         saved = min(_seconds(event, events.CHECKPOINT_S), gap)
@@ -117,18 +127,24 @@ class Ledger:
         return replace(self._credit(now, parts, rest), stepped=True)
 
     def _credit(
-        self, now: float, parts: Sequence[tuple[Activity, float]], rest: Activity
+        self,
+        now: float,
+        parts: Sequence[tuple[Activity, float]],
+        rest: Activity,
+        flight: bool = True,
     ) -> Ledger:
-        """Close the open interval at `now`: each of `parts` its seconds from the front (no
-        more than is left), the rest to `rest`."""
-        left = max(0.0, now - self.since)
+        """Close the open interval at `now` (with the held part of the step in flight,
+        unless not `flight`: a fixed mode's own interval): each of `parts` its seconds
+        from the front (no more than is left), the rest to `rest`."""
+        left = max(0.0, now - self.since) + (self.held if flight else 0.0)
         seconds = list(self.seconds)
         for activity, took in parts:
             share = min(max(0.0, took), left)
             seconds[INDEX[activity]] += share
             left -= share
         seconds[INDEX[rest]] += left
-        return replace(self, since=max(now, self.since), seconds=tuple(seconds))
+        held = 0.0 if flight else self.held
+        return replace(self, since=max(now, self.since), seconds=tuple(seconds), held=held)
 
 
 def time_document(ledger: Ledger, now: float) -> dict[str, Any]:

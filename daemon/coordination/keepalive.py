@@ -170,9 +170,10 @@ class LeaseKeepAlive:
         self._lock = threading.Lock()
         self._stream: _Stream | None = None
         self._closed = False
-        # etcd's raft term as its last keepalive answer said: it moves on when etcd itself
-        # failed or elected a new leader, not when only this node lost it (accounting).
-        self.raft_term: int | None = None
+        # etcd's raft term as its last keepalive answer said, and when (epoch s): it moves
+        # on when etcd itself failed or elected a leader anew, not when only this node
+        # lost it (daemon.accounting.incidents).
+        self.raft_told: tuple[int | None, float | None] = (None, None)
 
     @property
     def timeout_s(self) -> float:
@@ -194,7 +195,8 @@ class LeaseKeepAlive:
     ) -> tuple[int, float]:
         stream = self._on(client)
         answered = stream.refresh(lease_id, timeout_s, stale_s)
-        self.raft_term = stream.raft_term or self.raft_term
+        if stream.raft_term is not None:
+            self.raft_told = (stream.raft_term, time.time())
         return answered
 
     def close(self) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from daemon.accounting import Action, Activity, IncidentLog, Kind, Ledger
 from daemon.accounting.incident_events import take
+from daemon.accounting.incidents import EtcdSeen
 from trainer.contracts import rank_events as events
 
 
@@ -117,7 +118,7 @@ def fold(
     ledger = p.ledger.event(now, event, redo)
     if ledger is not p.ledger:
         new["ledger"] = ledger
-    incidents = take(p.incidents, event, wall, p.participants or 1)
+    incidents = take(p.incidents, event, wall, p.participants or 1, p.invalid_checkpoints)
     if incidents is not p.incidents:
         new["incidents"] = incidents
     return (replace(p, **new) if new else p), lost_from
@@ -142,26 +143,21 @@ class ProgressFold:
         return lost_from
 
     def account(
-        self,
-        mode: Activity | None,
-        etcd_up: bool | None = None,
-        etcd_term: int | None = None,
-        group: int | None = None,
+        self, mode: Activity | None, etcd: EtcdSeen | None = None, group: int | None = None
     ) -> None:
         """The node's time goes to `mode` from now (None: its ranks' steps say), see
-        daemon.accounting.Ledger.switch; `etcd_up`, `etcd_term`: whether etcd answered the
-        last round, and its raft term (an outage or a partition: IncidentLog.etcd)."""
+        daemon.accounting.Ledger.switch; `etcd`: what the last round saw of it (an outage
+        or a partition: IncidentLog.etcd); `group`: the node's replica group."""
         p = self._now
-        if mode == p.ledger.mode and etcd_up is None:
+        if mode == p.ledger.mode and etcd is None:
             return
         now, wall = time.monotonic(), time.time()
         with self._lock:
             p = self._now
             ledger = p.ledger.switch(now, mode)
             log = p.incidents
-            if etcd_up is not None:
-                groups, running = p.participants or 1, mode is None
-                log = log.etcd(wall, etcd_up, etcd_term, groups, group, running)
+            if etcd is not None:
+                log = log.etcd(wall, etcd, p.participants or 1, group, running=mode is None)
             if mode == Activity.SPARE:  # no group of its own left to recover
                 log = log.left(wall)
             if ledger is not p.ledger or log is not p.incidents:

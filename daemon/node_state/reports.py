@@ -8,6 +8,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
+from daemon.accounting.incidents import EtcdSeen
 from daemon.coordination.job_view import JobView
 
 
@@ -47,7 +48,8 @@ class UpkeepReport:
     nodes_per_group: int = 1
     spare: bool = False  # the last claim found every slot (seat) held: a spare node
     etcd_up: bool = False
-    etcd_term: int | None = None  # etcd's raft term, as its last keepalive answer said
+    # etcd's raft term as its last keepalive answer said, and when that was (epoch s).
+    etcd_told: tuple[int | None, float | None] = (None, None)
     etcd_errors: int = 0
     leader: bool = False
     most_groups: int = 0  # the most replica-group slots held at once, as read from etcd
@@ -59,6 +61,11 @@ class UpkeepReport:
     # (daemon.supervision.seats.Seats.watch).
     members_gone: tuple[str, ...] = ()
     members_silent: tuple[str, ...] = ()
+
+    @property
+    def etcd_seen(self) -> EtcdSeen:
+        """etcd as this round saw it (the incident record's: an outage or a cut)."""
+        return EtcdSeen(self.etcd_up, *self.etcd_told)
 
     @property
     def seat(self) -> int | None:

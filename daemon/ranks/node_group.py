@@ -20,6 +20,7 @@ from types import MappingProxyType
 from typing import Any
 
 from daemon.accounting import Action, Activity, Kind
+from daemon.accounting.incidents import EtcdSeen
 from daemon.config import DaemonConfig
 from daemon.node_state.progress import ProgressFold, RankProgress
 from daemon.node_state.reports import RanksReport
@@ -138,12 +139,10 @@ class NodeGroup:
         """What the ranks' events said, folded (safe from any thread)."""
         return self.fold.snapshot()
 
-    def account(
-        self, mode: Activity | None, etcd_up: bool | None = None, etcd_term: int | None = None
-    ) -> None:
+    def account(self, mode: Activity | None, etcd: EtcdSeen | None = None) -> None:
         """The node's time goes to `mode` from now (None: the ranks' steps say which); and
-        whether etcd answered (ProgressFold.account)."""
-        self.fold.account(mode, etcd_up, etcd_term, self.slot)
+        what the round saw of etcd (ProgressFold.account)."""
+        self.fold.account(mode, etcd, self.slot)
 
     def report(self) -> RanksReport:
         """What the ranks look like now: pids, standbys, phases and hang timeouts."""

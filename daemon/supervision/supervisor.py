@@ -135,7 +135,7 @@ class Supervisor:
         live = self.view.state in STANDBY_STATES and not self.drain_requested.is_set()
         self.group.tend_standbys(live, self.upkept.slot)
         up = self.upkept  # a spare's wait is its own; etcd's answers: an outage (incidents)
-        self.group.account(time_goes_to(self.view.state, up.spare), up.etcd_up, up.etcd_term)
+        self.group.account(time_goes_to(self.view.state, up.spare), up.etcd_seen)
         self.ranked = self.group.report()  # what the ranks look like after this tick
         self.view.ticks, self.view.last_tick = self.view.ticks + 1, time.monotonic()
         self.publish()

@@ -203,7 +203,7 @@ class EtcdUpkeep:
             nodes_per_group=seats.nodes,
             spare=seats.spare,
             etcd_up=self._attempt.up,
-            etcd_term=self.coord.keepalive.raft_term,
+            etcd_told=self.coord.keepalive.raft_told,
             etcd_errors=self._attempt.errors,
             leader=leader,
             most_groups=self.most_groups,

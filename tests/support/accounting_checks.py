@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from daemon.coordination.incident_store import KEEP
 from tests.support.harness import Daemon, Event, event_time
 
 STEP_ENDS = ("train_step", "step_items")
@@ -94,9 +95,10 @@ STEP_ENDS_ALL = (*STEP_ENDS, "step_skipped", "step_abandoned")
 
 def log_goodput(lives_by_node: Mapping[str, Sequence[Daemon]], exited: Sequence[Life]) -> float:
     """The job's goodput counted from the logs alone: each node's committed steps, each
-    step number once (the last time it committed: one trained again after a cold restart
-    replaces the first), times the step's own time (:func:`own_time`), over the uptime of
-    the daemons that exited. Steps of a daemon that was killed count for neither side."""
+    step number once (the first time it committed: one trained again after a cold restart
+    is the redo the daemons count as discarded), times the step's own time
+    (:func:`own_time`), over the uptime of the daemons that exited. Steps of a daemon
+    that was killed count for neither side."""
     counted = {x.name for x in exited}
     trained = 0.0
     for lives in lives_by_node.values():
@@ -111,7 +113,7 @@ def log_goodput(lives_by_node: Mapping[str, Sequence[Daemon]], exited: Sequence[
                 elif kind == "heal_done":
                     prev = event_time(e)
                 elif kind in STEP_ENDS_ALL:
-                    if kind in STEP_ENDS:
+                    if kind in STEP_ENDS and int(e["step"]) not in kept:
                         kept[int(e["step"])] = (name, own_time(e, prev, paused))
                     prev = event_time(e)
         trained += sum(own for name, own in kept.values() if name in counted)
@@ -143,6 +145,11 @@ def incident_problems(faults: Sequence[Any], incidents: Sequence[Mapping[str, An
     allowed); each fault must have exactly the incident of its kind (none for a slow
     rank), and no incident may begin before the first fault."""
     ordered = sorted(faults, key=lambda f: f.started)
+    if len(ordered) * 2 >= KEEP and incidents:
+        # The record keeps the newest KEEP incidents: with this many faults (make soak)
+        # the oldest may be gone, so only the faults after the oldest kept are judged.
+        oldest = min(i["began"] for i in incidents)
+        ordered = [f for f in ordered if f.started >= oldest - SLACK_S]
     found: dict[int, list[str]] = {id(f): [] for f in ordered}
     problems = []
     for i in incidents:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from daemon.accounting import Activity
+from daemon.accounting.incidents import EtcdSeen
 from daemon.config import load_daemon_config
 from daemon.coordination import JobView
 from daemon.fencing import Fence
@@ -66,9 +67,7 @@ class FakeRanks:
     def progress(self) -> RankProgress:
         return self.now
 
-    def account(
-        self, mode: Activity | None, etcd_up: bool | None = None, etcd_term: int | None = None
-    ) -> None:
+    def account(self, mode: Activity | None, etcd: EtcdSeen | None = None) -> None:
         self.modes.append(mode)
 
     def tend_standbys(self, live: bool, slot: int | None) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from daemon.accounting import Action, Activity, IncidentLog, Kind
 from daemon.accounting.incident_events import take
-from daemon.accounting.incidents import KEEP, from_record, shared_key
+from daemon.accounting.incidents import KEEP, EtcdSeen, from_record, shared_key
 from daemon.accounting.life_file import last_life, write_life
 from daemon.coordination.incident_store import merged, one_per_failure
 from daemon.node_state.progress import ProgressFold
@@ -60,25 +60,42 @@ def test_a_cold_restart_takes_the_name_every_node_gives_it() -> None:
     )
 
 
+def seen(up: bool, term: int, at: float) -> EtcdSeen:
+    return EtcdSeen(up, term, at)
+
+
 def test_etcd_away_is_an_outage_if_its_term_moved_on_else_this_nodes_partition() -> None:
-    up = IncidentLog("a").etcd(0.0, True, 4, 3)
-    assert up.etcd_term == 4 and up.etcd(1.0, True, 4, 3) is up  # steady: no new value
-    blip = up.etcd(10.0, False, 4, 3).etcd(10.3, True, 4, 3)
-    assert blip.open is None  # under ETCD_LOST_MIN_S
-    cut = up.etcd(10.0, False, 4, 3).etcd(12.0, False, 4, 3).etcd(16.0, True, 4, 3)
+    up = IncidentLog("a").etcd(0.0, seen(True, 4, 0.0), 3)
+    assert up.etcd_term == 4 and up.etcd(1.0, seen(True, 4, 1.0), 3) is up  # steady
+    blip = up.etcd(10.0, seen(False, 4, 0.0), 3).etcd(10.3, seen(True, 4, 10.2), 3)
+    assert blip.open is None and blip.etcd_lost is None  # under ETCD_LOST_MIN_S
+    away = up.etcd(10.0, seen(False, 4, 0.0), 3).etcd(12.0, seen(False, 4, 0.0), 3)
+    cut = away.etcd(16.0, seen(True, 4, 16.1), 3)  # answered since, the same term
     assert cut.open is not None and cut.open.kind == Kind.PARTITION
     assert (cut.open.began, cut.open.detected, cut.open.groups) == (10.0, 10.0, 1)
-    down = up.etcd(10.0, False, 4, 3).etcd(13.0, True, 5, 3)
+    down = away.etcd(13.0, seen(True, 5, 12.9), 3)
     assert down.open is not None and down.open.kind == Kind.ETCD_OUTAGE
     assert (down.open.key, down.open.groups) == (shared_key(Kind.ETCD_OUTAGE, 5), 3)
-    # etcd answered before the keepalive told its new term: the cut becomes the outage.
-    late = up.etcd(10.0, False, 4, 3).etcd(13.0, True, 4, 3)
-    assert late.open is not None and late.open.kind == Kind.PARTITION
-    late = late.etcd(13.4, True, 5, 3)
+
+
+def test_the_term_from_before_etcd_was_away_is_no_answer_the_keepalive_is_waited_for() -> None:
+    """etcd answers the round before the keepalive does: the term it holds is the one
+    from before the loss, which would call every outage a cut."""
+    away = IncidentLog("a").etcd(0.0, seen(True, 4, 0.0), 3).etcd(10.0, seen(False, 4, 0.0), 3)
+    waiting = away.etcd(13.0, seen(True, 4, 9.0), 3)
+    assert waiting.open is None and waiting.etcd_back == 13.0
+    told = waiting.etcd(13.4, seen(True, 5, 13.3), 3)
+    assert told.open is not None and told.open.kind == Kind.ETCD_OUTAGE
+    assert (told.open.began, told.open.key) == (10.0, shared_key(Kind.ETCD_OUTAGE, 5))
+    untold = waiting.etcd(17.9, seen(True, 4, 9.0), 3)
+    assert untold.open is None  # within TERM_WAIT_S
+    untold = untold.etcd(18.1, seen(True, 4, 9.0), 3)
+    assert untold.open is not None and untold.open.kind == Kind.PARTITION
+    # A cut told later, while still open, was the outage after all.
+    late = untold.etcd(18.5, seen(True, 5, 18.4), 3)
     assert late.open is not None and late.open.kind == Kind.ETCD_OUTAGE
-    assert (late.open.key, late.open.began) == (shared_key(Kind.ETCD_OUTAGE, 5), 10.0)
     # Ranks that failed while etcd was away failed because of it.
-    failed = up.etcd(10.0, False, 4, 3).opened(Kind.RANK_EXIT, 11.0).etcd(14.0, True, 4, 3)
+    failed = away.opened(Kind.RANK_EXIT, 11.0).etcd(14.0, seen(True, 4, 14.0), 3)
     assert failed.open is not None and failed.open.kind == Kind.PARTITION
     assert failed.open.began == 10.0
 
@@ -139,13 +156,14 @@ def test_read_back_a_group_that_healed_in_a_cold_restart_is_part_of_it() -> None
 
 
 def test_where_no_ranks_run_etcd_back_ends_what_it_opened_and_a_spare_has_nothing_open() -> None:
-    up = IncidentLog("a").etcd(0.0, True, 4, 3, running=False)
-    idle = up.etcd(10.0, False, 4, 3, running=False).etcd(14.0, True, 4, 3, running=False)
+    up = IncidentLog("a").etcd(0.0, seen(True, 4, 0.0), 3, running=False)
+    away = up.etcd(10.0, seen(False, 4, 0.0), 3, running=False)
+    idle = away.etcd(14.0, seen(True, 4, 14.0), 3, running=False)
     assert idle.open is None and idle.closed[0].kind == Kind.PARTITION
     assert idle.closed[0].recovered == 14.0
     # An incident open before (its ranks exited) waits for their step as ever.
-    failed = up.opened(Kind.RANK_EXIT, 9.0)
-    failed = failed.etcd(10.0, False, 4, 3, running=False).etcd(14.0, True, 4, 3, running=False)
+    failed = up.opened(Kind.RANK_EXIT, 9.0).etcd(10.0, seen(False, 4, 0.0), 3, running=False)
+    failed = failed.etcd(14.0, seen(True, 4, 14.0), 3, running=False)
     assert failed.open is not None and failed.open.kind == Kind.PARTITION
 
 
@@ -154,8 +172,17 @@ def test_a_node_that_finds_its_seat_taken_has_nothing_left_to_recover() -> None:
     the job recovered without it."""
     fold = ProgressFold("a")
     fold.struck(Kind.NODE_LOST, "lost", None, began=1.0)
-    fold.account(Activity.WAITING, True, 4)
+    fold.account(Activity.WAITING, EtcdSeen(True, 4, 1.0))
     assert fold.snapshot().incidents.open is not None
-    fold.account(Activity.SPARE, True, 4)
+    fold.account(Activity.SPARE, EtcdSeen(True, 4, 1.0))
     (done,) = fold.snapshot().incidents.closed
     assert done.kind == Kind.NODE_LOST and done.recovered is not None
+
+
+def test_a_checkpoint_refused_again_is_no_new_failure() -> None:
+    """After a corrupted checkpoint was refused, a cold restart that finds it newest again
+    is a rank exit (the kill), not a checkpoint failure."""
+    refused = {"event": events.CHECKPOINT_INVALID, "reason": "sha256", "path": "/c/step-50"}
+    log = IncidentLog("a").opened(Kind.RANK_EXIT, 1.0).acted(Action.RESTART)
+    assert take(log, refused, 2.0, 3, frozenset({"/c/step-50"})).open == log.open
+    assert take(log, refused, 2.0, 3).open.kind == Kind.CHECKPOINT  # type: ignore[union-attr]

@@ -121,13 +121,21 @@ def test_a_step_in_flight_when_the_ranks_stop_for_a_restart_is_lost() -> None:
     assert stopped.event(14.0, step(step_seconds=4.0), 0) is stopped
 
 
-def test_a_fence_pauses_the_step_and_the_ranks_go_on_where_they_were() -> None:
+def test_a_fence_holds_the_step_in_flight_and_its_end_says_what_it_was() -> None:
     fenced = running(10.0).switch(11.0, A.FENCED)
-    assert spent(fenced, 13.0) == {A.WAITING: 10.0, A.TRAINING: 1.0, A.FENCED: 2.0}
+    assert spent(fenced, 13.0) == {A.WAITING: 10.0, A.FENCED: 2.0}
+    assert fenced.in_flight(13.0) == 1.0  # the step's second before the fence is held
     resumed = fenced.switch(13.0, None)
     assert resumed.stepped  # not a start: the time before the next step end is a step's
     ended = resumed.event(14.0, step(step_seconds=4.0), 0)
     assert spent(ended, 14.0) == {A.WAITING: 10.0, A.TRAINING: 2.0, A.FENCED: 2.0}
+    # It did not commit: the time it ran before the fence went with it.
+    skipped = resumed.event(14.0, step(events.STEP_SKIPPED, step_seconds=4.0), 0)
+    assert spent(skipped, 14.0) == {A.WAITING: 10.0, A.DISCARDED: 2.0, A.FENCED: 2.0}
+    # The fence's verdict stops the ranks: the held step is lost.
+    lost = fenced.switch(13.0, A.RESTARTING)
+    assert spent(lost, 14.0) == {A.WAITING: 10, A.FENCED: 2, A.DISCARDED: 1, A.RESTARTING: 1}
+    assert lost.in_flight(14.0) == 0.0
     assert not running(10.0).switch(11.0, A.RESTARTING).switch(12.0, None).stepped
 
 
