@@ -233,7 +233,8 @@ class NodeGroup:
         self.current.request_stop()
 
     def drain(self) -> None:
-        self.fold.struck(Kind.DRAIN, "SIGTERM", self.slot, Action.DRAINED)
+        why = "asked to drain (SIGTERM, or node.straggler_drain)"
+        self.fold.struck(Kind.DRAIN, why, self.slot, Action.DRAINED)
         if self.current is not None and self.current.paused:
             self.current.kill()  # fenced: leaving the quorum cleanly is not ours to do
         elif self.current is not None:
