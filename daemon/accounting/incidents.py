@@ -255,9 +255,17 @@ class IncidentLog:
         if not fresh and now - came_back < TERM_WAIT_S:  # the keepalive's next answer
             return self if self.etcd_back is not None else replace(self, etcd_back=now)
         back = replace(self, etcd_lost=None, etcd_back=None, etcd_term=term)
+        if self.open is not None and self.open.began > came_back:
+            # A failure since etcd came back is one of its own: this one ended with it.
+            done = replace(back, open=None)
+            done = done._outage(now, term, groups, lost) if moved else done._cut(now, lost, group)
+            return replace(done.left(came_back), open=self.open)
         if moved:
             return back._outage(now, term, groups, lost)
-        return back.opened(
+        return back._cut(now, lost, group)
+
+    def _cut(self, now: float, lost: float, group: int | None) -> IncidentLog:
+        return self.opened(
             Kind.PARTITION, now, began=lost, detected=lost, detail=CUT_OFF, group=group
         )
 

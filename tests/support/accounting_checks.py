@@ -141,9 +141,12 @@ SLACK_S = 1.0
 
 
 def incident_problems(faults: Sequence[Any], incidents: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Each incident belongs to the last fault that started before it began (SLACK_S
-    allowed); each fault must have exactly the incident of its kind (none for a slow
-    rank), and no incident may begin before the first fault."""
+    """Each incident belongs to a fault whose time it began in, from the fault's start to
+    the job whole again, SLACK_S either side (a lost daemon's ranks beat last just before
+    the kill; a rank's exit may be seen just after the job counted whole, its standby
+    already in): the one of its kind where two could hold it, else the last begun. Each
+    fault must have exactly the incident of its kind (none for a slow rank), and every
+    incident must belong to a fault."""
     ordered = sorted(faults, key=lambda f: f.started)
     if len(ordered) * 2 >= KEEP and incidents:
         # The record keeps the newest KEEP incidents: with this many faults (make soak)
@@ -153,11 +156,13 @@ def incident_problems(faults: Sequence[Any], incidents: Sequence[Mapping[str, An
     found: dict[int, list[str]] = {id(f): [] for f in ordered}
     problems = []
     for i in incidents:
-        before = [f for f in ordered if f.started <= i["began"] + SLACK_S]
-        if not before:
-            problems.append(f"an incident before any fault: {i}")
+        held = [f for f in ordered if f.started - SLACK_S <= i["began"] <= f.whole + SLACK_S]
+        alike = [f for f in held if EXPECTED[f.kind] == i["kind"]]
+        home = (alike or held or [None])[-1]
+        if home is None:
+            problems.append(f"an incident with no fault: {i}")
             continue
-        found[id(before[-1])].append(i["kind"])
+        found[id(home)].append(i["kind"])
     for f in ordered:
         want = [EXPECTED[f.kind]] if EXPECTED[f.kind] else []
         if found[id(f)] != want:

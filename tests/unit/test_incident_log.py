@@ -186,3 +186,16 @@ def test_a_checkpoint_refused_again_is_no_new_failure() -> None:
     log = IncidentLog("a").opened(Kind.RANK_EXIT, 1.0).acted(Action.RESTART)
     assert take(log, refused, 2.0, 3, frozenset({"/c/step-50"})).open == log.open
     assert take(log, refused, 2.0, 3).open.kind == Kind.CHECKPOINT  # type: ignore[union-attr]
+
+
+def test_a_failure_after_etcd_came_back_is_its_own_and_the_outage_ended_with_etcd() -> None:
+    """etcd was away 10-13; its term was told at 14.5; the ranks were killed at 14 (a
+    cold restart): two failures, not one."""
+    away = IncidentLog("a").etcd(0.0, seen(True, 4, 0.0), 3).etcd(10.0, seen(False, 4, 0.0), 3)
+    waiting = away.etcd(13.0, seen(True, 4, 9.0), 3)
+    killed = waiting.opened(Kind.RANK_EXIT, 14.0).acted(Action.RESTART)
+    told = killed.etcd(14.5, seen(True, 5, 14.4), 3)
+    assert told.open == killed.open  # the rank exit, as it was
+    (outage,) = told.closed
+    assert (outage.kind, outage.began, outage.recovered) == (Kind.ETCD_OUTAGE, 10.0, 13.0)
+    assert outage.key == shared_key(Kind.ETCD_OUTAGE, 5)
