@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from daemon.accounting.incidents import Action, IncidentLog, Kind, shared_key
+from daemon.accounting.incidents import Action, IncidentLog, Kind
 from trainer.contracts import rank_events as events
 
 STEP_ENDS = frozenset({events.TRAIN_STEP, events.STEP_ITEMS})
@@ -37,10 +37,9 @@ def take(
     if name == events.HEAL_DONE:
         return log.acted(Action.HEAL)
     if name == events.CHECKPOINT_LOADED and log.open is not None:
-        # No peer had state: every group resumed from this checkpoint, after one failure
-        # that every node names alike by the step they resumed from.
-        key = shared_key("cold_restart", f"from-{event.get('step')}")
-        return log.acted(Action.COLD_RESTART).shared(key, groups)
+        # No peer had state: every group resumed from a checkpoint after one failure, which
+        # each node records; read back, the records of it are one (incident_store.py).
+        return log.acted(Action.COLD_RESTART).shared(log.open.key, groups)
     if name in STRIKES:
         kind, field = STRIKES[str(name)]
         return log.opened(kind, now, detail=str(event.get(field, ""))[:200])

@@ -6,9 +6,10 @@ checkpoint, a non-finite step or divergence, a drain) and closes when the node's
 commit a step again after the failure's cause ended (or, for a drain, when the node
 leaves). A straggler is not one: the job goes on at the slow rank's pace, which
 ``PhalanxStraggler`` and the ``straggler`` events report. The node reports
-what happened to itself, so a failure is recorded once: by the node it struck. A
-failure every node lives through at once (etcd down, every group's ranks lost) gets one
-name that every node computes alike (:func:`shared_key`), so its records are one.
+what happened to itself, so a failure is recorded once: by the node it struck. etcd
+down, which every node lives through, gets one name that every node computes alike
+(:func:`shared_key`), so its records are one; a cold restart's are made one when the
+record is read (``daemon.coordination.incident_store``).
 
 Everything here is a value: :class:`IncidentLog` returns a new one with each change.
 """
@@ -133,7 +134,7 @@ def from_record(key: str, value: Mapping[str, Any]) -> Incident | None:
 
 def shared_key(name: str, marker: object) -> str:
     """The name every node gives the same failure that struck them all: what it was and
-    what they all saw of it alike (etcd's new raft term; the step they resumed from)."""
+    what they all saw of it alike (etcd's new raft term)."""
     return f"{name}-{marker}"
 
 

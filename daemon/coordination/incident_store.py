@@ -5,12 +5,12 @@ once it is over (and again if it learns more); the record holds at most ``KEEP``
 incidents, the oldest deleted by the node that wrote a new one. Read by
 ``phalanx status``.
 
-A failure that every node lived through has one name on every node (an etcd outage,
-by etcd's new raft term; a cold restart, by the step the groups resumed from): each
-node's write merges into the record there (:func:`merged`), so it stays one incident.
-A group that healed from one that had loaded the checkpoint in such a cold restart
-(it came back last) recorded its own rank exit: read back, that one is part of the
-cold restart (:func:`one_per_failure`).
+An etcd outage, which every node lives through, has one name on every node (by etcd's
+new raft term): each node's write merges into the record there (:func:`merged`). A
+cold restart (every group's ranks lost at once) is recorded by each node under its own
+name, as is a group that came back last and healed from the others: read back, the
+records that began within SAME_FAILURE_S of each other are one (:func:`one_per_failure`;
+two cold restarts may resume from the same checkpoint, so that cannot name them).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from daemon.coordination.records import key_text, load_value
 
 KEEP = 100  # incidents kept in etcd, per job
 SAME_FAILURE_S = 2.0  # ranks of other nodes that failed this close to a cold restart's
+FOLDED = frozenset({Kind.RANK_EXIT, Kind.HANG, Kind.CHECKPOINT})  # what a cold restart holds
 
 Call = Callable[[Callable[[Any], Any]], Any]
 
@@ -61,25 +62,33 @@ def merged(old: Incident, new: Incident) -> Incident:
 
 
 def one_per_failure(incidents: list[Incident]) -> list[Incident]:
-    """The record as failures, by when they began: another node's rank exit, hang or
-    refused checkpoint that began within SAME_FAILURE_S of a cold restart is part of it."""
-    colds = {i.key: i for i in incidents if i.action == Action.COLD_RESTART}
-    rest = []
-    for incident in incidents:
-        if incident.key in colds:
-            continue
-        home = next((k for k, c in colds.items() if _part_of(incident, c)), None)
-        if home is None:
-            rest.append(incident)
+    """The record as failures, by when they began: the nodes' records of one cold restart
+    (every group's ranks lost at once), and another node's rank exit, hang or refused
+    checkpoint that began within SAME_FAILURE_S of one (a group that came back last and
+    healed), are one incident."""
+    colds: list[Incident] = []
+    rest: list[Incident] = []
+    for incident in sorted(incidents, key=lambda i: i.began):
+        at = next((n for n, c in enumerate(colds) if _part_of(incident, c)), None)
+        if at is not None:
+            colds[at] = merged(colds[at], incident)
+        elif incident.action == Action.COLD_RESTART:
+            colds.append(incident)
         else:
-            colds[home] = merged(colds[home], incident)
-    return sorted([*rest, *colds.values()], key=lambda i: i.began)
+            rest.append(incident)
+    # A rank exit recorded before the cold restart it was part of (it began first).
+    for incident in list(rest):
+        at = next((n for n, c in enumerate(colds) if _part_of(incident, c)), None)
+        if at is not None:
+            colds[at] = merged(colds[at], incident)
+            rest.remove(incident)
+    return sorted([*rest, *colds], key=lambda i: i.began)
 
 
 def _part_of(incident: Incident, cold: Incident) -> bool:
     return (
         incident.node != cold.node
-        and incident.kind in (Kind.RANK_EXIT, Kind.HANG, Kind.CHECKPOINT)
+        and (incident.action == Action.COLD_RESTART or incident.kind in FOLDED)
         and abs(incident.began - cold.began) <= SAME_FAILURE_S
     )
 

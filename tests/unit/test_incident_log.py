@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from daemon.accounting import Action, Activity, IncidentLog, Kind
+from daemon.accounting import Action, Activity, Incident, IncidentLog, Kind
 from daemon.accounting.incident_events import take
 from daemon.accounting.incidents import KEEP, EtcdSeen, from_record, shared_key
 from daemon.accounting.life_file import last_life, write_life
@@ -42,18 +42,21 @@ def test_what_happens_while_one_is_open_is_part_of_it() -> None:
     assert log.acted(Action.NONE).open == log.open  # the most telling action stays
 
 
-def test_a_cold_restart_takes_the_name_every_node_gives_it() -> None:
-    """Every group lost its ranks: each node names the incident by the step they all
-    resumed from, so the job's record holds one."""
-    names = set()
-    for node in ("a", "b", "c"):
-        log = IncidentLog(node).opened(Kind.RANK_EXIT, 50.0 + ord(node)).acted(Action.RESTART)
-        log = take(log, {"event": events.CHECKPOINT_LOADED, "step": 350}, 60.0, 3)
-        log = take(log, STEP, 61.0, 3)
-        (done,) = log.closed
-        assert (done.action, done.groups) == (Action.COLD_RESTART, 3)
-        names.add(done.key)
-    assert names == {shared_key("cold_restart", "from-350")}
+def test_a_cold_restart_is_one_failure_however_many_nodes_record_it() -> None:
+    """Every group lost its ranks: each node records it; read back, one failure. A second
+    cold restart from the same checkpoint later is another."""
+
+    def cold(node: str, at: float) -> tuple[Incident, ...]:
+        log = IncidentLog(node).opened(Kind.RANK_EXIT, at).acted(Action.RESTART)
+        log = take(log, {"event": events.CHECKPOINT_LOADED, "step": 350}, at + 10, 3)
+        return take(log, STEP, at + 11, 3).closed
+
+    first = [i for node, at in (("a", 100.0), ("b", 100.1), ("c", 100.2)) for i in cold(node, at)]
+    assert {(i.action, i.groups) for i in first} == {(Action.COLD_RESTART, 3)}
+    second = [i for node, at in (("a", 130.0), ("b", 130.05)) for i in cold(node, at)]
+    one, other = one_per_failure([*first, *second])
+    assert (one.node, one.began, one.recovered, one.groups) == ("a", 100.0, 111.2, 3)
+    assert (other.began, other.action) == (130.0, Action.COLD_RESTART)
     # A job's first start loads a checkpoint too: no incident.
     assert (
         take(IncidentLog("a"), {"event": events.CHECKPOINT_LOADED, "step": 9}, 1.0, 3).open is None
