@@ -39,7 +39,7 @@ def take(
     if name == events.CHECKPOINT_LOADED and log.open is not None:
         # No peer had state: every group resumed from a checkpoint after one failure, which
         # each node records; read back, the records of it are one (incident_store.py).
-        return log.acted(Action.COLD_RESTART).shared(log.open.key, groups)
+        return log.acted(Action.COLD_RESTART).struck(groups)
     if name in STRIKES:
         kind, field = STRIKES[str(name)]
         return log.opened(kind, now, detail=str(event.get(field, ""))[:200])

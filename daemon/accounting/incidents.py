@@ -111,6 +111,10 @@ class Incident:
             "detail": self.detail,
         }
 
+    def shown(self) -> dict[str, Any]:
+        """As /status and ``phalanx status --incidents --json`` show it: named."""
+        return {"name": self.key, **self.record()}
+
 
 def from_record(key: str, value: Mapping[str, Any]) -> Incident | None:
     """An incident read back from etcd, or None when the value is not one."""
@@ -198,11 +202,11 @@ class IncidentLog:
             return self
         return replace(self, open=replace(current, action=action))
 
-    def shared(self, key: str, groups: int) -> IncidentLog:
-        """The open incident struck every group: it takes the name all nodes give it."""
+    def struck(self, groups: int) -> IncidentLog:
+        """The open incident stopped `groups` replica groups (a cold restart: all)."""
         if self.open is None:
             return self
-        return replace(self, open=replace(self.open, key=key, groups=max(groups, 1)))
+        return replace(self, open=replace(self.open, groups=max(groups, 1)))
 
     def committed(self, now: float) -> IncidentLog:
         """The node's ranks committed a step: an open incident ends."""

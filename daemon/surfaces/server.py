@@ -84,9 +84,10 @@ def status_document(v: NodeStatus) -> dict[str, Any]:
         # Where this daemon's time went (daemon.accounting), and its goodput.
         "time": None if v.ledger is None else time_document(v.ledger, time.monotonic()),
         # Its last incidents and the open one (recovered null), oldest first.
-        "incidents": [
-            {"name": i.key, **i.record()} for i in (v.incidents.every() if v.incidents else ())
-        ],
+        "incidents": [i.shown() for i in (v.incidents.every() if v.incidents else ())],
+        # Epoch s since etcd went unanswered, while that loss is not yet judged an outage
+        # or a partition (an incident then); null while etcd answers.
+        "etcd_lost": v.incidents.etcd_lost if v.incidents else None,
         "view": job,
     }
 

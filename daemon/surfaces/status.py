@@ -52,7 +52,7 @@ def status_json(job: str, view: JobView, incidents: Sequence[Incident] = ()) -> 
         "nodes": nodes,
         "warnings": replication_warnings(nodes, len(view.groups), view.state or {}),
         "goodput": job_goodput(list(view.nodes.values())),
-        "incidents": [{"name": i.key, **i.record()} for i in incidents],
+        "incidents": [i.shown() for i in incidents],
     }
 
 

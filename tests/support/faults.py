@@ -143,6 +143,21 @@ class Cluster:
             )
 
         wait_for(whole, WHOLE_TIMEOUT_S, "the job to be whole again (3 groups committing)", 0.5)
+        # ... and over for every node too: etcd answers it, its loss judged, and its record
+        # of the fault closed (/status), so that the next fault is a failure of its own
+        # rather than part of this one (an etcd outage and a cut a node could not tell
+        # apart: the job commits through the lighthouse long before a node's next etcd try).
+        wait_for(self.settled, WHOLE_TIMEOUT_S, "every node to see etcd and close its incident")
+
+    def settled(self) -> bool:
+        docs = [self.daemon(n).status() for n in NODES]
+        return all(
+            doc is not None
+            and doc["etcd_up"]
+            and doc["etcd_lost"] is None
+            and all(i["recovered"] is not None for i in doc["incidents"])
+            for doc in docs
+        )
 
     def step(self) -> int:
         return max(self.daemon(n).step() for n in NODES)

@@ -145,7 +145,7 @@ def test_read_back_a_group_that_healed_in_a_cold_restart_is_part_of_it() -> None
     """Every group's ranks were killed: two loaded the checkpoint (one shared record), the
     third came back last and healed from them (its own record): one failure."""
     cold = IncidentLog("a").opened(Kind.RANK_EXIT, 100.0, key="cold_restart-from-500")
-    cold = cold.acted(Action.COLD_RESTART).shared("cold_restart-from-500", 3).left(103.0)
+    cold = cold.acted(Action.COLD_RESTART).struck(3).left(103.0)
     healed = IncidentLog("c").opened(Kind.RANK_EXIT, 100.02).acted(Action.HEAL).left(104.0)
     later = IncidentLog("c").opened(Kind.RANK_EXIT, 130.0).acted(Action.HEAL).left(133.0)
     (one, other) = one_per_failure([*cold.closed, *healed.closed, *later.closed])

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 from types import MappingProxyType
+from typing import Any
 
 import pytest
 
+from daemon.accounting.incidents import EtcdSeen, IncidentLog
 from daemon.node_state.progress import ProgressFold, RankProgress
 from daemon.node_state.reports import RanksReport, UpkeepReport
 from daemon.node_state.states import State
@@ -63,3 +65,19 @@ def test_status_shows_what_was_published() -> None:
         0,
     )
     assert doc["step"] == 4 and doc["pids"] == [] and doc["restarts"] == {}
+
+
+def test_status_shows_since_when_etcd_is_lost_until_the_loss_is_judged() -> None:
+    """/status's etcd_lost: set while the node's etcd loss is not yet an incident (its
+    raft term not yet told), null once it is judged (here a partition: the same term)."""
+    log = IncidentLog("node-a").etcd(100.0, EtcdSeen(True, 7, 99.0), groups=2)
+    lost = log.etcd(101.0, EtcdSeen(False, 7, 99.0), groups=2)
+    back = lost.etcd(104.0, EtcdSeen(True, 7, 99.0), groups=2)  # term not told since
+    judged = back.etcd(104.5, EtcdSeen(True, 7, 104.4), groups=2)
+
+    def shown(incidents: IncidentLog) -> dict[str, Any]:
+        progress = RankProgress(incidents=incidents)
+        return status_document(published(NodeView(state=State.RUNNING), progress=progress))
+
+    assert [shown(x)["etcd_lost"] for x in (log, lost, back, judged)] == [None, 101.0, 101.0, None]
+    assert [i["kind"] for i in shown(judged)["incidents"]] == ["partition"]
