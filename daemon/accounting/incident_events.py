@@ -42,5 +42,6 @@ def take(
         return log.acted(Action.COLD_RESTART).struck(groups)
     if name in STRIKES:
         kind, field = STRIKES[str(name)]
-        return log.opened(kind, now, detail=str(event.get(field, ""))[:200])
+        refusal = str(event.get("path", "")) if name == events.CHECKPOINT_INVALID else ""
+        return log.opened(kind, now, detail=str(event.get(field, ""))[:200], checkpoint=refusal)
     return log

@@ -87,6 +87,7 @@ class Incident:
     action: Action = Action.NONE
     groups: int = 1  # replica groups it stopped
     detail: str = ""
+    checkpoint: str = ""  # the checkpoint refused at load, for a refusal (its directory)
 
     @property
     def cost_group_s(self) -> float:
@@ -109,6 +110,7 @@ class Incident:
             "groups": self.groups,
             "cost_group_s": round(self.cost_group_s, 3),
             "detail": self.detail,
+            "checkpoint": self.checkpoint,
         }
 
     def shown(self) -> dict[str, Any]:
@@ -131,6 +133,7 @@ def from_record(key: str, value: Mapping[str, Any]) -> Incident | None:
             action=Action(str(value.get("action", "none"))),
             groups=int(value.get("groups", 1)),
             detail=str(value.get("detail", ""))[:400],
+            checkpoint=str(value.get("checkpoint", ""))[:400],
         )
     except (KeyError, TypeError, ValueError):
         return None
@@ -166,6 +169,7 @@ class IncidentLog:
         detail: str = "",
         key: str | None = None,
         groups: int = 1,
+        checkpoint: str = "",
     ) -> IncidentLog:
         """A failure seen at `now` (epoch s). While one is open it is part of that one,
         which takes its kind (and a shared name) only where that explains it better
@@ -181,6 +185,7 @@ class IncidentLog:
                     began=min(began, current.began),
                     key=key or current.key,
                     groups=max(groups, current.groups),
+                    checkpoint=checkpoint or current.checkpoint,
                 )
             return replace(self, open=current)
         incident = Incident(
@@ -192,6 +197,7 @@ class IncidentLog:
             detected=now if detected is None else max(began, min(detected, now)),
             groups=groups,
             detail=detail,
+            checkpoint=checkpoint,
         )
         return replace(self, open=incident)
 

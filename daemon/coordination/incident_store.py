@@ -10,12 +10,15 @@ new raft term): each node's write merges into the record there (:func:`merged`).
 cold restart (every group's ranks lost at once) is recorded by each node under its own
 name, as is a group that came back last and healed from the others: read back, the
 records that began within SAME_FAILURE_S of each other are one (:func:`one_per_failure`;
-two cold restarts may resume from the same checkpoint, so that cannot name them).
+two cold restarts may resume from the same checkpoint, so that cannot name them). A
+cold restart that refused a checkpoint the record shows refused before is the ranks'
+failure, not the checkpoint's (:func:`refused_once`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any
 
 from daemon.accounting.incidents import (
@@ -58,6 +61,7 @@ def merged(old: Incident, new: Incident) -> Incident:
         action=action,
         groups=max(old.groups, new.groups),
         detail=old.detail if kind == old.kind else new.detail,
+        checkpoint=old.checkpoint if kind == old.kind else new.checkpoint,
     )
 
 
@@ -68,7 +72,7 @@ def one_per_failure(incidents: list[Incident]) -> list[Incident]:
     healed), are one incident."""
     colds: list[Incident] = []
     rest: list[Incident] = []
-    for incident in sorted(incidents, key=lambda i: i.began):
+    for incident in refused_once(sorted(incidents, key=lambda i: i.began)):
         at = next((n for n, c in enumerate(colds) if _part_of(incident, c)), None)
         if at is not None:
             colds[at] = merged(colds[at], incident)
@@ -83,6 +87,24 @@ def one_per_failure(incidents: list[Incident]) -> list[Incident]:
             colds[at] = merged(colds[at], incident)
             rest.remove(incident)
     return sorted([*rest, *colds], key=lambda i: i.began)
+
+
+def refused_once(incidents: list[Incident]) -> list[Incident]:
+    """`incidents` (by when they began) with a cold restart that refused a checkpoint an
+    earlier incident refused (nothing is written to a refused checkpoint: until a newer
+    one is saved, each cold restart finds it newest again, on nodes that never saw it)
+    told as what it was: the ranks lost, the checkpoint's failure being old news."""
+    seen: set[str] = set()
+    out = []
+    for incident in incidents:
+        again = incident.kind == Kind.CHECKPOINT and incident.checkpoint in seen
+        if again and incident.action == Action.COLD_RESTART:
+            why = f"every group's ranks lost; {incident.checkpoint} refused again"
+            incident = replace(incident, kind=Kind.RANK_EXIT, detail=why)
+        if incident.checkpoint:
+            seen.add(incident.checkpoint)
+        out.append(incident)
+    return out
 
 
 def _part_of(incident: Incident, cold: Incident) -> bool:

@@ -202,3 +202,35 @@ def test_a_failure_after_etcd_came_back_is_its_own_and_the_outage_ended_with_etc
     (outage,) = told.closed
     assert (outage.kind, outage.began, outage.recovered) == (Kind.ETCD_OUTAGE, 10.0, 13.0)
     assert outage.key == shared_key(Kind.ETCD_OUTAGE, 5)
+
+
+def test_a_cold_restart_that_refuses_an_old_news_checkpoint_again_is_the_ranks_failure() -> None:
+    """step-700 corrupted: node b refused it in that cold restart (a checkpoint incident).
+    Every rank killed later, before step 700 was saved again: node a, which healed the
+    first time, refuses it for the first time, node b again (skipped on its own). Read
+    back, the second is the ranks lost; a newly refused checkpoint is one again."""
+    old, new = "/ckpt/run-1/step-700", "/ckpt/run-1/step-750"
+
+    def cold(node: str, at: float, kind: Kind, checkpoint: str = "") -> Incident:
+        log = IncidentLog(node).opened(Kind.RANK_EXIT, at)
+        if checkpoint:
+            log = log.opened(kind, at + 2, detail="sha256 mismatch", checkpoint=checkpoint)
+        return log.acted(Action.COLD_RESTART).left(at + 5).closed[0]
+
+    record = [
+        cold("b", 100.0, Kind.CHECKPOINT, old),
+        cold("b", 200.0, Kind.RANK_EXIT),
+        cold("a", 200.1, Kind.CHECKPOINT, old),
+        cold("a", 300.0, Kind.CHECKPOINT, new),
+    ]
+    want = [(Kind.CHECKPOINT, old), (Kind.RANK_EXIT, ""), (Kind.CHECKPOINT, old)]
+    assert [(i.kind, i.checkpoint) for i in record] == [*want, (Kind.CHECKPOINT, new)]
+    first, again, fresh = one_per_failure(record)
+    assert (first.kind, first.node, first.checkpoint) == (Kind.CHECKPOINT, "b", old)
+    assert (again.kind, again.began, again.action) == (Kind.RANK_EXIT, 200.0, Action.COLD_RESTART)
+    assert (fresh.kind, fresh.checkpoint) == (Kind.CHECKPOINT, new)
+    assert from_record(fresh.key, fresh.record()) == fresh
+    # A rank's refusal names the checkpoint in the incident it opens or explains.
+    refusal = {"event": events.CHECKPOINT_INVALID, "path": old, "reason": "sha256 mismatch"}
+    told = take(IncidentLog("a").opened(Kind.RANK_EXIT, 200.1), refusal, 202.0, 3).open
+    assert told is not None and (told.kind, told.checkpoint) == (Kind.CHECKPOINT, old)
