@@ -108,11 +108,20 @@ def refused_once(incidents: list[Incident]) -> list[Incident]:
 
 
 def _part_of(incident: Incident, cold: Incident) -> bool:
+    """Whether `incident` is another node's record of the cold restart `cold`: it began
+    within SAME_FAILURE_S of it and was not over before the other began (a rank exit
+    healed in a second, then every rank killed: two failures)."""
     return (
         incident.node != cold.node
         and (incident.action == Action.COLD_RESTART or incident.kind in FOLDED)
         and abs(incident.began - cold.began) <= SAME_FAILURE_S
+        and _overlap(incident, cold)
     )
+
+
+def _overlap(one: Incident, other: Incident) -> bool:
+    ends = [i.recovered if i.recovered is not None else float("inf") for i in (one, other)]
+    return one.began <= ends[1] and other.began <= ends[0]
 
 
 def parse_incidents(job: str, kvs: Iterable[Any]) -> list[tuple[Incident, int]]:

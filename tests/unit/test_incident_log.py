@@ -234,3 +234,15 @@ def test_a_cold_restart_that_refuses_an_old_news_checkpoint_again_is_the_ranks_f
     refusal = {"event": events.CHECKPOINT_INVALID, "path": old, "reason": "sha256 mismatch"}
     told = take(IncidentLog("a").opened(Kind.RANK_EXIT, 200.1), refusal, 202.0, 3).open
     assert told is not None and (told.kind, told.checkpoint) == (Kind.CHECKPOINT, old)
+
+
+def test_a_rank_exit_over_before_a_cold_restart_began_is_a_failure_of_its_own() -> None:
+    """Node c's rank killed and healed in 1.1 s; every rank killed 0.4 s later (within
+    SAME_FAILURE_S of the first): two failures, not one cold restart."""
+    healed = IncidentLog("c").opened(Kind.RANK_EXIT, 100.0).acted(Action.HEAL).left(101.1)
+    cold_a = IncidentLog("a").opened(Kind.RANK_EXIT, 101.5).acted(Action.COLD_RESTART)
+    cold_c = IncidentLog("c").opened(Kind.RANK_EXIT, 101.5).acted(Action.COLD_RESTART)
+    record = [*healed.closed, *cold_a.left(104.0).closed, *cold_c.left(104.5).closed]
+    first, second = one_per_failure(record)
+    assert (first.node, first.action, first.recovered) == ("c", Action.HEAL, 101.1)
+    assert (second.action, second.recovered) == (Action.COLD_RESTART, 104.5)
