@@ -1,0 +1,97 @@
+"""DiLoCo's outer step: what the replica groups agree on once a round (issue 55).
+
+In the semi-synchronous mode each group takes ``sync_steps`` inner steps on its own (its
+job optimizer, nothing crosses groups), then the groups sync: each one's pseudo-gradient
+is how far its parameters moved from the round's start (``synced - live``); the groups
+average them, the outer optimizer (SGD with Nesterov momentum, as the DiLoCo paper's)
+takes one step on the synced parameters with that average as their gradient, and every
+group starts the next round from the result. A sync that fails is not applied: each
+group goes back to the round's start (:meth:`OuterStep.roll_back`).
+
+:class:`OuterStep` holds the synced parameters and the outer optimizer for one rank;
+for sharded parameters it holds this rank's shard, which lines up with the same rank's
+shard in every other group (the layout is the job's). The average itself is the
+replication's (a managed all-reduce across groups); this module is pure torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.optim import SGD
+
+from trainer.ft.state import copy_into, local
+
+
+@dataclass
+class OuterStep:
+    live: dict[str, torch.Tensor]  # this rank's parameters (local shards), trained in place
+    synced: dict[str, torch.Tensor]  # the same, as of the last sync
+    optimizer: SGD  # over `synced`
+
+    @classmethod
+    def build(
+        cls, params: Mapping[str, torch.nn.Parameter], lr: float, momentum: float
+    ) -> OuterStep:
+        """Start from the parameters as they are (the first round's start)."""
+        live = {name: local(p.detach()) for name, p in params.items()}
+        synced = {name: t.clone() for name, t in live.items()}
+        nesterov = momentum > 0
+        optimizer = SGD(list(synced.values()), lr=lr, momentum=momentum, nesterov=nesterov)
+        return cls(live, synced, optimizer)
+
+    def pseudo_gradients(self) -> list[torch.Tensor]:
+        """How far this group moved in the round, per parameter: new tensors, synced
+        less live (so that a step against it moves the synced parameters the same way)."""
+        return [self.synced[name] - t for name, t in self.live.items()]
+
+    def apply(self, averaged: Sequence[torch.Tensor]) -> None:
+        """The round synced: one outer step on the synced parameters with the groups'
+        average pseudo-gradient, and every live parameter set to the result."""
+        if len(averaged) != len(self.synced):
+            raise ValueError(f"{len(averaged)} pseudo-gradients for {len(self.synced)} parameters")
+        for t, g in zip(self.synced.values(), averaged, strict=True):
+            t.grad = g
+        self.optimizer.step()
+        for t in self.synced.values():
+            t.grad = None
+        self.roll_back()
+
+    @torch.no_grad()
+    def roll_back(self) -> None:
+        """Every live parameter back to the last sync (a failed sync, or a heal)."""
+        for name, t in self.live.items():
+            t.copy_(self.synced[name])
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a healing group or a checkpoint needs: the synced parameters and the outer
+        optimizer's momentum, by parameter name (plain tensors)."""
+        by_param = self.optimizer.state
+        momentum = {
+            name: by_param[t]["momentum_buffer"]
+            for name, t in self.synced.items()
+            if by_param.get(t, {}).get("momentum_buffer") is not None
+        }
+        return {"synced": dict(self.synced), "momentum": momentum}
+
+    @torch.no_grad()
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Take a peer's (or a checkpoint's) synced parameters and momentum, and start
+        this group's round from them."""
+        copy_into(self.synced, dict(state["synced"]), "the outer step's synced parameters")
+        momentum: Mapping[str, torch.Tensor] = state["momentum"]
+        unknown = set(momentum) - set(self.synced)
+        if unknown:
+            raise RuntimeError(f"outer momentum for unknown parameters: {sorted(unknown)[:5]}")
+        for name, t in self.synced.items():
+            held = self.optimizer.state.get(t, {}).get("momentum_buffer")
+            if name not in momentum:
+                self.optimizer.state.pop(t, None)
+            elif held is not None and held.shape == momentum[name].shape:
+                held.copy_(momentum[name])
+            else:
+                self.optimizer.state[t] = {"momentum_buffer": momentum[name].clone()}
+        self.roll_back()
