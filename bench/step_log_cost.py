@@ -35,7 +35,7 @@ DEFAULT_BASELINE = "cc98533"  # main before issue 54
 PROBE = """
 import json, os, sys, time
 from trainer import logs
-from trainer.run import StepLogger
+from trainer.step_log import StepLogger
 from trainer.step_report import StepReport
 logs.configure(json_output=True, stream=open(os.devnull, "w"))
 fields = set(StepReport.__dataclass_fields__)

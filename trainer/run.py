@@ -14,10 +14,9 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import MappingProxyType
 
 import torch
 import torch.distributed as dist
@@ -38,6 +37,7 @@ from trainer.data.sources import Sampler
 from trainer.evaluate import Evaluator
 from trainer.exits import EXIT_DRAINED
 from trainer.ft.buffers import Buffers, persistent_buffers
+from trainer.ft.outer import OuterStep
 from trainer.ft.replication import Replication, SingleGroup
 from trainer.ft.state import TrainState
 from trainer.ft.torchft_group import TorchFTGroup
@@ -49,7 +49,8 @@ from trainer.parallel.digest import params_sha256
 from trainer.parallel.materialize import materialize
 from trainer.parallel.mesh import Layout, init_distributed
 from trainer.parallel.parallelize import parallelize
-from trainer.step_report import StepReport
+from trainer.round_loop import RoundLoop
+from trainer.step_log import StepLogger
 
 
 @dataclass
@@ -67,7 +68,7 @@ class Built:
     init_digest: str | None  # train.log_init_digest
     state: TrainState
     replication: Replication
-    loop: Loop
+    loop: Loop | RoundLoop  # RoundLoop: ft.semi_sync_method = "diloco"
     metrics: TrainMetrics
     step_log: StepLogger | None  # each node's first rank's train_step events
     evaluator: Evaluator | None  # train.eval_every
@@ -138,26 +139,39 @@ def build(cfg: TrainerConfig, env: RankEnv, work: workload.Workload | None = Non
         replication = TorchFTGroup(cfg.ft, env, layout.device, state, chaos, stop.is_set, beat)
     else:
         replication = SingleGroup(state)
-    replication.hook_fsdp(m for model in models for m in model.modules())
+    diloco = cfg.ft.semi_sync_method == "diloco"
+    if diloco:  # only the syncs cross groups (round_loop.py)
+        state.outer = OuterStep.build(params, cfg.ft.outer_lr, cfg.ft.outer_momentum)
+    else:
+        replication.hook_fsdp(m for model in models for m in model.modules())
 
     # The loop, then what follows its steps.
     indices = [i for i, _ in stages]
     metrics = TrainMetrics(env)
     checkpointer = _checkpointer(cfg, env, layout, state, replication, metrics, chaos)
-    loop = Loop(
-        cfg, env, layout, models, state, replication, Sampler(work.train_data, work.collate),
-        chaos, work.loss,
-        tokens_per_item=work.tokens_per_item,
-        schedule=schedule,
-        pipeline_loss=pipeline_loss,
-        first=0 in indices,
-        last=n_stages - 1 in indices,
-        stop_requested=stop.is_set,
-        cold_start=(
-            None if checkpointer is None else _resume(cfg, checkpointer, replication, chaos, beat)
-        ),
-        cp=context_parallel(cfg.parallel, layout, cfg.train.seq_len, models, work.position_buffers),
-    )  # fmt: skip
+    resume = None if checkpointer is None else _resume(cfg, checkpointer, replication, chaos, beat)
+    sampler = Sampler(work.train_data, work.collate)
+    loop: Loop | RoundLoop
+    if diloco:
+        assert isinstance(state.outer, OuterStep)
+        loop = RoundLoop(
+            cfg, env, layout, models, state, replication, sampler, chaos, work.loss, state.outer,
+            tokens_per_item=work.tokens_per_item, stop_requested=stop.is_set, cold_start=resume,
+        )  # fmt: skip
+    else:
+        loop = Loop(
+            cfg, env, layout, models, state, replication, sampler, chaos, work.loss,
+            tokens_per_item=work.tokens_per_item,
+            schedule=schedule,
+            pipeline_loss=pipeline_loss,
+            first=0 in indices,
+            last=n_stages - 1 in indices,
+            stop_requested=stop.is_set,
+            cold_start=resume,
+            cp=context_parallel(
+                cfg.parallel, layout, cfg.train.seq_len, models, work.position_buffers
+            ),
+        )  # fmt: skip
     return Built(
         cfg=cfg,
         env=env,
@@ -266,7 +280,9 @@ def _finish(b: Built) -> int:
     return 0
 
 
-def _evaluator(cfg: TrainerConfig, work: workload.Workload, where: str, loop: Loop) -> Evaluator:
+def _evaluator(
+    cfg: TrainerConfig, work: workload.Workload, where: str, loop: Loop | RoundLoop
+) -> Evaluator:
     """Every train.eval_every committed steps: the mean loss over fixed evaluation items."""
     if work.eval_data is None:
         raise workload.WorkloadError(
@@ -339,65 +355,3 @@ def _leave(b: Built) -> None:
         dist.barrier()
     b.replication.shutdown()
     b.chaos.at("finish", 0)  # a rank slower to exit than its group's others
-
-
-NOTHING: Mapping[str, float] = MappingProxyType({})
-# A quorum wait shorter than this is a failure-free step's round trip: not worth a field.
-QUORUM_MIN_S = 0.001
-
-
-class StepLogger:
-    """Emits `train_step` (committed) and `step_skipped` (not committed) events. Where the
-    loop's time went besides the step (the daemon's goodput: daemon.accounting) rides on
-    them only when there is something to say: the rank's first step (what came before it
-    was its start), a wait for the quorum, or a save or an evaluation since the last step
-    (:meth:`spent`); then with the step's own seconds. A failure-free step's event is
-    what it was."""
-
-    def __init__(self, every: int) -> None:
-        self.every = every
-        self.log = logs.get()
-        self.besides: dict[str, float] = {}  # field -> seconds, since the last event
-        self.first = True  # no step ended yet in this rank
-
-    def spent(self, field: str, seconds: float) -> None:
-        """The loop spent `seconds` on `field` (CHECKPOINT_S, EVAL_S) after a step."""
-        self.besides[field] = self.besides.get(field, 0.0) + seconds
-
-    def __call__(self, r: StepReport) -> None:
-        quiet = r.quorum_s < QUORUM_MIN_S and not self.besides and not self.first
-        times = NOTHING if quiet else self._times(r)
-        if not r.committed:
-            self.log.warning(events.STEP_SKIPPED, step=r.step, participants=r.participants, **times)
-            return
-        # The data accounting: the items of every committed step, in train_step or alone.
-        items = [r.items.start, r.items.stop]
-        if r.step % self.every == 0 or r.step == 1:
-            self.log.info(
-                events.TRAIN_STEP,
-                step=r.step,
-                items=items,
-                loss=None if r.loss is None else round(r.loss, 6),
-                lr=r.lr,
-                grad_norm=round(r.grad_norm, 6),
-                tokens_per_s=round(r.tokens / r.seconds, 1) if r.seconds > 0 else None,
-                participants=r.participants,
-                **{events.STEP_SECONDS: round(r.seconds, 4), **times},
-            )
-        elif not quiet:
-            self.log.info(
-                events.STEP_ITEMS, step=r.step, items=items, participants=r.participants, **times
-            )
-        else:  # a failure-free step, the hot path: the event as it always was
-            self.log.info(events.STEP_ITEMS, step=r.step, items=items, participants=r.participants)
-
-    def _times(self, r: StepReport) -> dict[str, float]:
-        """The step's seconds, its quorum wait and what the loop spent since the last."""
-        self.first = False
-        times = {events.STEP_SECONDS: round(r.seconds, 4)}
-        if r.quorum_s >= QUORUM_MIN_S:
-            times[events.QUORUM_S] = round(r.quorum_s, 4)
-        if self.besides:
-            times.update((k, round(v, 4)) for k, v in self.besides.items())
-            self.besides = {}
-        return times

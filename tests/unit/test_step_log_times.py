@@ -6,7 +6,7 @@ from __future__ import annotations
 from structlog.testing import capture_logs
 
 from trainer.contracts import rank_events as events
-from trainer.run import StepLogger
+from trainer.step_log import StepLogger
 from trainer.step_report import StepReport
 
 

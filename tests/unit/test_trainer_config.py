@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -150,3 +151,25 @@ def test_a_relative_python_path_is_beside_the_job_file(tmp_path: Path) -> None:
     assert got == [str(job.parent), str(job.parent / "lib"), str(elsewhere)]
     flagged = load_trainer_config(job, ['workload.python_path=["tests"]', 'workload.spec="json:x"'])
     assert flagged.workload.python_path == ["tests"]  # a --set value: relative to the cwd
+
+
+def test_diloco_commits_whole_rounds_and_names_what_is_not_a_multiple() -> None:
+    def cfg(**sections: Mapping[str, object]) -> TrainerConfig:
+        ft = {"semi_sync_method": "diloco", "sync_steps": 20, **sections.pop("ft", {})}
+        base = {"train": {"steps": 200}, "checkpoint": {"interval_steps": 100}}
+        return TrainerConfig.model_validate({**base, **sections, "ft": ft})
+
+    check_trainer(cfg(), 1)
+    for sections, field in (
+        ({"train": {"steps": 210}}, r"train\.steps \(210\)"),
+        ({"checkpoint": {"interval_steps": 50}}, r"checkpoint\.interval_steps \(50\)"),
+        ({"ft": {"digest_every": 30}}, r"ft\.digest_every \(30\)"),
+    ):
+        with pytest.raises(ConfigError, match=field + r" must be a multiple of ft\.sync_steps"):
+            check_trainer(cfg(**sections), 1)
+    with pytest.raises(ConfigError, match=r"parallel\.pp = 1 and parallel\.cp = 1"):
+        check_trainer(cfg(parallel={"pp": 2, "pp_schedule": "GPipe"}, model={"n_layers": 4}), 2)
+    with pytest.raises(ConfigError, match="semi_sync_method"):
+        load_trainer_config(ROOT / "examples" / "single.toml", ['ft.semi_sync_method="local"'])
+    # The default exchanges every step, as before; train.steps needs no multiple.
+    check_trainer(TrainerConfig.model_validate({"train": {"steps": 7}}), 1)

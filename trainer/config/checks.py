@@ -63,6 +63,8 @@ def check_trainer(cfg: TrainerConfig, world_size: int | None = None) -> None:
             "parallel.fp8 with parallel.tp > 1 is not supported (float8 tensor-parallel plans are "
             "not built); set parallel.tp = 1 or parallel.fp8 = false."
         )
+    if cfg.ft.semi_sync_method == "diloco":
+        _check_rounds(cfg, fail)
     if cfg.workload.spec is None:
         _check_builtin(cfg, fail)
     else:
@@ -85,6 +87,28 @@ def _check_cp(cfg: TrainerConfig, fail: Callable[[str], None]) -> None:
         fail(
             "parallel.cp_attention = 'torch' runs only on CUDA (torch's context_parallel), but "
             "parallel.device is 'cpu'; set parallel.cp_attention = 'all_gather'."
+        )
+
+
+def _check_rounds(cfg: TrainerConfig, fail: Callable[[str], None]) -> None:
+    """DiLoCo commits whole rounds: what happens at a step happens at a round's end."""
+    every = cfg.ft.sync_steps
+    for name, value in (
+        ("train.steps", cfg.train.steps),
+        ("checkpoint.interval_steps", cfg.checkpoint.interval_steps),
+        ("train.eval_every", cfg.train.eval_every),
+        ("ft.digest_every", cfg.ft.digest_every),
+    ):
+        if value % every:
+            fail(
+                f"{name} ({value}) must be a multiple of ft.sync_steps ({every}) with "
+                "ft.semi_sync_method = 'diloco' (steps commit a round at a time); change one."
+            )
+    if cfg.parallel.pp > 1 or cfg.parallel.cp > 1:
+        fail(
+            "ft.semi_sync_method = 'diloco' runs with parallel.pp = 1 and parallel.cp = 1 (its "
+            "rounds are not built for pipeline or context parallel yet); set them to 1 or "
+            "ft.semi_sync_method = 'none'."
         )
 
 

@@ -320,6 +320,25 @@ class FaultToleranceConfig(Section):
         description="Lighthouse quorum retries; torchft waits quorum_timeout_s / (quorum_retries + 1), "
         "at least 0.1 s, after a failed call: the default asks again 0.1 s after a leader change.",
     )
+    semi_sync_method: Literal["none", "diloco"] = Field(
+        "none",
+        description="How the groups exchange: none averages every step's gradients across "
+        "groups; diloco lets each group take sync_steps steps on its own, then averages how "
+        "far each moved and takes one outer step (for slow links between groups).",
+    )
+    sync_steps: int = Field(
+        20,
+        ge=1,
+        le=100_000,
+        description="diloco: inner steps per round between syncs (train.steps, "
+        "checkpoint.interval_steps, train.eval_every and ft.digest_every are multiples of it).",
+    )
+    outer_lr: float = Field(
+        0.7, gt=0, le=10, description="diloco: the outer SGD's learning rate (the DiLoCo paper's)."
+    )
+    outer_momentum: float = Field(
+        0.9, ge=0, lt=1, description="diloco: the outer SGD's Nesterov momentum (0: plain SGD)."
+    )
 
 
 class TrainerConfig(Section):

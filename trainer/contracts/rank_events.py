@@ -19,13 +19,14 @@ STRAGGLER_CLEARED = "straggler_cleared"
 STANDBY_READY = "standby_ready"  # a standby has imported and built what it can
 STEP_SKIPPED = "step_skipped"  # a step that did not commit (retried with the same data)
 STEP_ABANDONED = "step_abandoned"  # a drain left a step whose quorum did not form
+ITEMS_LOST = "items_lost"  # diloco: a share of a round no group of its sync trained
 CHECKPOINT_LOADED = "checkpoint_loaded"  # every rank, with the step it resumed from
 CHECKPOINT_FAILED = "checkpoint_failed"  # a save failed (training goes on)
 STEP_NOT_FINITE = "step_not_finite"  # a step voted down for a NaN or infinite value
 REPLICAS_DIVERGED = "replicas_diverged"  # the groups' parameters differed
 
 # Fields of a step's end (train_step, step_items, step_skipped): where the loop's time went
-# (daemon.accounting), only when there is something to say (trainer.run.StepLogger): the
+# (daemon.accounting), only when there is something to say (trainer.step_log.StepLogger): the
 # rank's first step, a quorum wait, a save or an evaluation; train_step always has its
 # step's seconds.
 STEP_SECONDS = "step_seconds"  # the step attempt, from its start to its end

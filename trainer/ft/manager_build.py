@@ -54,7 +54,9 @@ def build_manager(
             load_state_dict=load_state_dict,
             state_dict=state_dict,
             min_replica_size=env.min_replicas,
-            use_async_quorum=cfg.async_quorum,
+            # DiLoCo: every quorum is a sync, where a healing group must be at the round's
+            # start before the exchange (round_loop.py), so it heals in start_quorum.
+            use_async_quorum=cfg.async_quorum and cfg.semi_sync_method == "none",
             timeout=timeout,
             quorum_timeout=timedelta(seconds=cfg.quorum_timeout_s),
             connect_timeout=timedelta(seconds=cfg.connect_timeout_s),

@@ -61,6 +61,12 @@ class OuterStep:
         self.roll_back()
 
     @torch.no_grad()
+    def rebase(self) -> None:
+        """The live parameters are the round's start (a checkpoint was loaded into them)."""
+        for name, t in self.live.items():
+            self.synced[name].copy_(t)
+
+    @torch.no_grad()
     def roll_back(self) -> None:
         """Every live parameter back to the last sync (a failed sync, or a heal)."""
         for name, t in self.live.items():

@@ -23,9 +23,9 @@ DTensors instead (see trainer/checkpoint/saver.py), which is what lets DCP resha
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -37,6 +37,15 @@ from trainer.ft.buffers import Buffers
 
 def local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
+
+
+class Synced(Protocol):
+    """State kept beside the parameters that a healing group takes too (DiLoCo's outer
+    step, trainer/ft/outer.py)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
 
 
 @dataclass
@@ -54,6 +63,8 @@ class TrainState:
     guard: Callable[[], None] | None = None
     # The model's persistent buffers: live, and as of the last commit (what is handed on).
     buffers: Buffers = field(default_factory=lambda: Buffers({}))
+    # ft.semi_sync_method = "diloco": the synced parameters and the outer momentum.
+    outer: Synced | None = None
 
     def before_mutation(self) -> None:
         if self.guard is not None:
@@ -82,7 +93,7 @@ class TrainState:
         self.tokens = int(scalars["tokens"])
 
     def healing_state_dict(self) -> dict[str, Any]:
-        return {
+        state = {
             "model": {name: local(p.detach()) for name, p in self.params.items()},
             "buffers": dict(self.buffers.committed),
             "optimizer": {
@@ -91,6 +102,9 @@ class TrainState:
             },
             "scalars": self.scalars(),
         }
+        if self.outer is not None:
+            state["outer"] = self.outer.state_dict()
+        return state
 
     def load_healing_state_dict(self, state: dict[str, Any]) -> float:
         """Apply a peer's state; returns the seconds the copy took."""
@@ -109,6 +123,8 @@ class TrainState:
         copy_into(self.buffers.committed, state["buffers"], "healing state's buffers")
         self.buffers.restore()  # the live buffers are the committed ones again
         self.load_scalars(state["scalars"])
+        if self.outer is not None:  # the round's start, where the sync goes on from
+            self.outer.load_state_dict(state["outer"])
         self.heals += 1
         return time.monotonic() - started
 

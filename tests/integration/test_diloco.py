@@ -1,0 +1,130 @@
+"""Issue 55: the semi-synchronous mode (``ft.semi_sync_method = "diloco"``) with real rank
+processes and the real torchft lighthouse, one rank per group.
+
+Rounds of ``ft.sync_steps`` inner steps, each group on its own share, then a sync. The
+groups end bitwise alike, and every item of the job is trained by exactly one group, or,
+for a group lost during a round, said lost (``items_lost``) by the writer group: never
+twice, never silently.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support.harness import PACE_S, ROOT, Event, wait_for, write_pace
+from tests.support.rank_groups import Group, cleanup, launch_group, start_lighthouse
+
+pytestmark = pytest.mark.integration
+
+CONFIG = ROOT / "examples" / "single.toml"
+EVERY, BATCH = 5, 8  # ft.sync_steps, and examples/single.toml's global batch
+
+
+def diloco(steps: int) -> list[str]:
+    return ['ft.semi_sync_method="diloco"', f"ft.sync_steps={EVERY}", f"train.steps={steps}"]
+
+
+def trained(events: list[Event]) -> list[range]:
+    """The items of each round a group committed (train_step, or step_items between logs)."""
+    return [
+        range(*e["items"])
+        for e in events
+        if e["event"] in ("train_step", "step_items") and e["items"][1] > e["items"][0]
+    ]
+
+
+def same_schedule(groups: list[Group]) -> dict[int, set[float]]:
+    """Steps whose learning rate differed between groups (the schedule is the job's, by
+    step, whether a group healed, joined without healing, or not)."""
+    lrs: dict[int, set[float]] = {}
+    for g in groups:
+        for e in g.events("train_step"):
+            lrs.setdefault(int(e["step"]), set()).add(float(e["lr"]))
+    return {step: lr for step, lr in lrs.items() if len(lr) > 1}
+
+
+def coverage(groups: list[Group], steps: int) -> tuple[list[int], list[int]]:
+    """(items trained more than once or never and not said lost, items said lost twice)."""
+    count = [0] * (steps * BATCH)
+    for g in groups:
+        for items in trained(g.events()):
+            for i in items:
+                count[i] += 1
+    lost = [0] * len(count)
+    for g in groups:
+        for e in g.events("items_lost"):
+            for i in range(*e["items"]):
+                lost[i] += 1
+    wrong = [i for i, n in enumerate(count) if n + lost[i] != 1]
+    return wrong, [i for i, n in enumerate(lost) if n > 1]
+
+
+@pytest.mark.parametrize("groups", [2, 3])
+def test_groups_train_their_own_shares_and_end_bitwise_alike(tmp_path: Path, groups: int) -> None:
+    steps = 40
+    lighthouse = start_lighthouse(tmp_path, min_replicas=groups)
+    common = dict(num_groups=groups, lighthouse=lighthouse.address, overrides=diloco(steps))
+    launched = [launch_group(CONFIG, tmp_path, group=g, **common) for g in range(groups)]  # type: ignore[arg-type]
+    with cleanup(lighthouse, *launched):
+        for g in launched:
+            assert g.wait(180) == [0], g.rank0.tail()
+    done = [g.events("train_done")[0] for g in launched]
+    assert {d["step"] for d in done} == {steps}
+    assert len({d["params_sha256"] for d in done}) == 1, done
+    # A round at a time, every group in every round, no item twice or lost.
+    for g in launched:
+        committed = [
+            int(e["step"]) for e in g.events() if e["event"] in ("train_step", "step_items")
+        ]
+        assert committed == list(range(EVERY, steps + 1, EVERY)), committed
+        share = EVERY * BATCH // groups
+        assert all(len(r) in (share, share + 1) for r in trained(g.events())), trained(g.events())
+    assert coverage(launched, steps) == ([], [])
+    assert not any(g.events("items_lost") for g in launched)
+    assert same_schedule(launched) == {}
+
+
+def test_a_group_killed_mid_round_costs_the_other_nothing_and_heals_at_a_sync(
+    tmp_path: Path,
+) -> None:
+    """Group 1 SIGKILLs itself in the third round's third inner step; group 0 goes on and
+    syncs alone; group 1, launched again, heals at a sync and trains the rounds after."""
+    steps = 200
+    lighthouse = start_lighthouse(tmp_path)
+    common = dict(num_groups=2, lighthouse=lighthouse.address, overrides=diloco(steps))
+    pace = write_pace(tmp_path / "pace", PACE_S)
+    delay = {"PHALANX_CHAOS_DELAY": f"@{pace}"}
+    survivor = launch_group(CONFIG, tmp_path, group=0, env=delay, **common)  # type: ignore[arg-type]
+    victim = launch_group(
+        CONFIG, tmp_path, group=1, name="g1-killed",
+        env={**delay, "PHALANX_CHAOS": f"forward@+{2 * EVERY + 2}"}, **common,  # type: ignore[arg-type]
+    )  # fmt: skip
+    with cleanup(lighthouse, survivor, victim):
+        assert victim.wait(120) != [0], victim.rank0.tail()
+        killed_at = max([0, *(int(e["step"]) for e in survivor.events("train_step"))])
+        wait_for(
+            lambda: [e for e in survivor.events("train_step")
+                     if e["participants"] == 1 and int(e["step"]) > killed_at],
+            60, "group 0 to sync alone after the kill",
+        )  # fmt: skip
+        final = launch_group(CONFIG, tmp_path, group=1, name="g1-final", env=delay, **common)  # type: ignore[arg-type]
+        with cleanup(final):
+            wait_for(lambda: final.events("heal_done"), 120, "the relaunched group to heal")
+            write_pace(pace, 0.0)
+            assert final.wait(180) == [0], final.rank0.tail()
+            assert survivor.wait(60) == [0], survivor.rank0.tail()
+    done0, done1 = survivor.events("train_done")[0], final.events("train_done")[0]
+    assert done0["step"] == done1["step"] == steps
+    assert done0["params_sha256"] == done1["params_sha256"]
+    # The killed group's share of the round it died in was trained by nobody, and said so.
+    lost = survivor.events("items_lost")
+    assert lost, "the writer did not account for the killed group's share"
+    assert coverage([survivor, victim, final], steps) == ([], [])
+    assert same_schedule([survivor, victim, final]) == {}
+    # The survivor never went back: its committed steps only grow, a round at a time.
+    committed = [
+        int(e["step"]) for e in survivor.events() if e["event"] in ("train_step", "step_items")
+    ]
+    assert committed == list(range(EVERY, steps + 1, EVERY)), committed

@@ -1,0 +1,268 @@
+"""The semi-synchronous loop (``ft.semi_sync_method = "diloco"``): one :meth:`RoundLoop.step`
+is one round of ``ft.sync_steps`` (H) inner steps and the sync that ends it.
+
+Every quorum is a sync. A group that has none yet (it just started, or it joins a
+running job) first joins one with nothing to add: it learns the groups of the next
+round, and heals there if the others are ahead (torchft, a synchronous quorum: the
+peer's synced parameters, outer momentum, inner optimizer and LR schedule). Then:
+
+1. the round's items: round ``r`` is steps ``r*H .. r*H+H-1`` and their ``H*B`` items
+   (B: the global batch), split among the last sync's groups as one step's are
+   (trainer/data/shares.py); a group trains the ``i``-th of ``H`` parts of its share in
+   inner step ``i``: forward, backward (reduced inside the group only), clipping, the
+   job's optimizer and LR schedule. Nothing crosses groups;
+2. the sync: the quorum, then one exchange across its groups of each one's
+   pseudo-gradient (trainer/ft/outer.py), its buffers' change, its part of the round's
+   loss and which share it trained, each weighted by whether the group trained the
+   round (a group that just joined or healed adds nothing and is not counted), then
+   should_commit. Committed: the outer step, every group at its result, bitwise alike,
+   and the step count moves on by H. Not: every group back at the round's start (its
+   parameters and buffers; the inner optimizer's moments stay), and the round trained
+   again with the same items. Each round sets the LR schedule at its first step.
+
+A group lost during a round is not waited for: the sync's quorum goes on without it,
+and its share of the round is trained by nobody. The writer group logs each such share
+(``items_lost``, trainer.contracts.rank_events) and the metric counts its items.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from trainer import logs
+from trainer.chaos import Chaos
+from trainer.config import TrainerConfig
+from trainer.config.env import RankEnv
+from trainer.contracts import rank_events as events
+from trainer.data.shares import Quorum, group_share, rank_plan, split, step_items
+from trainer.data.sources import Sampler
+from trainer.forward_backward import ForwardBackward
+from trainer.ft.outer import OuterStep
+from trainer.ft.replication import Replication
+from trainer.ft.state import TrainState
+from trainer.optim import clip_grad_norm
+from trainer.parallel.group_ops import group_sum
+from trainer.parallel.mesh import Layout
+from trainer.parallel.parallelize import autocast_dtype
+from trainer.step_report import StepReport
+from trainer.workloads import LossFn
+
+
+@dataclass(frozen=True)
+class Sync:
+    """What one sync came to."""
+
+    committed: bool
+    loss: float | None  # the round's mean loss over every item trained in it
+    lost: tuple[range, ...]  # shares of the round no group of the sync trained
+
+
+@dataclass
+class RoundLoop:
+    cfg: TrainerConfig
+    env: RankEnv
+    layout: Layout
+    models: list[nn.Module]
+    state: TrainState
+    replication: Replication
+    sampler: Sampler
+    chaos: Chaos
+    loss_fn: LossFn
+    outer: OuterStep
+    tokens_per_item: int = 1
+    stop_requested: Callable[[], bool] = lambda: False  # SIGTERM: drain after this round
+    cold_start: Callable[[], None] | None = None  # while no group has committed a round
+    last_loss: float | None = None
+    drained: bool = False
+
+    def __post_init__(self) -> None:
+        self.every = self.cfg.ft.sync_steps
+        self.params = list(self.state.params.values())
+        self.global_batch = self.cfg.train.global_batch
+        per_rank = self.cfg.train.batch_size // self.layout.dp_shard
+        start = self.layout.dp_rank * per_rank
+        self.rows = range(start, start + per_rank)  # of an evaluation batch
+        self.micro = per_rank // self.cfg.train.grad_accum
+        self.members: Quorum | None = None  # the round's groups (None: join a sync first)
+        self.compute_s: float | None = None  # groups do not wait on each other: no stragglers
+        self.stragglers = _NoStragglers()
+        self.log = logs.get()
+        self.passes = ForwardBackward(
+            models=self.models,
+            sampler=self.sampler,
+            loss_fn=self.loss_fn,
+            device=self.layout.device,
+            sharded=self.layout.fsdp is not None,
+            autocast=autocast_dtype(self.cfg.parallel, self.layout),
+            cp=None,
+            global_batch=self.global_batch,
+            unit=1,
+        )
+
+    def done(self) -> bool:
+        return self.replication.current_step() >= self.cfg.train.steps or self.drained
+
+    def step(self) -> StepReport | None:
+        """One round and its sync; None when resumed at the final step."""
+        started = time.monotonic()
+        while self.members is None:  # the job's first sync, or this group's
+            self._join()
+        first = self.replication.current_step()
+        if first >= self.cfg.train.steps:
+            return None
+        members = self.members
+        self._schedule_at(first)
+        share = group_share(first // self.every, self.every * self.global_batch, members)
+        total = torch.zeros((), dtype=torch.float64, device=self.layout.device)
+        grad_norm, finite = 0.0, True
+        for i in range(self.every):
+            self.chaos.begin_step(first + i)
+            self.chaos.at("forward")
+            total = total + self._inner_step(first + i, split(share, self.every, i))
+            grad_norm = clip_grad_norm(
+                self.params, self.cfg.train.max_grad_norm, self.layout.group("pp")
+            )
+            finite = finite and math.isfinite(grad_norm)
+            self.state.before_mutation()
+            self.state.optimizer.step()
+            self.state.scheduler.step()
+        self.drained = self._group_drain()
+        sync = self._sync(first, members, total, share, finite)
+        if sync.committed and self.env.rank == 0 and self.replication.is_writer():
+            for lost in sync.lost:
+                self.log.warning(
+                    events.ITEMS_LOST, step=first + self.every, items=[lost.start, lost.stop]
+                )
+        items = share if sync.committed else range(0)
+        if sync.committed:
+            self.state.tokens += len(items) * self.tokens_per_item
+            self.last_loss = sync.loss
+        return StepReport(
+            step=self.replication.current_step(),
+            committed=sync.committed,
+            loss=sync.loss,
+            lr=float(self.state.scheduler.get_last_lr()[0]),
+            grad_norm=grad_norm,
+            participants=self.replication.participants(),
+            quorum_id=self.replication.quorum_id(),
+            seconds=time.monotonic() - started,
+            tokens=len(items) * self.tokens_per_item,
+            items=items,
+            finite=finite,
+            quorum_s=self.replication.take_quorum_wait(),
+        )
+
+    def _schedule_at(self, step: int) -> None:
+        """The LR schedule at `step` whatever this group's own past: a group that joined at
+        a sync without healing (its peers at the same step count, as in a job's first
+        round), or a round trained again after its sync failed."""
+        self.state.scheduler.last_epoch = step - 1
+        self.state.scheduler.step()
+
+    def _join(self) -> None:
+        """Join a sync with nothing to add: this group learns the next round's groups,
+        resumes from a checkpoint where no group has committed a round, or heals."""
+        first = self.replication.current_step()
+        self._sync(first, None, None, range(0), True)
+
+    def _inner_step(self, step: int, items: range) -> torch.Tensor:
+        """Forward and backward of this rank's part of `items`, averaged inside the group;
+        the sum of its per-item losses (a device scalar)."""
+        for p in self.params:
+            p.grad = None
+        plan = rank_plan(
+            items, self.layout.dp_shard, self.layout.dp_rank, self.micro, 1, max(1, len(items))
+        )
+        return self.passes.run(step, plan)
+
+    def _sync(
+        self,
+        first: int,
+        members: Quorum | None,
+        total: torch.Tensor | None,
+        share: range,
+        finite: bool,
+    ) -> Sync:
+        """The quorum, the exchange across its groups and the commit (see the module's
+        docstring); `members` and `total`: the round's groups and this rank's loss sum
+        (None: this group joins with nothing to add)."""
+        heals = self.state.heals
+        self.replication.start_step()
+        if first == 0 and self.cold_start is not None:  # every group, while none committed
+            self.cold_start()
+        resumed = self.replication.current_step() != first and self.state.heals == heals
+        if resumed:
+            self.outer.rebase()  # the round starts where the checkpoint left off
+        # Healed or resumed: at the round's start now, with nothing to add.
+        healed = resumed or self.state.heals != heals
+        first = self.replication.current_step()  # a checkpoint's, or the peer's it healed from
+        trained = 0.0 if members is None or healed or total is None else 1.0
+        groups = max(1, self.env.num_replica_groups)
+        moved = self.outer.pseudo_gradients()
+        dtype = moved[-1].dtype if moved else torch.float32
+        which = torch.zeros(groups + 3, dtype=dtype, device=self.layout.device)
+        if trained and total is not None and members is not None and members.rank is not None:
+            which[members.rank] = 1.0
+            which[groups] = float(self._group_total(total))
+            which[groups + 1] = float(len(share))
+        which[groups + 2] = trained
+        deltas = [d.mul_(trained) for d in self.state.buffers.deltas(self.layout.fsdp_group())]
+        moved = [m.mul_(trained) for m in moved]
+        averaged = self.replication.sync_gradients([*deltas, *moved, which])
+        quorum = self.replication.quorum()
+        self.state.before_mutation()
+        committed = self.replication.should_commit(finite and averaged)
+        self.members = quorum if committed else None  # after a failed sync: join again
+        if not committed:
+            self.outer.roll_back()
+            self.state.buffers.restore()
+            return Sync(False, None, ())
+        weight = float(which[groups + 2])  # the share of the sync's groups that trained
+        if weight > 0:
+            for t in (*deltas, *moved):
+                t.div_(weight)
+            self.outer.apply(moved)
+            self.state.buffers.commit(deltas)
+        else:  # nobody trained (every group joined): nothing moves
+            self.outer.roll_back()
+            self.state.buffers.restore()
+        advanced = first + (self.every if weight > 0 else 0)
+        self.replication.restore(advanced, self.replication.ft_state())
+        if members is None or weight <= 0:
+            return Sync(True, None, ())
+        items = float(which[groups + 1])
+        loss = float(which[groups]) / items if items > 0 else None
+        round_items = step_items(first // self.every, self.every * self.global_batch)
+        lost = tuple(
+            split(round_items, members.participants, k)
+            for k in range(min(members.participants, groups))
+            if float(which[k]) == 0.0
+        )
+        return Sync(True, loss, lost)
+
+    def _group_total(self, mine: torch.Tensor) -> float:
+        if self.layout.mesh is None:
+            return float(mine)
+        total, _ = group_sum(self.layout, True, float(mine), [False])
+        return total
+
+    def _group_drain(self) -> bool:
+        """The group's drain vote (every rank leaves after the same round)."""
+        if self.layout.mesh is None:
+            return self.stop_requested()
+        _, (drain,) = group_sum(self.layout, True, 0.0, [self.stop_requested()])
+        return drain
+
+
+class _NoStragglers:
+    """The loop's straggler watch, for the step's metrics: groups do not wait on each
+    other between syncs, so there is nothing to flag."""
+
+    flagged = False
+    last_ratio: float | None = None
