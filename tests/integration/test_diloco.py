@@ -128,3 +128,35 @@ def test_a_group_killed_mid_round_costs_the_other_nothing_and_heals_at_a_sync(
         int(e["step"]) for e in survivor.events() if e["event"] in ("train_step", "step_items")
     ]
     assert committed == list(range(EVERY, steps + 1, EVERY)), committed
+
+
+def losses(events: list[Event]) -> dict[int, float]:
+    return {int(e["step"]): float(e["loss"]) for e in events if e["event"] == "train_step"}
+
+
+def test_a_cold_restart_resumes_the_trajectory_of_a_run_without_one(tmp_path: Path) -> None:
+    """One group, checkpoints every two rounds: killed in its fifth round and started
+    again, it loads its last checkpoint (parameters, outer momentum, inner optimizer, LR
+    schedule) and reaches the same losses, round by round, as a run never stopped."""
+    steps = 40
+    common = [*diloco(steps), f"checkpoint.interval_steps={2 * EVERY}"]
+
+    def run(name: str, env: dict[str, str] | None = None) -> Group:
+        ckpt = tmp_path / ("ckpt-" + name.split("-")[0])
+        overrides = [*common, f'checkpoint.dir="{ckpt}"']
+        return launch_group(CONFIG, tmp_path, name=name, overrides=overrides, env=env)
+
+    whole = run("whole")
+    assert whole.wait(180) == [0], whole.rank0.tail()
+    killed = run("cut-first", {"PHALANX_CHAOS": f"forward@+{4 * EVERY + 2}"})
+    assert killed.wait(180) != [0], killed.rank0.tail()
+    again = run("cut-again")
+    assert again.wait(180) == [0], again.rank0.tail()
+    (loaded,) = again.events("checkpoint_loaded")
+    assert int(loaded["step"]) in (2 * EVERY, 4 * EVERY), loaded
+    after = {s: v for s, v in losses(again.events()).items() if s > int(loaded["step"])}
+    assert after and after == {s: losses(whole.events())[s] for s in after}
+    assert (
+        again.events("train_done")[0]["params_sha256"]
+        == whole.events("train_done")[0]["params_sha256"]
+    )

@@ -174,6 +174,9 @@ def _load(ckpt: Checkpointer, replication: Checkpointing, path: Path) -> bool:
         has_buffers = any(k.startswith("buffers.") for k in keys)
         if not has_buffers:
             del targets["buffers"]
+        # Saved in every-step mode (or before diloco): the outer momentum starts at zero.
+        if "outer" in targets and not any(k.startswith("outer.") for k in keys):
+            del targets["outer"]
         dcp_load(targets, storage_reader=reader, planner=TensorOnlyPlanner(), process_group=ckpt.pg)
         scalars: dict[str, Any] = json.loads((path / SCALARS).read_text())
     except Exception as e:  # DCP raises on every rank when any rank's read fails

@@ -140,11 +140,14 @@ class Checkpointer:
         return mine * (dist.get_world_size(self.pg) if self.distributed else 1)
 
     def tensors(self) -> dict[str, Any]:
-        return {
+        held = {
             "model": dict(self.state.params),
             "optimizer": self.state.optimizer_tensors(),
             "buffers": dict(self.state.buffers.committed),
         }
+        if self.state.outer is not None:  # diloco: the outer momentum (saved at a round's end)
+            held["outer"] = self.state.outer.tensors()
+        return held
 
     # -- saving
 

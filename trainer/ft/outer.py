@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 from torch.optim import SGD
 
 from trainer.ft.state import copy_into, local
@@ -31,17 +32,40 @@ class OuterStep:
     live: dict[str, torch.Tensor]  # this rank's parameters (local shards), trained in place
     synced: dict[str, torch.Tensor]  # the same, as of the last sync
     optimizer: SGD  # over `synced`
+    params: Mapping[str, torch.nn.Parameter]  # the parameters, for their layout
 
     @classmethod
     def build(
         cls, params: Mapping[str, torch.nn.Parameter], lr: float, momentum: float
     ) -> OuterStep:
-        """Start from the parameters as they are (the first round's start)."""
+        """Start from the parameters as they are (the first round's start). The momentum
+        buffers exist from the start (zeros: SGD's first step makes them the gradient
+        either way), so a checkpoint always holds them and a load copies into them."""
         live = {name: local(p.detach()) for name, p in params.items()}
         synced = {name: t.clone() for name, t in live.items()}
         nesterov = momentum > 0
         optimizer = SGD(list(synced.values()), lr=lr, momentum=momentum, nesterov=nesterov)
-        return cls(live, synced, optimizer)
+        if momentum > 0:
+            for t in synced.values():
+                optimizer.state[t]["momentum_buffer"] = torch.zeros_like(t)
+        return cls(live, synced, optimizer, params)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The momentum as a checkpoint keeps it: by parameter name, a DTensor laid out as
+        its parameter where that is one (a load copies into the buffers)."""
+        out = {}
+        for name, t in self.synced.items():
+            buf = self.optimizer.state.get(t, {}).get("momentum_buffer")
+            if buf is None:
+                continue
+            p = self.params[name]
+            if isinstance(p, DTensor):
+                shape, stride = p.shape, p.stride()
+                buf = DTensor.from_local(
+                    buf, p.device_mesh, p.placements, shape=shape, stride=stride
+                )
+            out[name] = buf
+        return out
 
     def pseudo_gradients(self) -> list[torch.Tensor]:
         """How far this group moved in the round, per parameter: new tensors, synced

@@ -47,6 +47,10 @@ class Synced(Protocol):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
 
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """What a checkpoint keeps of it, by parameter name (loaded in place)."""
+        ...
+
 
 @dataclass
 class TrainState:
