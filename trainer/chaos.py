@@ -4,7 +4,7 @@
 
 * ``point``: ``start`` (after setup, before the first step), ``forward``,
   ``gradients`` (this rank's gradients are computed, not yet averaged across
-  groups), ``allreduce`` (the cross-group gradient all-reduce has been issued and
+  groups; with diloco, a sync's quorum formed, nothing sent yet), ``allreduce`` (the cross-group gradient all-reduce has been issued and
   is in flight), ``optimizer`` (the step was committed, the optimizer has not
   run), ``buffers`` (the step was committed and the buffers' averaged changes
   applied), ``checkpoint`` (the writer group has just launched an asynchronous save),

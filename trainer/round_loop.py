@@ -212,6 +212,7 @@ class RoundLoop:
             which[groups] = float(self._group_total(total))
             which[groups + 1] = float(len(share))
         which[groups + 2] = trained
+        self.chaos.at("gradients")  # in the sync's quorum, nothing sent yet
         deltas = [d.mul_(trained) for d in self.state.buffers.deltas(self.layout.fsdp_group())]
         moved = [m.mul_(trained) for m in moved]
         averaged = self.replication.sync_gradients([*deltas, *moved, which])

@@ -160,3 +160,61 @@ def test_a_cold_restart_resumes_the_trajectory_of_a_run_without_one(tmp_path: Pa
         again.events("train_done")[0]["params_sha256"]
         == whole.events("train_done")[0]["params_sha256"]
     )
+
+
+def test_a_failed_sync_is_not_applied_and_its_round_is_trained_again(tmp_path: Path) -> None:
+    """Group 1 dies in its third round's sync, after the quorum, before sending: group 0's
+    exchange fails, the sync is not committed (step_skipped), and the round is trained
+    again, by group 0 alone or with group 1 launched anew, with the same items."""
+    steps = 100
+    lighthouse = start_lighthouse(tmp_path, min_replicas=2)
+    common = dict(num_groups=2, lighthouse=lighthouse.address, overrides=diloco(steps))
+    pace = write_pace(tmp_path / "pace", PACE_S)
+    delay = {"PHALANX_CHAOS_DELAY": f"@{pace}"}
+    survivor = launch_group(CONFIG, tmp_path, group=0, env=delay, **common)  # type: ignore[arg-type]
+    victim = launch_group(
+        CONFIG, tmp_path, group=1, name="g1-killed",
+        env={**delay, "PHALANX_CHAOS": f"gradients@+{3 * EVERY - 1}"}, **common,  # type: ignore[arg-type]
+    )  # fmt: skip
+    with cleanup(lighthouse, survivor, victim):
+        assert victim.wait(120) != [0], victim.rank0.tail()
+        skipped = wait_for(lambda: survivor.events("step_skipped"), 60, "the failed sync")
+        assert int(skipped[0]["step"]) == 2 * EVERY, skipped
+        final = launch_group(CONFIG, tmp_path, group=1, name="g1-final", env=delay, **common)  # type: ignore[arg-type]
+        with cleanup(final):
+            write_pace(pace, 0.0)
+            assert final.wait(180) == [0], final.rank0.tail()
+            assert survivor.wait(60) == [0], survivor.rank0.tail()
+    assert [int(e["step"]) for e in victim.events("train_step")] == [EVERY, 2 * EVERY]
+    # The round after the failed sync was committed once, by whoever trained it again.
+    committed = [
+        int(e["step"]) for e in survivor.events() if e["event"] in ("train_step", "step_items")
+    ]
+    assert committed == list(range(EVERY, steps + 1, EVERY)), committed
+    assert coverage([survivor, victim, final], steps) == ([], [])
+    assert not survivor.events("items_lost")
+    done0, done1 = survivor.events("train_done")[0], final.events("train_done")[0]
+    assert done0["params_sha256"] == done1["params_sha256"]
+
+
+def test_a_group_joining_mid_job_takes_a_share_from_the_next_round(tmp_path: Path) -> None:
+    steps = 100
+    lighthouse = start_lighthouse(tmp_path, min_replicas=2)
+    common = dict(num_groups=3, lighthouse=lighthouse.address, overrides=diloco(steps))
+    pace = write_pace(tmp_path / "pace", PACE_S)
+    delay = {"PHALANX_CHAOS_DELAY": f"@{pace}"}
+    first = [launch_group(CONFIG, tmp_path, group=g, env=delay, **common) for g in (0, 1)]  # type: ignore[arg-type]
+    with cleanup(lighthouse, *first):
+        wait_for(lambda: first[0].events("train_step"), 120, "two groups to commit a round")
+        late = launch_group(CONFIG, tmp_path, group=2, env=delay, **common)  # type: ignore[arg-type]
+        with cleanup(late):
+            wait_for(lambda: late.events("train_step"), 120, "the third group to commit a round")
+            write_pace(pace, 0.0)
+            for g in (*first, late):
+                assert g.wait(180) == [0], g.rank0.tail()
+    everyone = [*first, late]
+    assert len({g.events("train_done")[0]["params_sha256"] for g in everyone}) == 1
+    assert min(int(e["step"]) for e in late.events("train_step")) > EVERY
+    assert {e["participants"] for e in late.events("train_step")} == {3}
+    assert coverage(everyone, steps) == ([], [])
+    assert same_schedule(everyone) == {}
