@@ -18,7 +18,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from trainer.config.env import RankEnv
-from trainer.step_report import StepReport
+from trainer.step_report import StepReport, SyncFigures
 
 LABELS = ("phalanx_job", "node", "replica_group")
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -116,6 +116,29 @@ class TrainMetrics:
             STEP_BUCKETS,
         )
 
+        # ft.semi_sync_method = "diloco": the rounds' syncs across groups.
+        self.sync_steps = gauge(
+            "phalanx_ft_sync_steps", "Steps each group takes on its own between syncs (diloco)."
+        )
+        self.sync_seconds = histogram(
+            "phalanx_ft_sync_seconds",
+            "A sync across groups (diloco): its quorum, the exchange and the commit.",
+            STEP_BUCKETS,
+        )
+        self.sync_bytes = counter(
+            "phalanx_ft_sync_bytes",
+            "Bytes of the tensors rank 0's syncs averaged across groups (diloco).",
+        )
+        self.pseudo_norm = gauge(
+            "phalanx_ft_pseudo_gradient_norm",
+            "L2 norm of the last committed sync's averaged pseudo-gradient (diloco).",
+        )
+        self.items_lost = counter(
+            "phalanx_items_lost",
+            "Items of a round that no group trained: a group lost during it (diloco; "
+            "counted by the writer group, event items_lost).",
+        )
+
         # Every rank's own (label `rank`, the rank in its group): stragglers are ranks.
         def rank_gauge(name: str, doc: str) -> Any:
             return Gauge(
@@ -147,6 +170,8 @@ class TrainMetrics:
         if r.diverged:
             self.divergences.inc()
         self.step_seconds.observe(r.seconds)
+        if r.sync is not None:
+            self._observe_sync(r.sync)
         self.participants.set(r.participants)
         if r.quorum_id is not None:
             self.quorum_id.set(r.quorum_id)
@@ -159,6 +184,15 @@ class TrainMetrics:
         self.lr.set(r.lr)
         self.tokens.inc(r.tokens)
         self.items.inc(len(r.items))
+
+    def _observe_sync(self, sync: SyncFigures) -> None:
+        self.sync_steps.set(sync.every)
+        self.sync_seconds.observe(sync.seconds)
+        self.sync_bytes.inc(sync.bytes)
+        if sync.pseudo_norm is not None:
+            self.pseudo_norm.set(sync.pseudo_norm)
+        if sync.items_lost:
+            self.items_lost.inc(sync.items_lost)
 
     def observe_rank(
         self, seconds: float, compute_s: float | None, straggler: bool, ratio: float | None

@@ -45,12 +45,12 @@ from trainer.data.sources import Sampler
 from trainer.forward_backward import ForwardBackward
 from trainer.ft.outer import OuterStep
 from trainer.ft.replication import Replication
-from trainer.ft.state import TrainState
+from trainer.ft.state import TrainState, as_param
 from trainer.optim import clip_grad_norm
 from trainer.parallel.group_ops import group_sum
 from trainer.parallel.mesh import Layout
 from trainer.parallel.parallelize import autocast_dtype
-from trainer.step_report import StepReport
+from trainer.step_report import StepReport, SyncFigures
 from trainer.workloads import LossFn
 
 
@@ -61,6 +61,8 @@ class Sync:
     committed: bool
     loss: float | None  # the round's mean loss over every item trained in it
     lost: tuple[range, ...]  # shares of the round no group of the sync trained
+    bytes: int = 0  # of the tensors averaged across groups
+    norm: float | None = None  # the averaged pseudo-gradient's (None: nothing applied)
 
 
 @dataclass
@@ -133,8 +135,17 @@ class RoundLoop:
             self.state.optimizer.step()
             self.state.scheduler.step()
         self.drained = self._group_drain()
+        syncing = time.monotonic()
         sync = self._sync(first, members, total, share, finite)
-        if sync.committed and self.env.rank == 0 and self.replication.is_writer():
+        writer = sync.committed and self.env.rank == 0 and self.replication.is_writer()
+        figures = SyncFigures(
+            every=self.every,
+            seconds=time.monotonic() - syncing,
+            bytes=sync.bytes,
+            pseudo_norm=sync.norm,
+            items_lost=sum(len(r) for r in sync.lost) if writer else 0,
+        )
+        if writer:
             for lost in sync.lost:
                 self.log.warning(
                     events.ITEMS_LOST, step=first + self.every, items=[lost.start, lost.stop]
@@ -156,6 +167,7 @@ class RoundLoop:
             items=items,
             finite=finite,
             quorum_s=self.replication.take_quorum_wait(),
+            sync=figures,
         )
 
     def _schedule_at(self, step: int) -> None:
@@ -215,7 +227,9 @@ class RoundLoop:
         self.chaos.at("gradients")  # in the sync's quorum, nothing sent yet
         deltas = [d.mul_(trained) for d in self.state.buffers.deltas(self.layout.fsdp_group())]
         moved = [m.mul_(trained) for m in moved]
-        averaged = self.replication.sync_gradients([*deltas, *moved, which])
+        sent = [*deltas, *moved, which]
+        size = sum(t.numel() * t.element_size() for t in sent)
+        averaged = self.replication.sync_gradients(sent)
         quorum = self.replication.quorum()
         self.state.before_mutation()
         committed = self.replication.should_commit(finite and averaged)
@@ -223,11 +237,13 @@ class RoundLoop:
         if not committed:
             self.outer.roll_back()
             self.state.buffers.restore()
-            return Sync(False, None, ())
+            return Sync(False, None, (), size)
         weight = float(which[groups + 2])  # the share of the sync's groups that trained
+        norm = None
         if weight > 0:
             for t in (*deltas, *moved):
                 t.div_(weight)
+            norm = self._norm(moved)
             self.outer.apply(moved)
             self.state.buffers.commit(deltas)
         else:  # nobody trained (every group joined): nothing moves
@@ -236,7 +252,7 @@ class RoundLoop:
         advanced = first + (self.every if weight > 0 else 0)
         self.replication.restore(advanced, self.replication.ft_state())
         if members is None or weight <= 0:
-            return Sync(True, None, ())
+            return Sync(True, None, (), size, norm)
         items = float(which[groups + 1])
         loss = float(which[groups]) / items if items > 0 else None
         round_items = step_items(first // self.every, self.every * self.global_batch)
@@ -245,7 +261,17 @@ class RoundLoop:
             for k in range(min(members.participants, groups))
             if float(which[k]) == 0.0
         )
-        return Sync(True, loss, lost)
+        return Sync(True, loss, lost, size, norm)
+
+    def _norm(self, moved: list[torch.Tensor]) -> float:
+        """The L2 norm of the averaged pseudo-gradient over the whole model (every shard),
+        as the gradient norm is taken (it stands in for the gradients for a moment)."""
+        for p, d in zip(self.params, moved, strict=True):
+            p.grad = as_param(p, d)
+        norm = clip_grad_norm(self.params, 0.0, self.layout.group("pp"))
+        for p in self.params:
+            p.grad = None
+        return norm
 
     def _group_total(self, mine: torch.Tensor) -> float:
         if self.layout.mesh is None:

@@ -7,6 +7,17 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class SyncFigures:
+    """What a DiLoCo round's sync cost and found (trainer/round_loop.py)."""
+
+    every: int  # inner steps per sync (ft.sync_steps)
+    seconds: float  # the sync: its quorum, the exchange across groups and the commit
+    bytes: int  # of the tensors it averaged across groups
+    pseudo_norm: float | None  # the averaged pseudo-gradient's L2 norm (None: not committed)
+    items_lost: int = 0  # items of the round no group trained (counted by the writer)
+
+
+@dataclass(frozen=True)
 class StepReport:
     step: int  # committed steps after this one (1 for the first step)
     committed: bool
@@ -21,3 +32,4 @@ class StepReport:
     finite: bool = True  # False: a NaN/inf loss or gradient norm voted the step down
     diverged: bool = False  # the groups' parameters differed (this group is in the majority)
     quorum_s: float = 0.0  # of `seconds`: waiting for the quorum to form (a heal included)
+    sync: SyncFigures | None = None  # a DiLoCo round's sync (None: every-step mode)

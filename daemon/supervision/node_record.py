@@ -63,8 +63,11 @@ class NodeRecord:
     def build(self) -> dict[str, Any]:
         v = self.status()
         spanning = {"node_rank": v.node_rank, "generation": v.generation}
+        ft = self.cfg.ft
+        exchange = {"semi_sync_method": ft.semi_sync_method, "sync_steps": ft.sync_steps}
         return {
             **(spanning if self.cfg.job.nodes_per_group > 1 else {}),
+            **({"exchange": exchange} if ft.semi_sync_method != "none" else {}),
             "waiting_for": v.waiting_for,
             "spare": v.spare,  # every seat was held when it last looked
             "health": failing(v.health),  # the failing checks' reasons; {} when healthy

@@ -36,6 +36,9 @@ def status_json(job: str, view: JobView, incidents: Sequence[Incident] = ()) -> 
         for node_id, record in sorted(view.nodes.items())
     ]
     steps = [n["step"] for n in nodes if isinstance(n["step"], int)]
+    # How the groups exchange: as the nodes' job file says (only a semi-synchronous one is
+    # written in their records).
+    told = [r["exchange"] for r in view.nodes.values() if isinstance(r.get("exchange"), dict)]
     state = (view.state or {}).get("state") or ("running" if nodes else None)
     return {
         "job": job,
@@ -43,6 +46,7 @@ def status_json(job: str, view: JobView, incidents: Sequence[Incident] = ()) -> 
         "step": max(steps) if steps else (view.state or {}).get("step"),
         "leader": view.leader,
         "lighthouse": view.lighthouse,
+        "exchange": told[0] if told else {"semi_sync_method": "none"},
         "groups": {str(gid): node for gid, node in sorted(view.groups.items())},
         # Groups that span nodes: each one's node ids by node rank, generation and state.
         "seats": {str(g): {str(r): n for r, n in held.items()} for g, held in view.seats.items()},
@@ -157,6 +161,12 @@ def status_table(doc: dict[str, Any]) -> str:
         f"job {doc['job']}  state {doc['state'] or '-'}  step {doc['step'] if doc['step'] is not None else '-'}  "
         f"leader {doc['leader'] or '-'}  lighthouse {doc['lighthouse'] or '-'}"
     )
+    exchange = doc.get("exchange") or {}
+    if exchange.get("semi_sync_method", "none") != "none":
+        head += (
+            f"\nexchange {exchange['semi_sync_method']}: groups sync every "
+            f"{exchange.get('sync_steps')} steps"
+        )
     checkpoint = doc.get("checkpoint")
     if checkpoint:
         head += f"\nlatest checkpoint: step {checkpoint.get('step')} at {checkpoint.get('path')}"

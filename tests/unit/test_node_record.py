@@ -67,8 +67,8 @@ class Ranks:
 RANKS = Ranks()
 
 
-def made(tmp_path: Path) -> tuple[NodeRecord, Sent, NodeView]:
-    cfg = load_daemon_config(JOB, [f'node.run_dir="{tmp_path}"'], node_id="node-a")
+def made(tmp_path: Path, *overrides: str) -> tuple[NodeRecord, Sent, NodeView]:
+    cfg = load_daemon_config(JOB, [f'node.run_dir="{tmp_path}"', *overrides], node_id="node-a")
     sent, view = Sent(), NodeView()
     UPKEPT[:] = [UpkeepReport()]
     RANKS.now = RankProgress()
@@ -194,3 +194,12 @@ def test_the_reached_step_only_rises(tmp_path: Path, clock: list[float]) -> None
         record.update_progress(None, None, 0)
     assert [p["step"] for p in sent.progress] == [1, 2, 3, 500]
     assert sent.reached == [500]
+
+
+def test_a_semi_synchronous_job_says_so_in_the_record_and_an_every_step_one_not(
+    tmp_path: Path,
+) -> None:
+    record, _, _ = made(tmp_path)
+    assert "exchange" not in record.build()  # the default: no bytes added to the record
+    diloco, _, _ = made(tmp_path, 'ft.semi_sync_method="diloco"', "ft.sync_steps=10")
+    assert diloco.build()["exchange"] == {"semi_sync_method": "diloco", "sync_steps": 10}

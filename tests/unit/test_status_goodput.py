@@ -3,12 +3,14 @@ and its incidents (issue 54)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from daemon.accounting import Action, IncidentLog, Kind
 from daemon.coordination.job_view import JobView
 from daemon.surfaces.status import incidents_table, status_json, status_table
 
 
-def _job(times: dict[str, dict[str, dict[str, float]]]) -> JobView:
+def _job(times: dict[str, dict[str, dict[str, Any]]]) -> JobView:
     nodes = {
         node: {"group": gid, "state": "running", "host": "10.0.0.1", **spent}
         for gid, (node, spent) in enumerate(sorted(times.items()))
@@ -49,3 +51,15 @@ def test_the_incidents_are_listed_oldest_first_and_the_table_shows_the_last_ones
     full = incidents_table(doc)
     assert full.count("rank_exit  node-b  1      0.0       3.5        heal    3.5 group-s") == 7
     assert incidents_table({"incidents": []}) == "(no incidents)"
+
+
+def test_status_says_how_the_groups_exchange() -> None:
+    """Issue 55: a semi-synchronous job's nodes write their exchange into their records;
+    `phalanx status` says it (every-step jobs write nothing and read as such)."""
+    diloco = {"exchange": {"semi_sync_method": "diloco", "sync_steps": 20}}
+    doc = status_json("j", _job({"a": diloco, "b": diloco}))
+    assert doc["exchange"] == {"semi_sync_method": "diloco", "sync_steps": 20}
+    assert "exchange diloco: groups sync every 20 steps" in status_table(doc)
+    plain = status_json("j", _job({"a": {}}))
+    assert plain["exchange"] == {"semi_sync_method": "none"}
+    assert "exchange" not in status_table(plain)

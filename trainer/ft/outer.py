@@ -21,10 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.distributed.tensor import DTensor
 from torch.optim import SGD
 
-from trainer.ft.state import copy_into, local
+from trainer.ft.state import as_param, copy_into, local
 
 
 @dataclass
@@ -58,13 +57,7 @@ class OuterStep:
             buf = self.optimizer.state.get(t, {}).get("momentum_buffer")
             if buf is None:
                 continue
-            p = self.params[name]
-            if isinstance(p, DTensor):
-                shape, stride = p.shape, p.stride()
-                buf = DTensor.from_local(
-                    buf, p.device_mesh, p.placements, shape=shape, stride=stride
-                )
-            out[name] = buf
+            out[name] = as_param(self.params[name], buf)
         return out
 
     def pseudo_gradients(self) -> list[torch.Tensor]:

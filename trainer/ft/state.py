@@ -39,6 +39,13 @@ def local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
+def as_param(p: torch.Tensor, shard: torch.Tensor) -> torch.Tensor:
+    """`shard` (a local tensor shaped as `p`'s local shard) laid out as `p` is."""
+    if not isinstance(p, DTensor):
+        return shard
+    return DTensor.from_local(shard, p.device_mesh, p.placements, shape=p.shape, stride=p.stride())
+
+
 class Synced(Protocol):
     """State kept beside the parameters that a healing group takes too (DiLoCo's outer
     step, trainer/ft/outer.py)."""
