@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -175,7 +176,9 @@ class RoundLoop:
         a sync without healing (its peers at the same step count, as in a job's first
         round), or a round trained again after its sync failed."""
         self.state.scheduler.last_epoch = step - 1
-        self.state.scheduler.step()
+        with warnings.catch_warnings():  # positioned, not stepped before the optimizer
+            warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step", UserWarning)
+            self.state.scheduler.step()
 
     def _join(self) -> None:
         """Join a sync with nothing to add: this group learns the next round's groups,

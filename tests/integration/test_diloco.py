@@ -9,11 +9,23 @@ twice, never silently.
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 import pytest
 
-from tests.support.harness import PACE_S, ROOT, Event, wait_for, write_pace
+from tests.support.harness import (
+    PACE_S,
+    ROOT,
+    Event,
+    hurry,
+    slow,
+    start_daemon,
+    wait_for,
+    write_pace,
+)
+from tests.support.job_queries import digest, status_json
 from tests.support.rank_groups import Group, cleanup, launch_group, start_lighthouse
 
 pytestmark = pytest.mark.integration
@@ -218,3 +230,37 @@ def test_a_group_joining_mid_job_takes_a_share_from_the_next_round(tmp_path: Pat
     assert {e["participants"] for e in late.events("train_step")} == {3}
     assert coverage(everyone, steps) == ([], [])
     assert same_schedule(everyone) == {}
+
+
+def test_under_daemons_a_killed_rank_is_restarted_and_heals_at_a_sync(
+    tmp_path: Path, etcd_endpoint: str
+) -> None:
+    """Two `phalanx run` daemons on a diloco job: node-b's rank SIGKILLed mid-run is
+    restarted by its daemon and heals at a sync; node-a's ranks are never restarted;
+    `phalanx status` says the mode; the digests agree at the end."""
+    steps = 200
+    job = [*diloco(steps), "train.eval_every=0"]
+    a, b = (start_daemon(tmp_path, n, [etcd_endpoint], overrides=job) for n in ("node-a", "node-b"))
+    try:
+        wait_for(lambda: a.step() > EVERY and b.step() > EVERY, 120, "both groups to sync")
+        shown = wait_for(
+            lambda: status_json(etcd_endpoint).get("exchange", {}).get("semi_sync_method") == "diloco",
+            30, "phalanx status to say the mode",
+        )  # fmt: skip
+        assert shown
+        slow(a, b)
+        victim = b.rank_pids()[0]
+        os.kill(victim, signal.SIGKILL)
+        restarted = wait_for(lambda: b.events("group_restarted"), 60, "node-b's group to restart")
+        wait_for(lambda: b.events("heal_done"), 90, "node-b to heal at a sync")
+        hurry(a, b)
+        assert a.wait(180) == 0, a.proc.tail()
+        assert b.wait(60) == 0, b.proc.tail()
+    finally:
+        a.stop()
+        b.stop()
+    assert restarted[0]["reason"] == "rank_exit"
+    assert not a.events("group_restarted")
+    assert digest(a) == digest(b)
+    steps_a = [int(e["step"]) for e in a.events("train_step")]
+    assert steps_a == list(range(EVERY, steps + 1, EVERY)), steps_a
