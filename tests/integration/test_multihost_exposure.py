@@ -171,6 +171,16 @@ def test_from_another_host_the_lighthouse_neither_kills_nor_admits(
     assert reaches(outsider, leader_host, gate), unreachable(
         outsider, leader_host, other_host, gate
     )
+    # The two groups train together before the attack (the fixture waits only for each
+    # to train: in CI at 21a3e53's successor one had trained alone and healed its peer's
+    # state after the attack began, a heal that was no effect of it).
+    wait_for(
+        lambda: all(
+            any(e["participants"] == 2 for e in d.events("train_step")) for d in (leader, other)
+        ),
+        120,
+        "both groups to train together",
+    )
     attacked_at = time.time()
     for victim in victims:
         tried = outsider.run(

@@ -37,7 +37,11 @@ def test_a_busy_child_counts_as_a_rank_or_by_its_kind_and_shares_sum_to_one() ->
     assert as_rank[peer_cpu.RANKS] > 0 and as_rank["other"] < as_rank[peer_cpu.RANKS]
     assert as_other["other"] == as_rank[peer_cpu.RANKS] + as_rank["other"]
     shares = peer_cpu.shares([as_rank, as_rank])  # two windows pool their ticks
-    assert 0.2 < shares[peer_cpu.RANKS] <= 1.0  # one busy process of this machine's cores
+    # The busy child's ticks over the machine's: how much of the machine it got depends on
+    # what else runs (CI at 21a3e53's successor, beside other tests: 0.17), so the share
+    # is checked against its ticks, not against a bound.
+    assert shares[peer_cpu.RANKS] == 2 * as_rank[peer_cpu.RANKS] / (2 * as_rank[""])
+    assert 0.0 < shares[peer_cpu.RANKS] <= 1.0
     assert peer_cpu.outside_ranks(shares) == shares.get("other", 0.0)
     # Fractions of the machine (a tick of skew: /proc/stat and the processes are read apart).
     assert sum(shares.values()) <= 1.02
