@@ -1,0 +1,210 @@
+"""Every-step against DiLoCo across slow links (issue 55).
+
+Three hosts, each a network namespace (``tests.support.netns``) holding one replica
+group of one rank, their links to the bridge capped both ways with a token bucket
+(``tc qdisc ... tbf rate 50mbit``; ``--rate`` changes it). The lighthouse runs with the
+daemon's defaults for its settings (``[lighthouse]`` of the job file) in the machine's
+own namespace, reached over the bridge. The ranks are launched as the daemon launches
+them (the environment contract), without daemons: the link carries only the groups'
+exchange, which is what is measured.
+
+The same job (``examples/single.toml``'s model and synthetic corpus, every setting at
+its default but ``train.steps`` and ``train.eval_every``) runs three times in one
+invocation: every step, DiLoCo (``ft.sync_steps`` 20), and DiLoCo with group 2's rank
+SIGKILLed in its fourth round's eleventh step (not replaced). Printed and written as
+JSON: steps/s (from the first step all three groups committed together to the last),
+the bytes that crossed the three links, the evaluation loss at the last step (the same
+fixed items in both modes: equal tokens at equal steps) against the corpus entropy,
+the digests at the end, and for the kill the survivors' longest round beside their
+median round. Nothing paces the ranks. Run as root:
+``python -m bench.slow_link [--steps 200] [--rate 50mbit] [--out FILE] [--keep DIR]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from daemon.config.sections import LighthouseConfig
+from daemon.leadership.lighthouse import lighthouse_command
+from tests.support.harness import ROOT, Event, Proc, event_time, start
+from tests.support.netns import Host, Network
+from tests.support.ports import free_port
+
+CONFIG = ROOT / "examples" / "single.toml"
+GROUPS = 3
+SYNC_STEPS = 20
+MODES: dict[str, list[str]] = {
+    "every_step": [],
+    "diloco": ['ft.semi_sync_method="diloco"', f"ft.sync_steps={SYNC_STEPS}"],
+}
+
+
+def cap(net: Network, host: Host, rate: str) -> None:
+    """Both directions of `host`'s link: its own egress, and the bridge's toward it."""
+    tbf = ["tbf", "rate", rate, "burst", "64kb", "latency", "100ms"]
+    subprocess.run(["tc", "qdisc", "add", "dev", host.veth, "root", *tbf], check=True)
+    host_side = host.run(["tc", "qdisc", "add", "dev", "eth0", "root", *tbf])
+    assert host_side.returncode == 0, host_side.stderr
+
+
+def wire_bytes(hosts: list[Host]) -> int:
+    """Bytes both ways over every host's link so far (the bridge side's counters)."""
+    total = 0
+    for h in hosts:
+        for way in ("tx_bytes", "rx_bytes"):
+            total += int(Path(f"/sys/class/net/{h.veth}/statistics/{way}").read_text())
+    return total
+
+
+def start_lighthouse(net: Network, log_dir: Path) -> tuple[Proc, str]:
+    lh, port = LighthouseConfig(), free_port()
+    argv = [
+        *lighthouse_command(),
+        "--min_replicas", "1",
+        "--bind", f"{net.gateway}:{port}",
+        "--join_timeout_ms", str(lh.join_timeout_ms),
+        "--heartbeat_timeout_ms", str(lh.heartbeat_timeout_ms),
+        "--quorum_tick_ms", str(lh.quorum_tick_ms),
+    ]  # fmt: skip
+    proc = start(argv, log_dir, "lighthouse")
+    time.sleep(1.0)
+    return proc, f"http://{net.gateway}:{port}"
+
+
+def launch(
+    host: Host,
+    group: int,
+    lighthouse: str,
+    overrides: list[str],
+    log_dir: Path,
+    env: dict[str, str],
+) -> Proc:
+    argv = [sys.executable, "-m", "trainer", "--config", str(CONFIG)]
+    for o in overrides:
+        argv += ["--set", o]
+    rank_env = {
+        "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": host.address, "MASTER_PORT": str(free_port()),
+        "REPLICA_GROUP_ID": str(group), "NUM_REPLICA_GROUPS": str(GROUPS),
+        "TORCHFT_LIGHTHOUSE": lighthouse, "OMP_NUM_THREADS": "1",
+        "PHALANX_ADVERTISE_HOST": host.address, "PHALANX_BIND_HOST": host.address,
+        "GLOO_SOCKET_IFNAME": "eth0",  # as the daemon names the advertised address's
+        **env,
+    }  # fmt: skip
+    return start(host.argv(argv), log_dir, f"{log_dir.name}-g{group}", rank_env)
+
+
+def committed(events: list[Event]) -> list[Event]:
+    return [e for e in events if e["event"] in ("train_step", "step_items")]
+
+
+def run(
+    net: Network, name: str, overrides: list[str], steps: int, root: Path, kill: bool = False
+) -> dict[str, Any]:
+    log_dir = root / name
+    log_dir.mkdir(parents=True)
+    hosts = list(net.hosts.values())
+    lighthouse, address = start_lighthouse(net, log_dir)
+    settings = [*overrides, f"train.steps={steps}", f"train.eval_every={SYNC_STEPS * 5}"]
+    before = wire_bytes(hosts)
+    procs = []
+    for g, host in enumerate(hosts):
+        chaos = {"PHALANX_CHAOS": f"forward@+{3 * SYNC_STEPS + 10}"} if kill and g == 2 else {}
+        procs.append(launch(host, g, address, settings, log_dir, chaos))
+    try:
+        codes = [p.wait(1800) for p in procs]
+    finally:
+        lighthouse.stop()
+    wire = wire_bytes(hosts) - before
+    survivors = procs[:2] if kill else procs
+    assert all(c == 0 for c in codes[: len(survivors)]), [p.tail() for p in procs]
+    events = [p.events() for p in procs]
+    together = [
+        [e for e in committed(ev) if e["participants"] == GROUPS] for ev in events[: len(survivors)]
+    ]
+    first = max(min(int(e["step"]) for e in t) for t in together) if all(together) else 0
+    ends = [committed(ev) for ev in events[: len(survivors)]]
+    t0 = max(event_time(next(e for e in ev if int(e["step"]) == first)) for ev in ends)
+    t1 = max(event_time(ev[-1]) for ev in ends)
+    evals = [e for e in events[0] if e["event"] == "eval"]
+    started = next(e for e in events[0] if e["event"] == "rank_started")
+    done = [next(e for e in ev if e["event"] == "train_done") for ev in events[: len(survivors)]]
+    rounds = [float(e["step_seconds"]) for e in committed(events[0]) if "step_seconds" in e]
+    figures: dict[str, Any] = {
+        "steps": steps,
+        "measured_from_step": first,
+        "steps_per_s": (steps - first) / (t1 - t0),
+        "wire_bytes": wire,
+        "wire_bytes_per_step": wire / steps,
+        "eval_loss": {int(e["step"]): float(e["loss"]) for e in evals},
+        "final_eval_loss": float(evals[-1]["loss"]),
+        "entropy": float(started["entropy"]),
+        "digests_equal": len({d["params_sha256"] for d in done}) == 1,
+        "items_lost": sum(
+            len(range(*e["items"])) for ev in events for e in ev if e["event"] == "items_lost"
+        ),
+    }
+    if kill:
+        figures["survivor_round_s"] = {"longest": max(rounds), "median": statistics.median(rounds)}
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--rate", default="50mbit")
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--keep", type=Path, help="keep the ranks' logs here")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("bench.slow_link: run as root (network namespaces and tc)")
+    print(f"links {args.rate} each way (tbf); nothing paces the ranks; {GROUPS} groups of one rank")
+    root = args.keep or Path(tempfile.mkdtemp(prefix="slow-link-"))
+    net = Network()
+    try:
+        for g in range(GROUPS):
+            cap(net, net.add_host(f"g{g}"), args.rate)
+        results = {name: run(net, name, o, args.steps, root) for name, o in MODES.items()}
+        results["diloco_kill"] = run(net, "diloco_kill", MODES["diloco"], args.steps, root, True)
+    finally:
+        net.close()
+    every, dl = results["every_step"], results["diloco"]
+    summary = {
+        "rate": args.rate,
+        "sync_steps": SYNC_STEPS,
+        "steps_per_s_ratio": dl["steps_per_s"] / every["steps_per_s"],
+        "wire_bytes_ratio": dl["wire_bytes"] / every["wire_bytes"],
+        "loss_ratio": dl["final_eval_loss"] / every["final_eval_loss"],
+        "diloco_loss_over_entropy": dl["final_eval_loss"] / dl["entropy"],
+        "every_step_loss_over_entropy": every["final_eval_loss"] / every["entropy"],
+    }
+    print("| run | steps/s | wire MB/step | final eval loss | digests equal |")
+    print("|---|---|---|---|---|")
+    for name, r in results.items():
+        print(
+            f"| {name} | {r['steps_per_s']:.2f} | {r['wire_bytes_per_step'] / 1e6:.3f} | "
+            f"{r['final_eval_loss']:.4f} | {r['digests_equal']} |"
+        )
+    print(f"corpus entropy {every['entropy']:.4f} nats")
+    for key, value in summary.items():
+        print(f"{key}: {value if isinstance(value, str) else round(value, 4)}")
+    kill = results["diloco_kill"]["survivor_round_s"]
+    print(
+        f"kill: survivors' longest round {kill['longest']:.3f} s, median {kill['median']:.3f} s, "
+        f"items lost {results['diloco_kill']['items_lost']}"
+    )
+    if args.out:
+        args.out.write_text(json.dumps({"summary": summary, "runs": results}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
