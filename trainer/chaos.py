@@ -6,8 +6,8 @@
   ``gradients`` (this rank's gradients are computed, not yet averaged across
   groups; with diloco, a sync's quorum formed, nothing sent yet), ``allreduce`` (the cross-group gradient all-reduce has been issued and
   is in flight), ``optimizer`` (the step was committed, the optimizer has not
-  run), ``buffers`` (the step was committed and the buffers' averaged changes
-  applied), ``checkpoint`` (the writer group has just launched an asynchronous save),
+  run; with diloco, the sync was committed and applied), ``buffers`` (the step
+  was committed and the buffers' averaged changes applied), ``checkpoint`` (the writer group has just launched an asynchronous save),
   ``resume`` (a cold start is about to choose a checkpoint; the step is 0),
   ``restored`` (a cold start loaded one, the groups have not compared it yet; 0) or
   ``finish`` (the rank has left its group, after the job's last step or a drain its

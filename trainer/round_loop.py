@@ -44,11 +44,12 @@ from trainer.contracts import rank_events as events
 from trainer.data.shares import Quorum, group_share, rank_plan, split, step_items
 from trainer.data.sources import Sampler
 from trainer.forward_backward import ForwardBackward
+from trainer.ft.divergence import check_replicas
 from trainer.ft.outer import OuterStep
 from trainer.ft.replication import Replication
-from trainer.ft.state import TrainState, as_param
+from trainer.ft.state import TrainState, as_param, local
 from trainer.optim import clip_grad_norm
-from trainer.parallel.group_ops import group_sum
+from trainer.parallel.group_ops import group_any, group_sum
 from trainer.parallel.mesh import Layout
 from trainer.parallel.parallelize import autocast_dtype
 from trainer.step_report import StepReport, SyncFigures
@@ -152,9 +153,13 @@ class RoundLoop:
                     events.ITEMS_LOST, step=first + self.every, items=[lost.start, lost.stop]
                 )
         items = share if sync.committed else range(0)
+        diverged = False
         if sync.committed:
             self.state.tokens += len(items) * self.tokens_per_item
             self.last_loss = sync.loss
+            if self.chaos.at("optimizer"):  # perturb: this group's parameters drift
+                local(self.params[0]).data.add_(1e-3)
+            diverged = self._compare_replicas()
         return StepReport(
             step=self.replication.current_step(),
             committed=sync.committed,
@@ -167,6 +172,7 @@ class RoundLoop:
             tokens=len(items) * self.tokens_per_item,
             items=items,
             finite=finite,
+            diverged=diverged,
             quorum_s=self.replication.take_quorum_wait(),
             sync=figures,
         )
@@ -275,6 +281,19 @@ class RoundLoop:
         for p in self.params:
             p.grad = None
         return norm
+
+    def _compare_replicas(self) -> bool:
+        """Every ft.digest_every steps, right after a committed sync, where every group's
+        parameters and buffers must be bitwise alike: do they match? True when they do
+        not and this group is in the majority; raises in the minority (it restarts and
+        heals), as in every-step mode (trainer/ft/divergence.py)."""
+        every, step = self.cfg.ft.digest_every, self.replication.current_step()
+        if not (self.env.fault_tolerant and every) or step % every:
+            return False
+        shards = [*(local(p) for p in self.params), *self.state.buffers.committed.values()]
+        return check_replicas(
+            step, shards, self.replication, lambda f: group_any(self.layout, f), self.env.rank
+        )
 
     def _group_total(self, mine: torch.Tensor) -> float:
         if self.layout.mesh is None:

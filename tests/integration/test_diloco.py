@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,7 @@ from tests.support.harness import (
     write_pace,
 )
 from tests.support.job_queries import digest, status_json
-from tests.support.rank_groups import Group, cleanup, launch_group, start_lighthouse
+from tests.support.rank_groups import Group, Lighthouse, cleanup, launch_group, start_lighthouse
 
 pytestmark = pytest.mark.integration
 
@@ -101,19 +102,13 @@ def test_groups_train_their_own_shares_and_end_bitwise_alike(tmp_path: Path, gro
 def test_a_group_killed_mid_round_costs_the_other_nothing_and_heals_at_a_sync(
     tmp_path: Path,
 ) -> None:
-    """Group 1 SIGKILLs itself in the third round's third inner step; group 0 goes on and
-    syncs alone; group 1, launched again, heals at a sync and trains the rounds after."""
+    """Group 1, joined at group 0's first sync, SIGKILLs itself in the third inner step of
+    its third round; group 0 goes on and syncs alone; group 1, launched again, heals at a
+    sync and trains the rounds after."""
     steps = 200
-    lighthouse = start_lighthouse(tmp_path)
-    common = dict(num_groups=2, lighthouse=lighthouse.address, overrides=diloco(steps))
-    pace = write_pace(tmp_path / "pace", PACE_S)
-    delay = {"PHALANX_CHAOS_DELAY": f"@{pace}"}
-    survivor = launch_group(CONFIG, tmp_path, group=0, env=delay, **common)  # type: ignore[arg-type]
-    victim = launch_group(
-        CONFIG, tmp_path, group=1, name="g1-killed",
-        env={**delay, "PHALANX_CHAOS": f"forward@+{2 * EVERY + 2}"}, **common,  # type: ignore[arg-type]
-    )  # fmt: skip
-    with cleanup(lighthouse, survivor, victim):
+    run = Victim.start(tmp_path, steps, f"forward@+{2 * EVERY + 2}")
+    survivor, victim = run.survivor, run.victim
+    with cleanup(run.lighthouse, survivor, victim):
         assert victim.wait(120) != [0], victim.rank0.tail()
         killed_at = max([0, *(int(e["step"]) for e in survivor.events("train_step"))])
         wait_for(
@@ -121,12 +116,7 @@ def test_a_group_killed_mid_round_costs_the_other_nothing_and_heals_at_a_sync(
                      if e["participants"] == 1 and int(e["step"]) > killed_at],
             60, "group 0 to sync alone after the kill",
         )  # fmt: skip
-        final = launch_group(CONFIG, tmp_path, group=1, name="g1-final", env=delay, **common)  # type: ignore[arg-type]
-        with cleanup(final):
-            wait_for(lambda: final.events("heal_done"), 120, "the relaunched group to heal")
-            write_pace(pace, 0.0)
-            assert final.wait(180) == [0], final.rank0.tail()
-            assert survivor.wait(60) == [0], survivor.rank0.tail()
+        final = run.relaunch()
     done0, done1 = survivor.events("train_done")[0], final.events("train_done")[0]
     assert done0["step"] == done1["step"] == steps
     assert done0["params_sha256"] == done1["params_sha256"]
@@ -140,6 +130,45 @@ def test_a_group_killed_mid_round_costs_the_other_nothing_and_heals_at_a_sync(
         int(e["step"]) for e in survivor.events() if e["event"] in ("train_step", "step_items")
     ]
     assert committed == list(range(EVERY, steps + 1, EVERY)), committed
+
+
+@dataclass
+class Victim:
+    """Group 0 paced, group 1 with a fault injected (PHALANX_CHAOS), on one lighthouse:
+    `relaunch` starts group 1 again (no fault) and lets both finish at full pace."""
+
+    tmp_path: Path
+    steps: int
+    lighthouse: Lighthouse
+    pace: Path
+    survivor: Group = field(init=False)
+    victim: Group = field(init=False)
+
+    @classmethod
+    def start(cls, tmp_path: Path, steps: int, chaos: str, min_replicas: int = 1) -> Victim:
+        lighthouse = start_lighthouse(tmp_path, min_replicas=min_replicas)
+        run = cls(tmp_path, steps, lighthouse, write_pace(tmp_path / "pace", PACE_S))
+        run.survivor = run.launch(0, "g0")
+        if min_replicas == 1:  # group 0 trains from the first round; group 1 joins it
+            wait_for(lambda: run.survivor.events("train_step"), 120, "group 0's first round")
+        run.victim = run.launch(1, "g1-killed", {"PHALANX_CHAOS": chaos})
+        return run
+
+    def launch(self, group: int, name: str, env: dict[str, str] | None = None) -> Group:
+        return launch_group(
+            CONFIG, self.tmp_path, group=group, name=name, num_groups=2,
+            lighthouse=self.lighthouse.address, overrides=diloco(self.steps),
+            env={"PHALANX_CHAOS_DELAY": f"@{self.pace}", **(env or {})},
+        )  # fmt: skip
+
+    def relaunch(self) -> Group:
+        final = self.launch(1, "g1-final")
+        with cleanup(final):
+            wait_for(lambda: final.events("heal_done"), 120, "the relaunched group to heal")
+            write_pace(self.pace, 0.0)
+            assert final.wait(180) == [0], final.rank0.tail()
+            assert self.survivor.wait(60) == [0], self.survivor.rank0.tail()
+        return final
 
 
 def losses(events: list[Event]) -> dict[int, float]:
@@ -179,24 +208,13 @@ def test_a_failed_sync_is_not_applied_and_its_round_is_trained_again(tmp_path: P
     exchange fails, the sync is not committed (step_skipped), and the round is trained
     again, by group 0 alone or with group 1 launched anew, with the same items."""
     steps = 100
-    lighthouse = start_lighthouse(tmp_path, min_replicas=2)
-    common = dict(num_groups=2, lighthouse=lighthouse.address, overrides=diloco(steps))
-    pace = write_pace(tmp_path / "pace", PACE_S)
-    delay = {"PHALANX_CHAOS_DELAY": f"@{pace}"}
-    survivor = launch_group(CONFIG, tmp_path, group=0, env=delay, **common)  # type: ignore[arg-type]
-    victim = launch_group(
-        CONFIG, tmp_path, group=1, name="g1-killed",
-        env={**delay, "PHALANX_CHAOS": f"gradients@+{3 * EVERY - 1}"}, **common,  # type: ignore[arg-type]
-    )  # fmt: skip
-    with cleanup(lighthouse, survivor, victim):
+    run = Victim.start(tmp_path, steps, f"gradients@+{3 * EVERY - 1}", min_replicas=2)
+    survivor, victim = run.survivor, run.victim
+    with cleanup(run.lighthouse, survivor, victim):
         assert victim.wait(120) != [0], victim.rank0.tail()
         skipped = wait_for(lambda: survivor.events("step_skipped"), 60, "the failed sync")
         assert int(skipped[0]["step"]) == 2 * EVERY, skipped
-        final = launch_group(CONFIG, tmp_path, group=1, name="g1-final", env=delay, **common)  # type: ignore[arg-type]
-        with cleanup(final):
-            write_pace(pace, 0.0)
-            assert final.wait(180) == [0], final.rank0.tail()
-            assert survivor.wait(60) == [0], survivor.rank0.tail()
+        final = run.relaunch()
     assert [int(e["step"]) for e in victim.events("train_step")] == [EVERY, 2 * EVERY]
     # The round after the failed sync was committed once, by whoever trained it again.
     committed = [
@@ -262,5 +280,50 @@ def test_under_daemons_a_killed_rank_is_restarted_and_heals_at_a_sync(
     assert restarted[0]["reason"] == "rank_exit"
     assert not a.events("group_restarted")
     assert digest(a) == digest(b)
+    # node-a committed a round at a time to the end, never back (from whichever round
+    # its group joined in: the node whose ranks started first trains the first alone).
     steps_a = [int(e["step"]) for e in a.events("train_step")]
-    assert steps_a == list(range(EVERY, steps + 1, EVERY)), steps_a
+    assert steps_a and steps_a == list(range(steps_a[0], steps + 1, EVERY)), steps_a
+
+
+def test_a_group_that_drifts_is_found_right_after_a_sync_and_heals(
+    tmp_path: Path, etcd_endpoint: str
+) -> None:
+    """Three daemons on a diloco job comparing digests after every sync: node-c's ranks
+    add 1e-3 to a parameter right after the sync at step 25; the comparison there finds
+    it, node-c (a minority of one) restarts and heals at a later sync, and the job ends
+    with every group alike."""
+    job = [
+        *diloco(150),
+        "job.max_replicas=3",
+        "job.min_replicas=2",
+        f"ft.digest_every={EVERY}",
+        "train.eval_every=0",
+    ]
+    daemons = [
+        start_daemon(tmp_path, n, [etcd_endpoint], overrides=job) for n in ("node-a", "node-b")
+    ]
+    perturb = {"PHALANX_CHAOS": f"optimizer@{5 * EVERY - 1}:perturb"}
+    daemons.append(start_daemon(tmp_path, "node-c", [etcd_endpoint], overrides=job, env=perturb))
+    a, b, c = daemons
+    try:
+        wait_for(lambda: c.events("replicas_diverged"), 120, "node-c to find the divergence")
+        slow(a, b, pace_s=0.5)
+        found_at = int(c.events("replicas_diverged")[0]["step"])
+        wait_for(
+            lambda: any(int(e["step"]) > found_at for e in c.events("heal_done")),
+            120, "node-c to heal after the divergence",
+        )  # fmt: skip
+        hurry(*daemons)
+        for d in daemons:
+            assert d.wait(180) == 0, d.proc.tail()
+    finally:
+        for d in daemons:
+            d.stop()
+    found = c.events("replicas_diverged")
+    assert len(found) == 1 and found[0]["group"].startswith("minority"), found
+    assert int(found[0]["step"]) == 5 * EVERY  # the sync right after the perturbation
+    for d in (a, b):
+        assert [e["group"] for e in d.events("replicas_diverged")] == ["majority"]
+        assert not d.events("group_restarted")
+    assert len({digest(d) for d in daemons}) == 1
