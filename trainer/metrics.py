@@ -136,7 +136,7 @@ class TrainMetrics:
         self.items_lost = counter(
             "phalanx_items_lost",
             "Items of a round that no group trained: a group lost during it (diloco; "
-            "counted by the writer group, event items_lost).",
+            "counted by one group of the round, event items_lost).",
         )
 
         # Every rank's own (label `rank`, the rank in its group): stragglers are ranks.

@@ -21,8 +21,9 @@ peer's synced parameters, outer momentum, inner optimizer and LR schedule). Then
    again with the same items. Each round sets the LR schedule at its first step.
 
 A group lost during a round is not waited for: the sync's quorum goes on without it,
-and its share of the round is trained by nobody. The writer group logs each such share
-(``items_lost``, trainer.contracts.rank_events) and the metric counts its items.
+and its share of the round is trained by nobody. The first group of the round that added
+its share logs each such share (``items_lost``, trainer.contracts.rank_events) and the
+metric counts its items.
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ class Sync:
     lost: tuple[range, ...]  # shares of the round no group of the sync trained
     bytes: int = 0  # of the tensors averaged across groups
     norm: float | None = None  # the averaged pseudo-gradient's (None: nothing applied)
+    added: bool = False  # this group's round is in it (not when it joined, healed, resumed)
+    tells: bool = False  # this group says what was lost: the lowest round rank that added
 
 
 @dataclass
@@ -139,7 +142,7 @@ class RoundLoop:
         self.drained = self._group_drain()
         syncing = time.monotonic()
         sync = self._sync(first, members, total, share, finite)
-        writer = sync.committed and self.env.rank == 0 and self.replication.is_writer()
+        writer = sync.tells and self.env.rank == 0
         figures = SyncFigures(
             every=self.every,
             seconds=time.monotonic() - syncing,
@@ -152,7 +155,7 @@ class RoundLoop:
                 self.log.warning(
                     events.ITEMS_LOST, step=first + self.every, items=[lost.start, lost.stop]
                 )
-        items = share if sync.committed else range(0)
+        items = share if sync.committed and sync.added else range(0)
         diverged = False
         if sync.committed:
             self.state.tokens += len(items) * self.tokens_per_item
@@ -265,12 +268,12 @@ class RoundLoop:
         items = float(which[groups + 1])
         loss = float(which[groups]) / items if items > 0 else None
         round_items = step_items(first // self.every, self.every * self.global_batch)
-        lost = tuple(
-            split(round_items, members.participants, k)
-            for k in range(min(members.participants, groups))
-            if float(which[k]) == 0.0
-        )
-        return Sync(True, loss, lost, size, norm)
+        ranks = range(min(members.participants, groups))
+        lost = tuple(split(round_items, members.participants, k) for k in ranks if not which[k])
+        # The groups that added their round share its membership: the first of them says
+        # what the others did not add (a group that healed here knows another round's).
+        tells = bool(trained) and members.rank == next(k for k in ranks if which[k])
+        return Sync(True, loss, lost, size, norm, bool(trained), tells)
 
     def _norm(self, moved: list[torch.Tensor]) -> float:
         """The L2 norm of the averaged pseudo-gradient over the whole model (every shard),

@@ -3,7 +3,7 @@ processes and the real torchft lighthouse, one rank per group.
 
 Rounds of ``ft.sync_steps`` inner steps, each group on its own share, then a sync. The
 groups end bitwise alike, and every item of the job is trained by exactly one group, or,
-for a group lost during a round, said lost (``items_lost``) by the writer group: never
+for a group lost during a round, said lost (``items_lost``) by one group of the round: never
 twice, never silently.
 """
 
@@ -122,7 +122,7 @@ def test_a_group_killed_mid_round_costs_the_other_nothing_and_heals_at_a_sync(
     assert done0["params_sha256"] == done1["params_sha256"]
     # The killed group's share of the round it died in was trained by nobody, and said so.
     lost = survivor.events("items_lost")
-    assert lost, "the writer did not account for the killed group's share"
+    assert lost, "nobody accounted for the killed group's share"
     assert coverage([survivor, victim, final], steps) == ([], [])
     assert same_schedule([survivor, victim, final]) == {}
     # The survivor never went back: its committed steps only grow, a round at a time.
