@@ -27,6 +27,7 @@ from tests.support.harness import (
     write_pace,
 )
 from tests.support.job_queries import digest, status_json
+from tests.support.pair_runs import run_to_end
 from tests.support.rank_groups import Group, Lighthouse, cleanup, launch_group, start_lighthouse
 
 pytestmark = pytest.mark.integration
@@ -272,11 +273,11 @@ def test_under_daemons_a_killed_rank_is_restarted_and_heals_at_a_sync(
         restarted = wait_for(lambda: b.events("group_restarted"), 60, "node-b's group to restart")
         wait_for(lambda: b.events("heal_done"), 90, "node-b to heal at a sync")
         hurry(a, b)
-        assert a.wait(180) == 0, a.proc.tail()
-        assert b.wait(60) == 0, b.proc.tail()
-    finally:
-        a.stop()
-        b.stop()
+    except BaseException:
+        for d in (a, b):
+            d.stop()
+        raise
+    run_to_end([a, b])
     assert restarted[0]["reason"] == "rank_exit"
     assert not a.events("group_restarted")
     assert digest(a) == digest(b)
@@ -315,11 +316,11 @@ def test_a_group_that_drifts_is_found_right_after_a_sync_and_heals(
             120, "node-c to heal after the divergence",
         )  # fmt: skip
         hurry(*daemons)
-        for d in daemons:
-            assert d.wait(180) == 0, d.proc.tail()
-    finally:
+    except BaseException:
         for d in daemons:
             d.stop()
+        raise
+    run_to_end(daemons)
     found = c.events("replicas_diverged")
     assert len(found) == 1 and found[0]["group"].startswith("minority"), found
     assert int(found[0]["step"]) == 5 * EVERY  # the sync right after the perturbation
