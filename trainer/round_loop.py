@@ -239,9 +239,13 @@ class RoundLoop:
         self.chaos.at("gradients")  # in the sync's quorum, nothing sent yet
         deltas = [d.mul_(trained) for d in self.state.buffers.deltas(self.layout.fsdp_group())]
         moved = [m.mul_(trained) for m in moved]
-        sent = [*deltas, *moved, which]
+        wire = [m.to(torch.bfloat16) for m in moved] if self.cfg.ft.sync_bf16 else moved
+        sent = [*deltas, *wire, which]
         size = sum(t.numel() * t.element_size() for t in sent)
         averaged = self.replication.sync_gradients(sent)
+        if wire is not moved:  # the average as sent, in the parameters' dtype
+            for m, w in zip(moved, wire, strict=True):
+                m.copy_(w)
         quorum = self.replication.quorum()
         self.state.before_mutation()
         committed = self.replication.should_commit(finite and averaged)

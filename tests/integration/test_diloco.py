@@ -75,11 +75,15 @@ def coverage(groups: list[Group], steps: int) -> tuple[list[int], list[int]]:
     return wrong, [i for i, n in enumerate(lost) if n > 1]
 
 
-@pytest.mark.parametrize("groups", [2, 3])
-def test_groups_train_their_own_shares_and_end_bitwise_alike(tmp_path: Path, groups: int) -> None:
+@pytest.mark.parametrize("groups,bf16", [(2, False), (3, False), (2, True)])
+def test_groups_train_their_own_shares_and_end_bitwise_alike(
+    tmp_path: Path, groups: int, bf16: bool
+) -> None:
+    """Two and three groups; and two sending their pseudo-gradients as bfloat16."""
     steps = 40
     lighthouse = start_lighthouse(tmp_path, min_replicas=groups)
-    common = dict(num_groups=groups, lighthouse=lighthouse.address, overrides=diloco(steps))
+    overrides = [*diloco(steps), f"ft.sync_bf16={'true' if bf16 else 'false'}"]
+    common = dict(num_groups=groups, lighthouse=lighthouse.address, overrides=overrides)
     launched = [launch_group(CONFIG, tmp_path, group=g, **common) for g in range(groups)]  # type: ignore[arg-type]
     with cleanup(lighthouse, *launched):
         for g in launched:

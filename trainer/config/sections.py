@@ -339,6 +339,12 @@ class FaultToleranceConfig(Section):
     outer_momentum: float = Field(
         0.9, ge=0, lt=1, description="diloco: the outer SGD's Nesterov momentum (0: plain SGD)."
     )
+    sync_bf16: bool = Field(
+        False,
+        description="diloco: send the pseudo-gradients across groups as bfloat16 (half the "
+        "bytes of float32 parameters, averaged in bfloat16; every group applies the same "
+        "average, so the groups stay bitwise alike).",
+    )
 
 
 class TrainerConfig(Section):
