@@ -49,7 +49,7 @@ def trained(events: list[Event]) -> list[range]:
     ]
 
 
-def same_schedule(groups: list[Group]) -> dict[int, set[float]]:
+def schedule_differs(groups: list[Group]) -> dict[int, set[float]]:
     """Steps whose learning rate differed between groups (the schedule is the job's, by
     step, whether a group healed, joined without healing, or not)."""
     lrs: dict[int, set[float]] = {}
@@ -101,7 +101,7 @@ def test_groups_train_their_own_shares_and_end_bitwise_alike(
         assert all(len(r) in (share, share + 1) for r in trained(g.events())), trained(g.events())
     assert coverage(launched, steps) == ([], [])
     assert not any(g.events("items_lost") for g in launched)
-    assert same_schedule(launched) == {}
+    assert schedule_differs(launched) == {}
 
 
 def test_a_group_killed_mid_round_costs_the_other_nothing_and_heals_at_a_sync(
@@ -129,7 +129,7 @@ def test_a_group_killed_mid_round_costs_the_other_nothing_and_heals_at_a_sync(
     lost = survivor.events("items_lost")
     assert lost, "nobody accounted for the killed group's share"
     assert coverage([survivor, victim, final], steps) == ([], [])
-    assert same_schedule([survivor, victim, final]) == {}
+    assert schedule_differs([survivor, victim, final]) == {}
     # The survivor never went back: its committed steps only grow, a round at a time.
     committed = [
         int(e["step"]) for e in survivor.events() if e["event"] in ("train_step", "step_items")
@@ -252,7 +252,7 @@ def test_a_group_joining_mid_job_takes_a_share_from_the_next_round(tmp_path: Pat
     assert min(int(e["step"]) for e in late.events("train_step")) > EVERY
     assert {e["participants"] for e in late.events("train_step")} == {3}
     assert coverage(everyone, steps) == ([], [])
-    assert same_schedule(everyone) == {}
+    assert schedule_differs(everyone) == {}
 
 
 def test_under_daemons_a_killed_rank_is_restarted_and_heals_at_a_sync(
