@@ -155,12 +155,31 @@ def build(cfg: TrainerConfig, env: RankEnv, work: workload.Workload | None = Non
     if diloco:
         assert isinstance(state.outer, OuterStep)
         loop = RoundLoop(
-            cfg, env, layout, models, state, replication, sampler, chaos, work.loss, state.outer,
-            tokens_per_item=work.tokens_per_item, stop_requested=stop.is_set, cold_start=resume,
-        )  # fmt: skip
+            cfg,
+            env,
+            layout,
+            models,
+            state,
+            replication,
+            sampler,
+            chaos,
+            work.loss,
+            state.outer,
+            tokens_per_item=work.tokens_per_item,
+            stop_requested=stop.is_set,
+            cold_start=resume,
+        )
     else:
         loop = Loop(
-            cfg, env, layout, models, state, replication, sampler, chaos, work.loss,
+            cfg,
+            env,
+            layout,
+            models,
+            state,
+            replication,
+            sampler,
+            chaos,
+            work.loss,
             tokens_per_item=work.tokens_per_item,
             schedule=schedule,
             pipeline_loss=pipeline_loss,
@@ -171,7 +190,7 @@ def build(cfg: TrainerConfig, env: RankEnv, work: workload.Workload | None = Non
             cp=context_parallel(
                 cfg.parallel, layout, cfg.train.seq_len, models, work.position_buffers
             ),
-        )  # fmt: skip
+        )
     return Built(
         cfg=cfg,
         env=env,
