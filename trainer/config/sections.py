@@ -290,7 +290,11 @@ class FaultToleranceConfig(Section):
         le=MAX_TIMEOUT_S,
         description="Connecting to lighthouse/peers (at most 86400 s).",
     )
-    async_quorum: bool = Field(True, description="Compute the quorum during the forward pass.")
+    async_quorum: bool = Field(
+        True,
+        description="Compute the quorum during the forward pass (every-step mode; diloco asks "
+        "for it at each sync, synchronously).",
+    )
     backend: Literal["auto", "nccl", "gloo"] = Field(
         "auto",
         description="The collectives across groups: auto is nccl on CUDA, else gloo; gloo on "
