@@ -139,9 +139,9 @@ def build(cfg: TrainerConfig, env: RankEnv, work: workload.Workload | None = Non
         replication = TorchFTGroup(cfg.ft, env, layout.device, state, chaos, stop.is_set, beat)
     else:
         replication = SingleGroup(state)
-    diloco = cfg.ft.semi_sync_method == "diloco"
-    if diloco:  # only the syncs cross groups (round_loop.py)
-        state.outer = OuterStep.build(params, cfg.ft.outer_lr, cfg.ft.outer_momentum)
+    outer = None  # diloco: only the syncs cross groups (round_loop.py), no FSDP hook
+    if cfg.ft.semi_sync_method == "diloco":
+        outer = state.outer = OuterStep.build(params, cfg.ft.outer_lr, cfg.ft.outer_momentum)
     else:
         replication.hook_fsdp(m for model in models for m in model.modules())
 
@@ -151,35 +151,19 @@ def build(cfg: TrainerConfig, env: RankEnv, work: workload.Workload | None = Non
     checkpointer = _checkpointer(cfg, env, layout, state, replication, metrics, chaos)
     resume = None if checkpointer is None else _resume(cfg, checkpointer, replication, chaos, beat)
     sampler = Sampler(work.train_data, work.collate)
+    parts = (cfg, env, layout, models, state, replication, sampler, chaos, work.loss)
     loop: Loop | RoundLoop
-    if diloco:
-        assert isinstance(state.outer, OuterStep)
+    if outer is not None:
         loop = RoundLoop(
-            cfg,
-            env,
-            layout,
-            models,
-            state,
-            replication,
-            sampler,
-            chaos,
-            work.loss,
-            state.outer,
+            *parts,
+            outer,
             tokens_per_item=work.tokens_per_item,
             stop_requested=stop.is_set,
             cold_start=resume,
         )
     else:
         loop = Loop(
-            cfg,
-            env,
-            layout,
-            models,
-            state,
-            replication,
-            sampler,
-            chaos,
-            work.loss,
+            *parts,
             tokens_per_item=work.tokens_per_item,
             schedule=schedule,
             pipeline_loss=pipeline_loss,
