@@ -27,7 +27,7 @@ from tests.support.harness import (
     write_pace,
 )
 from tests.support.job_queries import digest, status_json
-from tests.support.pair_runs import run_to_end
+from tests.support.pair_runs import heal_divergence_to_end, run_to_end
 from tests.support.rank_groups import Group, Lighthouse, cleanup, launch_group, start_lighthouse
 
 pytestmark = pytest.mark.integration
@@ -311,20 +311,7 @@ def test_a_group_that_drifts_is_found_right_after_a_sync_and_heals(
     perturb = {"PHALANX_CHAOS": f"optimizer@{5 * EVERY - 1}:perturb"}
     daemons.append(start_daemon(tmp_path, "node-c", [etcd_endpoint], overrides=job, env=perturb))
     a, b, c = daemons
-    try:
-        wait_for(lambda: c.events("replicas_diverged"), 120, "node-c to find the divergence")
-        slow(a, b, pace_s=0.5)
-        found_at = int(c.events("replicas_diverged")[0]["step"])
-        wait_for(
-            lambda: any(int(e["step"]) > found_at for e in c.events("heal_done")),
-            120, "node-c to heal after the divergence",
-        )  # fmt: skip
-        hurry(*daemons)
-    except BaseException:
-        for d in daemons:
-            d.stop()
-        raise
-    run_to_end(daemons)
+    heal_divergence_to_end(daemons, c)
     found = c.events("replicas_diverged")
     assert len(found) == 1 and found[0]["group"].startswith("minority"), found
     assert int(found[0]["step"]) == 5 * EVERY  # the sync right after the perturbation

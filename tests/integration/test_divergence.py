@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 
 from tests.support.harness import (
-    hurry,
-    slow,
     start_daemon,
-    wait_for,
 )
-from tests.support.pair_runs import kill_pair_after_checkpoint, run_pair_again, run_to_end
+from tests.support.pair_runs import (
+    heal_divergence_to_end,
+    kill_pair_after_checkpoint,
+    run_pair_again,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -46,24 +47,7 @@ def test_a_perturbed_group_is_found_within_digest_every_steps_and_healed(
         )
     )
     a, b, c = daemons
-    # The restarted minority comes back in seconds; a loaded machine can take longer than
-    # the majority needs for its remaining steps at full pace (seen in CI: 15 s, the job
-    # over before node-c healed). So the majority waits on time, paced, until it has healed.
-    try:
-        wait_for(lambda: c.events("replicas_diverged"), 120, "node-c to find the divergence")
-        slow(a, b, pace_s=0.5)
-        found_at = int(c.events("replicas_diverged")[0]["step"])
-        wait_for(
-            lambda: any(int(e["step"]) > found_at for e in c.events("heal_done")),
-            120,
-            "node-c to heal after the divergence",
-        )
-        hurry(*daemons)
-    except BaseException:
-        for d in daemons:
-            d.stop()
-        raise
-    run_to_end(daemons)
+    heal_divergence_to_end(daemons, c)
     found = c.events("replicas_diverged")
     assert found and found[0]["group"].startswith("minority"), found
     assert 23 < int(found[0]["step"]) <= 33  # within digest_every steps of the perturbation

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from tests.support.harness import Daemon, hurry, job_groups, start_daemon, wait_for
+from tests.support.harness import Daemon, hurry, job_groups, slow, start_daemon, wait_for
 from trainer.checkpoint.files import MARKER
 
 
@@ -21,6 +21,29 @@ def run_to_end(daemons: Sequence[Daemon], timeout: float = 240) -> None:
     finally:
         for d in daemons:
             d.stop()
+
+
+def heal_divergence_to_end(daemons: Sequence[Daemon], minority: Daemon) -> None:
+    """Wait for `minority` to find its divergence and heal after it, the others paced
+    meanwhile, then run every daemon to the end. The restarted minority comes back in
+    seconds; a loaded machine can take longer than the majority needs for its remaining
+    steps at full pace (seen in CI: 15 s, the job over before it healed), so the
+    majority waits on time, paced, until it has healed."""
+    try:
+        wait_for(lambda: minority.events("replicas_diverged"), 120, "the divergence found")
+        slow(*(d for d in daemons if d is not minority), pace_s=0.5)
+        found_at = int(minority.events("replicas_diverged")[0]["step"])
+        wait_for(
+            lambda: any(int(e["step"]) > found_at for e in minority.events("heal_done")),
+            120,
+            "the minority to heal after the divergence",
+        )
+        hurry(*daemons)
+    except BaseException:
+        for d in daemons:
+            d.stop()
+        raise
+    run_to_end(daemons)
 
 
 def run_pair_again(
