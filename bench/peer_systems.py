@@ -37,7 +37,7 @@ from bench.peer_settings import GROUPS, phalanx_job, rows
 from daemon.children import descendants, free_port, kill_tree
 from daemon.config import LighthouseConfig
 from daemon.coordination.etcd_server import EmbeddedEtcd
-from daemon.leadership.lighthouse import lighthouse_binary
+from daemon.leadership.lighthouse import lighthouse_argv, lighthouse_binary
 
 
 def daemon_argv(
@@ -184,16 +184,8 @@ class BareTorchft(System):
         self.stopping = False
 
     def start(self) -> None:
-        cfg = LighthouseConfig()  # Phalanx's defaults
-        port = free_port()
-        argv = [
-            lighthouse_binary(),
-            "--min_replicas", "1",
-            "--bind", f"127.0.0.1:{port}",
-            "--join_timeout_ms", str(cfg.join_timeout_ms),
-            "--heartbeat_timeout_ms", str(cfg.heartbeat_timeout_ms),
-            "--quorum_tick_ms", str(cfg.quorum_tick_ms),
-        ]  # fmt: skip
+        port = free_port()  # Phalanx's defaults, on this host only
+        argv = lighthouse_argv([lighthouse_binary()], LighthouseConfig(), f"127.0.0.1:{port}", 1)
         self.lighthouse = spawn(argv, self.workdir / "lighthouse.log", child_env())
         wait_listening(port, 30)
         self.address = f"http://127.0.0.1:{port}"

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from daemon.config.sections import LighthouseConfig
-from daemon.leadership.lighthouse import lighthouse_command
+from daemon.leadership.lighthouse import lighthouse_argv, lighthouse_command
 from tests.support.harness import ROOT, Event, Proc, event_time, start
 from tests.support.netns import Host, Network
 from tests.support.ports import free_port
@@ -73,15 +73,8 @@ def wire_bytes(hosts: list[Host]) -> int:
 
 
 def start_lighthouse(net: Network, log_dir: Path) -> tuple[Proc, str]:
-    lh, port = LighthouseConfig(), free_port()
-    argv = [
-        *lighthouse_command(),
-        "--min_replicas", "1",
-        "--bind", f"{net.gateway}:{port}",
-        "--join_timeout_ms", str(lh.join_timeout_ms),
-        "--heartbeat_timeout_ms", str(lh.heartbeat_timeout_ms),
-        "--quorum_tick_ms", str(lh.quorum_tick_ms),
-    ]  # fmt: skip
+    port = free_port()
+    argv = lighthouse_argv(lighthouse_command(), LighthouseConfig(), f"{net.gateway}:{port}", 1)
     proc = start(argv, log_dir, "lighthouse")
     time.sleep(1.0)
     return proc, f"http://{net.gateway}:{port}"

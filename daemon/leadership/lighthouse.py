@@ -41,6 +41,21 @@ def lighthouse_command() -> list[str]:
     return [lighthouse_binary()]
 
 
+def lighthouse_argv(
+    command: list[str], cfg: LighthouseConfig, bind: str, min_replicas: int
+) -> list[str]:
+    """`command` (``lighthouse_command()``) with the job's quorum settings, listening on
+    `bind` (host:port); the benches start theirs with it as the daemon does."""
+    return [
+        *command,
+        "--min_replicas", str(min_replicas),
+        "--bind", bind,
+        "--join_timeout_ms", str(cfg.join_timeout_ms),
+        "--heartbeat_timeout_ms", str(cfg.heartbeat_timeout_ms),
+        "--quorum_tick_ms", str(cfg.quorum_tick_ms),
+    ]  # fmt: skip
+
+
 def lighthouse_binary() -> str:
     """`torchft_lighthouse` from the interpreter's environment, else PATH."""
     beside = Path(sys.executable).parent / "torchft_lighthouse"
@@ -100,14 +115,8 @@ class LighthouseProcess:
         self.port = self.gate.port
         self.status = StatusPage(self.internal_port)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        argv = [
-            *command,
-            "--min_replicas", str(self.min_replicas),
-            "--bind", f"127.0.0.1:{self.internal_port}",
-            "--join_timeout_ms", str(self.cfg.join_timeout_ms),
-            "--heartbeat_timeout_ms", str(self.cfg.heartbeat_timeout_ms),
-            "--quorum_tick_ms", str(self.cfg.quorum_tick_ms),
-        ]  # fmt: skip
+        bind = f"127.0.0.1:{self.internal_port}"  # behind the gate: this host only
+        argv = lighthouse_argv(command, self.cfg, bind, self.min_replicas)
         self.popen = subprocess.Popen(
             argv,
             stdout=subprocess.PIPE,
