@@ -70,23 +70,26 @@ def one_per_failure(incidents: list[Incident]) -> list[Incident]:
     (every group's ranks lost at once), and another node's rank exit, hang or refused
     checkpoint that began within SAME_FAILURE_S of one (a group that came back last and
     healed), are one incident."""
+    ordered = refused_once(sorted(incidents, key=lambda i: i.began))
     colds: list[Incident] = []
     rest: list[Incident] = []
-    for incident in refused_once(sorted(incidents, key=lambda i: i.began)):
-        at = next((n for n, c in enumerate(colds) if _part_of(incident, c)), None)
-        if at is not None:
-            colds[at] = merged(colds[at], incident)
-        elif incident.action == Action.COLD_RESTART:
-            colds.append(incident)
-        else:
+    # The cold restarts first, so that a rank exit that began before the one it was
+    # part of still finds it.
+    for cold in (i for i in ordered if i.action == Action.COLD_RESTART):
+        if not _fold(colds, cold):
+            colds.append(cold)
+    for incident in (i for i in ordered if i.action != Action.COLD_RESTART):
+        if not _fold(colds, incident):
             rest.append(incident)
-    # A rank exit recorded before the cold restart it was part of (it began first).
-    for incident in list(rest):
-        at = next((n for n, c in enumerate(colds) if _part_of(incident, c)), None)
-        if at is not None:
-            colds[at] = merged(colds[at], incident)
-            rest.remove(incident)
     return sorted([*rest, *colds], key=lambda i: i.began)
+
+
+def _fold(colds: list[Incident], incident: Incident) -> bool:
+    """Merge `incident` into the cold restart of `colds` it is part of, if any."""
+    at = next((n for n, c in enumerate(colds) if _part_of(incident, c)), None)
+    if at is not None:
+        colds[at] = merged(colds[at], incident)
+    return at is not None
 
 
 def refused_once(incidents: list[Incident]) -> list[Incident]:
