@@ -139,9 +139,9 @@ class RoundLoop:
             self.state.before_mutation()
             self.state.optimizer.step()
             self.state.scheduler.step()
-        self.drained = self._group_drain()
+        loss_sum, self.drained = self._group_total(total)
         syncing = time.monotonic()
-        sync = self._sync(first, members, total, share, finite)
+        sync = self._sync(first, members, loss_sum, share, finite)
         writer = sync.tells and self.env.rank == 0
         figures = SyncFigures(
             every=self.every,
@@ -209,12 +209,12 @@ class RoundLoop:
         self,
         first: int,
         members: Quorum | None,
-        total: torch.Tensor | None,
+        total: float | None,
         share: range,
         finite: bool,
     ) -> Sync:
         """The quorum, the exchange across its groups and the commit (see the module's
-        docstring); `members` and `total`: the round's groups and this rank's loss sum
+        docstring); `members` and `total`: the round's groups and its group's loss sum
         (None: this group joins with nothing to add)."""
         heals = self.state.heals
         self.replication.start_step()
@@ -233,7 +233,7 @@ class RoundLoop:
         which = torch.zeros(groups + 3, dtype=dtype, device=self.layout.device)
         if trained and total is not None and members is not None and members.rank is not None:
             which[members.rank] = 1.0
-            which[groups] = float(self._group_total(total))
+            which[groups] = total
             which[groups + 1] = float(len(share))
         which[groups + 2] = trained
         self.chaos.at("gradients")  # in the sync's quorum, nothing sent yet
@@ -302,18 +302,13 @@ class RoundLoop:
             step, shards, self.replication, lambda f: group_any(self.layout, f), self.env.rank
         )
 
-    def _group_total(self, mine: torch.Tensor) -> float:
+    def _group_total(self, mine: torch.Tensor) -> tuple[float, bool]:
+        """The group's sum of per-item losses in the round and its drain vote (every rank
+        leaves after the same round), from one all-reduce inside the group."""
         if self.layout.mesh is None:
-            return float(mine)
-        total, _ = group_sum(self.layout, True, float(mine), [False])
-        return total
-
-    def _group_drain(self) -> bool:
-        """The group's drain vote (every rank leaves after the same round)."""
-        if self.layout.mesh is None:
-            return self.stop_requested()
-        _, (drain,) = group_sum(self.layout, True, 0.0, [self.stop_requested()])
-        return drain
+            return float(mine), self.stop_requested()
+        total, (drain,) = group_sum(self.layout, True, float(mine), [self.stop_requested()])
+        return total, drain
 
 
 class _NoStragglers:
