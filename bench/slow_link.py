@@ -9,9 +9,10 @@ them (the environment contract), without daemons: the link carries only the grou
 exchange, which is what is measured.
 
 The same job (``examples/single.toml``'s model and synthetic corpus, every setting at
-its default but ``train.steps`` and ``train.eval_every``) runs four times in one
+its default but ``train.steps`` and ``train.eval_every``) runs five times in one
 invocation: every step, DiLoCo (``ft.sync_steps`` 20), the same sending its
-pseudo-gradients as bfloat16 (``ft.sync_bf16``), and DiLoCo with group 2's rank SIGKILLed
+pseudo-gradients as bfloat16 (``ft.sync_bf16``) or as int8 (``ft.should_quantize``), and
+DiLoCo with group 2's rank SIGKILLed
 in its fourth round's eleventh step (not replaced). Printed and written as
 JSON: steps/s (from the first step all three groups committed together to the last),
 the bytes that crossed the three links, the evaluation loss at the last step (the same
@@ -51,6 +52,11 @@ MODES: dict[str, list[str]] = {
         'ft.semi_sync_method="diloco"',
         f"ft.sync_steps={SYNC_STEPS}",
         "ft.sync_bf16=true",
+    ],
+    "diloco_int8": [
+        'ft.semi_sync_method="diloco"',
+        f"ft.sync_steps={SYNC_STEPS}",
+        "ft.should_quantize=true",
     ],
 }
 
@@ -198,6 +204,9 @@ def main() -> None:
         "bf16_steps_per_s_ratio": results["diloco_bf16"]["steps_per_s"] / every["steps_per_s"],
         "bf16_wire_bytes_over_diloco": results["diloco_bf16"]["wire_bytes"] / dl["wire_bytes"],
         "bf16_loss_ratio": results["diloco_bf16"]["final_eval_loss"] / every["final_eval_loss"],
+        "int8_steps_per_s_ratio": results["diloco_int8"]["steps_per_s"] / every["steps_per_s"],
+        "int8_wire_bytes_over_diloco": results["diloco_int8"]["wire_bytes"] / dl["wire_bytes"],
+        "int8_loss_ratio": results["diloco_int8"]["final_eval_loss"] / every["final_eval_loss"],
     }
     print("| run | steps/s | wire MB/step | final eval loss | digests equal |")
     print("|---|---|---|---|---|")

@@ -11,10 +11,11 @@ peer's synced parameters, outer momentum, inner optimizer and LR schedule). Then
    (trainer/data/shares.py); a group trains the ``i``-th of ``H`` parts of its share in
    inner step ``i``: forward, backward (reduced inside the group only), clipping, the
    job's optimizer and LR schedule. Nothing crosses groups;
-2. the sync: the quorum, then one exchange across its groups of each one's
-   pseudo-gradient (trainer/ft/outer.py), its buffers' change, its part of the round's
-   loss and which share it trained, each weighted by whether the group trained the
-   round (a group that just joined or healed adds nothing and is not counted), then
+2. the sync: the quorum, then one summing exchange across its groups of each one's
+   pseudo-gradient (trainer/ft/outer.py; int8 with ft.should_quantize,
+   trainer/ft/quantize.py), its buffers' change, its part of the round's loss and which
+   share it trained, each weighted by whether the group trained the round (a group
+   that just joined or healed adds nothing and is not counted), then
    should_commit. Committed: the outer step, every group at its result, bitwise alike,
    and the step count moves on by H. Not: every group back at the round's start (its
    parameters and buffers; the inner optimizer's moments stay), and the round trained
@@ -45,6 +46,7 @@ from trainer.contracts import rank_events as events
 from trainer.data.shares import Quorum, group_share, rank_plan, split, step_items
 from trainer.data.sources import Sampler
 from trainer.forward_backward import ForwardBackward
+from trainer.ft import quantize
 from trainer.ft.divergence import check_replicas
 from trainer.ft.outer import OuterStep
 from trainer.ft.replication import Replication
@@ -239,22 +241,16 @@ class RoundLoop:
         self.chaos.at("gradients")  # in the sync's quorum, nothing sent yet
         deltas = [d.mul_(trained) for d in self.state.buffers.deltas(self.layout.fsdp_group())]
         moved = [m.mul_(trained) for m in moved]
-        wire = [m.to(torch.bfloat16) for m in moved] if self.cfg.ft.sync_bf16 else moved
-        sent = [*deltas, *wire, which]
-        size = sum(t.numel() * t.element_size() for t in sent)
-        averaged = self.replication.sync_gradients(sent)
-        if wire is not moved:  # the average as sent, in the parameters' dtype
-            for m, w in zip(moved, wire, strict=True):
-                m.copy_(w)
+        summed, size = self._exchange([*deltas, which], moved)
         quorum = self.replication.quorum()
         self.state.before_mutation()
-        committed = self.replication.should_commit(finite and averaged)
+        committed = self.replication.should_commit(finite and summed)
         self.members = quorum if committed else None  # after a failed sync: join again
         if not committed:
             self.outer.roll_back()
             self.state.buffers.restore()
             return Sync(False, None, (), size)
-        weight = float(which[groups + 2])  # the share of the sync's groups that trained
+        weight = float(which[groups + 2])  # how many of the sync's groups trained
         norm = None
         if weight > 0:
             for t in (*deltas, *moved):
@@ -278,6 +274,31 @@ class RoundLoop:
         # what the others did not add (a group that healed here knows another round's).
         tells = bool(trained) and members.rank == next(k for k in ranks if which[k])
         return Sync(True, loss, lost, size, norm, bool(trained), tells)
+
+    def _exchange(self, plain: list[torch.Tensor], moved: list[torch.Tensor]) -> tuple[bool, int]:
+        """Sum `plain` and the pseudo-gradients `moved` over the sync's groups, in place;
+        (whether the sums went through, the bytes this rank sent). The pseudo-gradients
+        cross as they are, as bfloat16 (ft.sync_bf16) or as int8 (ft.should_quantize,
+        trainer/ft/quantize.py: their rows' maxima first). Every group takes part in every
+        exchange, whatever an earlier one came to: a healing group's say False."""
+        sync = self.replication.sync_gradients
+        if self.cfg.ft.should_quantize:
+            maxima = quantize.row_maxima(moved)
+            ok = sync(maxima, "max")
+            steps = quantize.levels(self.env.num_replica_groups)
+            wire = quantize.quantize(moved, maxima, steps)
+        else:
+            maxima = []
+            wire = [m.to(torch.bfloat16) for m in moved] if self.cfg.ft.sync_bf16 else moved
+            ok = True
+        ok = sync([*plain, *wire], "sum") and ok
+        if self.cfg.ft.should_quantize:
+            quantize.dequantize(wire, maxima, steps, moved)
+        elif wire is not moved:  # the sum as sent, in the parameters' dtype
+            for m, w in zip(moved, wire, strict=True):
+                m.copy_(w)
+        size = sum(t.numel() * t.element_size() for t in (*maxima, *plain, *wire))
+        return ok, size
 
     def _norm(self, moved: list[torch.Tensor]) -> float:
         """The L2 norm of the averaged pseudo-gradient over the whole model (every shard),

@@ -109,9 +109,10 @@ def test_a_group_killed_mid_round_costs_the_other_nothing_and_heals_at_a_sync(
 ) -> None:
     """Group 1, joined at group 0's first sync, SIGKILLs itself in the third inner step of
     its third round; group 0 goes on and syncs alone; group 1, launched again, heals at a
-    sync and trains the rounds after."""
+    sync and trains the rounds after. The pseudo-gradients cross as int8, so a healing
+    group also takes part in the exchange of the rows' maxima."""
     steps = 200
-    run = Victim.start(tmp_path, steps, f"forward@+{2 * EVERY + 2}")
+    run = Victim.start(tmp_path, steps, f"forward@+{2 * EVERY + 2}", int8=True)
     survivor, victim = run.survivor, run.victim
     with cleanup(run.lighthouse, survivor, victim):
         assert victim.wait(120) != [0], victim.rank0.tail()
@@ -146,13 +147,16 @@ class Victim:
     steps: int
     lighthouse: Lighthouse
     pace: Path
+    int8: bool = False  # ft.should_quantize
     survivor: Group = field(init=False)
     victim: Group = field(init=False)
 
     @classmethod
-    def start(cls, tmp_path: Path, steps: int, chaos: str, min_replicas: int = 1) -> Victim:
+    def start(
+        cls, tmp_path: Path, steps: int, chaos: str, min_replicas: int = 1, int8: bool = False
+    ) -> Victim:
         lighthouse = start_lighthouse(tmp_path, min_replicas=min_replicas)
-        run = cls(tmp_path, steps, lighthouse, write_pace(tmp_path / "pace", PACE_S))
+        run = cls(tmp_path, steps, lighthouse, write_pace(tmp_path / "pace", PACE_S), int8)
         run.survivor = run.launch(0, "g0")
         if min_replicas == 1:  # group 0 trains from the first round; group 1 joins it
             wait_for(lambda: run.survivor.events("train_step"), 120, "group 0's first round")
@@ -162,7 +166,8 @@ class Victim:
     def launch(self, group: int, name: str, env: dict[str, str] | None = None) -> Group:
         return launch_group(
             CONFIG, self.tmp_path, group=group, name=name, num_groups=2,
-            lighthouse=self.lighthouse.address, overrides=diloco(self.steps),
+            lighthouse=self.lighthouse.address,
+            overrides=[*diloco(self.steps), f"ft.should_quantize={str(self.int8).lower()}"],
             env={"PHALANX_CHAOS_DELAY": f"@{self.pace}", **(env or {})},
         )  # fmt: skip
 

@@ -83,11 +83,13 @@ class Inner:
 
 
 def reference(
-    groups: int, outer_lr: float = OUTER_LR, momentum: float = MOMENTUM
+    groups: int, outer_lr: float = OUTER_LR, momentum: float = MOMENTUM, int8: bool = False
 ) -> tuple[list[float], list[float], list[float]]:
     """(each round's mean loss, the synced weights and the outer momentum at the end).
     Round r is steps r*H .. r*H+H-1 and their H*BATCH items; group g trains the g-th of
-    `groups` contiguous parts, the i-th of H parts of it in inner step i."""
+    `groups` contiguous parts, the i-th of H parts of it in inner step i. With `int8`
+    each pseudo-gradient crosses as a whole number of steps: the largest magnitude in
+    any group's (the weight is one row) over 127 // groups, rounded half to even."""
     synced, buf = list(START), [0.0, 0.0]
     inner = [Inner(list(START)) for _ in range(groups)]
     losses = []
@@ -100,6 +102,9 @@ def reference(
             for i in range(H):
                 loss += group.step(part(share, H, i), lr_at(r * H + i))
             moved.append([synced[k] - group.w[k] for k in range(2)])
+        if int8:
+            step = max(abs(v) for d in moved for v in d) / (127 // groups)
+            moved = [[round(v / step) * step for v in d] for d in moved]
         mean = [sum(d[k] for d in moved) / groups for k in range(2)]
         buf = [momentum * buf[k] + mean[k] for k in range(2)]
         synced = [synced[k] - outer_lr * (mean[k] + momentum * buf[k]) for k in range(2)]
@@ -112,16 +117,17 @@ def part(items: range, parts: int, index: int) -> range:
     return range(items.start + lo, items.start + hi)
 
 
-@pytest.mark.parametrize("groups", [2, 3])
-def test_diloco_matches_a_reference_worked_by_hand(tmp_path: Path, groups: int) -> None:
+@pytest.mark.parametrize("groups,int8", [(2, False), (3, False), (3, True)])
+def test_diloco_matches_a_reference_worked_by_hand(tmp_path: Path, groups: int, int8: bool) -> None:
+    """Two and three groups; and three sending their pseudo-gradients as int8."""
     lighthouse = start_lighthouse(tmp_path, min_replicas=groups)
-    job = [*JOB, f'checkpoint.dir="{tmp_path / "ckpt"}"']
+    job = [*JOB, f'checkpoint.dir="{tmp_path / "ckpt"}"', f"ft.should_quantize={str(int8).lower()}"]
     common = dict(num_groups=groups, lighthouse=lighthouse.address, overrides=job)
     launched = [launch_group(CONFIG, tmp_path, group=g, **common) for g in range(groups)]  # type: ignore[arg-type]
     with cleanup(lighthouse, *launched):
         for g in launched:
             assert g.wait(120) == [0], g.rank0.tail()
-    losses, synced, momentum = reference(groups)
+    losses, synced, momentum = reference(groups, int8=int8)
     for g in launched:
         steps = [(int(e["step"]), float(e["loss"])) for e in g.events("train_step")]
         assert [s for s, _ in steps] == [H * (r + 1) for r in range(ROUNDS)], steps
@@ -132,6 +138,8 @@ def test_diloco_matches_a_reference_worked_by_hand(tmp_path: Path, groups: int) 
     assert held["model"]["fc.weight"].flatten().tolist() == pytest.approx(synced, abs=1e-6)
     assert held["outer"]["fc.weight"].flatten().tolist() == pytest.approx(momentum, abs=1e-6)
     # The checks above tell DiLoCo from the plain average of the groups' weights
-    # (an outer step of rate 1 and no momentum).
-    _, plain, _ = reference(groups, outer_lr=1.0, momentum=0.0)
+    # (an outer step of rate 1 and no momentum), and int8 from float32.
+    _, plain, _ = reference(groups, outer_lr=1.0, momentum=0.0, int8=int8)
     assert max(abs(a - b) for a, b in zip(plain, synced, strict=True)) > 1e-3
+    _, other, _ = reference(groups, int8=not int8)
+    assert max(abs(a - b) for a, b in zip(other, synced, strict=True)) > 1e-5

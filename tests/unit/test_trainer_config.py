@@ -171,5 +171,8 @@ def test_diloco_commits_whole_rounds_and_names_what_is_not_a_multiple() -> None:
         check_trainer(cfg(parallel={"pp": 2, "pp_schedule": "GPipe"}, model={"n_layers": 4}), 2)
     with pytest.raises(ConfigError, match="semi_sync_method"):
         load_trainer_config(ROOT / "examples" / "single.toml", ['ft.semi_sync_method="local"'])
+    check_trainer(cfg(ft={"should_quantize": True}), 1)
+    with pytest.raises(ConfigError, match=r"ft\.should_quantize .* and ft\.sync_bf16 .* set one"):
+        check_trainer(cfg(ft={"should_quantize": True, "sync_bf16": True}), 1)
     # The default exchanges every step, as before; train.steps needs no multiple.
     check_trainer(TrainerConfig.model_validate({"train": {"steps": 7}}), 1)

@@ -104,6 +104,11 @@ def _check_rounds(cfg: TrainerConfig, fail: Callable[[str], None]) -> None:
                 f"{name} ({value}) must be a multiple of ft.sync_steps ({every}) with "
                 "ft.semi_sync_method = 'diloco' (steps commit a round at a time); change one."
             )
+    if cfg.ft.should_quantize and cfg.ft.sync_bf16:
+        fail(
+            "ft.should_quantize (int8) and ft.sync_bf16 (bfloat16) both choose how the "
+            "pseudo-gradients cross; set one of them to false."
+        )
     if cfg.parallel.pp > 1 or cfg.parallel.cp > 1:
         fail(
             "ft.semi_sync_method = 'diloco' runs with parallel.pp = 1 and parallel.cp = 1 (its "

@@ -349,6 +349,13 @@ class FaultToleranceConfig(Section):
         "bytes of float32 parameters, averaged in bfloat16; every group applies the same "
         "average, so the groups stay bitwise alike).",
     )
+    should_quantize: bool = Field(
+        False,
+        description="diloco: send the pseudo-gradients across groups as int8 (a quarter of "
+        "the bytes of float32; rounded to 127 // job.max_replicas steps of a scale per row "
+        "shared by the groups, summed exactly, so the groups stay bitwise alike). torchtitan's "
+        "name; not with ft.sync_bf16.",
+    )
 
 
 class TrainerConfig(Section):

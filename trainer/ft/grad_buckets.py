@@ -1,8 +1,24 @@
-"""Gradients packed into flat buckets for the all-reduce across replica groups."""
+"""Gradients packed into flat buckets for the all-reduce across replica groups, and how
+the groups' tensors combine in it."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
+from torch.distributed import AllreduceOptions, ReduceOp
+
+Reduce = Literal["avg", "sum", "max"]  # how the groups' tensors combine
+
+
+def reduce_options(op: Reduce, healing: bool = False) -> AllreduceOptions:
+    """The all-reduce's options for `op`; a healing group's zeros go straight to the
+    process group, summed where the others average (torchft's manager divides)."""
+    opts = AllreduceOptions()
+    chosen = ReduceOp.SUM if healing and op == "avg" else getattr(ReduceOp, op.upper())
+    opts.reduceOp = chosen  # type: ignore[assignment]
+    return opts
+
 
 BUCKET_BYTES = 25 * 1024 * 1024
 

@@ -13,6 +13,7 @@ from typing import Protocol
 import torch
 
 from trainer.data.shares import Quorum
+from trainer.ft.grad_buckets import Reduce
 from trainer.ft.state import TrainState
 
 
@@ -106,10 +107,11 @@ class CrossGroup(Protocol):
         """Args: modules: the FSDP2 modules whose reduce-scatter output crosses groups."""
         ...
 
-    def sync_gradients(self, grads: list[torch.Tensor]) -> bool:
-        """Args: grads: unsharded gradients to average across groups, in place.
+    def sync_gradients(self, grads: list[torch.Tensor], op: Reduce = "avg") -> bool:
+        """Args: grads: unsharded gradients to average across groups, in place; op: or
+        to sum them (integers too), or take their element-wise maximum.
 
-        Returns: whether they were averaged (False: the exchange failed or this group
+        Returns: whether they were reduced (False: the exchange failed or this group
         only heals in this step, and `grads` are this group's own)."""
         ...
 
@@ -213,8 +215,8 @@ class SingleGroup:
     def hook_fsdp(self, modules: Iterable[torch.nn.Module]) -> None:
         pass
 
-    def sync_gradients(self, grads: list[torch.Tensor]) -> bool:
-        return True  # the one group's gradients are already the average over the groups
+    def sync_gradients(self, grads: list[torch.Tensor], op: Reduce = "avg") -> bool:
+        return True  # the one group's average, sum and maximum are its own
 
     def should_commit(self, vote: bool = True) -> bool:
         if vote:

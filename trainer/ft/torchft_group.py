@@ -30,6 +30,7 @@ import hashlib
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import wait
+from functools import partial
 from typing import Any
 
 import torch
@@ -44,7 +45,7 @@ from trainer.contracts import rank_events as events
 from trainer.contracts.heartbeat import Heartbeat
 from trainer.data.shares import Quorum
 from trainer.ft import torchft_adapter as ft
-from trainer.ft.grad_buckets import buckets
+from trainer.ft.grad_buckets import Reduce, buckets, reduce_options
 from trainer.ft.manager_build import build_manager, managed_process_group
 from trainer.ft.notice import Told
 from trainer.ft.quorum_watch import QuorumWatch
@@ -258,18 +259,14 @@ class TorchFTGroup:
             self.manager.report_error(e)
             return None
 
-    def _healing_allreduce(self, tensor: torch.Tensor) -> object:
+    def _healing_allreduce(self, tensor: torch.Tensor, op: Reduce = "avg") -> object:
         """This healing group's part of an all-reduce (zeros: it contributes nothing),
         straight on the process group its quorum configured; summed, not averaged."""
         tensor.zero_()
-        opts = AllreduceOptions()
-        opts.reduceOp = ReduceOp.SUM  # type: ignore[assignment]
-        return self.pg.allreduce([tensor], opts)
+        return self.pg.allreduce([tensor], reduce_options(op, healing=True))
 
-    def _allreduce(self, tensor: torch.Tensor) -> object:
-        opts = AllreduceOptions()
-        opts.reduceOp = ReduceOp.AVG  # type: ignore[assignment]
-        return self.managed_pg.allreduce([tensor], opts)
+    def _allreduce(self, tensor: torch.Tensor, op: Reduce = "avg") -> object:
+        return self.managed_pg.allreduce([tensor], reduce_options(op))
 
     def hook_fsdp(self, modules: Iterable[torch.nn.Module]) -> None:
         def hook(output: torch.Tensor) -> None:
@@ -282,17 +279,17 @@ class TorchFTGroup:
             if isinstance(module, FSDPModule):
                 module.set_all_reduce_hook(hook)
 
-    def sync_gradients(self, grads: list[torch.Tensor]) -> bool:
-        """Average unsharded gradients across groups, one flat all-reduce per bucket; True
-        if the tensors now hold the participating groups' average (False when this group
-        only heals in this step or the exchange failed). A failed exchange leaves the
-        tensors as they were (this rank's own gradients, see Loop._forward_backward).
+    def sync_gradients(self, grads: list[torch.Tensor], op: Reduce = "avg") -> bool:
+        """Average (or `op`) unsharded gradients across groups, one flat all-reduce per
+        bucket; True if the tensors now hold the participating groups' average (False when
+        this group only heals in this step or the exchange failed). A failed exchange
+        leaves the tensors as they were (this rank's own gradients, Loop._forward_backward).
 
         A group that heals in this step sends zeros as soon as its process group is ready,
         while the peer's state still arrives, and keeps the average for its optimizer step
         after the heal; torchft's managed all-reduce would first wait for the state."""
         early = self._quorum_or_drain()
-        exchange = self._healing_allreduce if early else self._allreduce
+        exchange = partial(self._healing_allreduce if early else self._allreduce, op=op)
         pending = []
         for bucket in buckets(grads):
             flat = torch.cat([g.reshape(-1) for g in bucket])
@@ -306,7 +303,7 @@ class TorchFTGroup:
                 self.manager.report_error(e)
         if self.manager.errored() is not None:
             return False
-        if early:
+        if early and op == "avg":
             participants = max(1, int(self.recorder.last.max_world_size))
             for _, flat, _ in pending:
                 flat /= participants  # as torchft's managed all-reduce averages
