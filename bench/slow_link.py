@@ -15,7 +15,8 @@ pseudo-gradients as bfloat16 (``ft.sync_bf16``) or as int8 (``ft.should_quantize
 DiLoCo with group 2's rank SIGKILLed
 in its fourth round's eleventh step (not replaced). Printed and written as
 JSON: steps/s (from the first step all three groups committed together to the last),
-the bytes that crossed the three links, the evaluation loss at the last step (the same
+the bytes that crossed the three links over those steps (sampled every 0.1 s; the
+whole run's, with the heals of groups that joined late, beside them), the evaluation loss at the last step (the same
 fixed items in both modes: equal tokens at equal steps) against the corpus entropy,
 the digests at the end, and for the kill the survivor's round whose sync went on
 without the dead group against its other rounds' median (its first round, which holds
@@ -32,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -78,6 +80,34 @@ def wire_bytes(hosts: list[Host]) -> int:
     return total
 
 
+class WireSamples:
+    """`wire_bytes` every 0.1 s with the wall-clock time, in a thread, so that the bytes
+    of a window of the run (the steps measured, not the start's heals) can be read."""
+
+    def __init__(self, hosts: list[Host]) -> None:
+        self.hosts, self.samples = hosts, [(time.time(), wire_bytes(hosts))]
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+
+    def _sample(self) -> None:
+        while not self.done.wait(0.1):
+            self.samples.append((time.time(), wire_bytes(self.hosts)))
+
+    def stop(self) -> int:
+        """Stop; the bytes of the whole run."""
+        self.done.set()
+        self.thread.join()
+        self.samples.append((time.time(), wire_bytes(self.hosts)))
+        return self.samples[-1][1] - self.samples[0][1]
+
+    def between(self, t0: float, t1: float) -> int:
+        """The bytes from the last sample at or before t0 to the first at or after t1."""
+        start = max((b for t, b in self.samples if t <= t0), default=self.samples[0][1])
+        end = min((b for t, b in self.samples if t >= t1), default=self.samples[-1][1])
+        return end - start
+
+
 def start_lighthouse(net: Network, log_dir: Path) -> tuple[Proc, str]:
     port = free_port()
     argv = lighthouse_argv(lighthouse_command(), LighthouseConfig(), f"{net.gateway}:{port}", 1)
@@ -121,7 +151,7 @@ def run(
     hosts = list(net.hosts.values())
     lighthouse, address = start_lighthouse(net, log_dir)
     settings = [*overrides, f"train.steps={steps}", f"train.eval_every={SYNC_STEPS * 5}"]
-    before = wire_bytes(hosts)
+    wire_samples = WireSamples(hosts)
     procs = []
     for g, host in enumerate(hosts):
         chaos = {"PHALANX_CHAOS": f"forward@+{3 * SYNC_STEPS + 10}"} if kill and g == 2 else {}
@@ -130,7 +160,7 @@ def run(
         codes = [p.wait(1800) for p in procs]
     finally:
         lighthouse.stop()
-    wire = wire_bytes(hosts) - before
+        wire = wire_samples.stop()
     survivors = procs[:2] if kill else procs
     assert all(c == 0 for c in codes[: len(survivors)]), [p.tail() for p in procs]
     events = [p.events() for p in procs]
@@ -151,8 +181,8 @@ def run(
         "steps": steps,
         "measured_from_step": first,
         "steps_per_s": (steps - first) / (t1 - t0),
-        "wire_bytes": wire,
-        "wire_bytes_per_step": wire / steps,
+        "wire_bytes": wire,  # the whole run: its start's heals too
+        "wire_bytes_per_step": wire_samples.between(t0, t1) / (steps - first),  # measured
         "eval_loss": {int(e["step"]): float(e["loss"]) for e in evals},
         "final_eval_loss": float(evals[-1]["loss"]),
         "entropy": float(started["entropy"]),
@@ -197,15 +227,17 @@ def main() -> None:
         "rate": args.rate,
         "sync_steps": SYNC_STEPS,
         "steps_per_s_ratio": dl["steps_per_s"] / every["steps_per_s"],
-        "wire_bytes_ratio": dl["wire_bytes"] / every["wire_bytes"],
+        "wire_bytes_ratio": dl["wire_bytes_per_step"] / every["wire_bytes_per_step"],
         "loss_ratio": dl["final_eval_loss"] / every["final_eval_loss"],
         "diloco_loss_over_entropy": dl["final_eval_loss"] / dl["entropy"],
         "every_step_loss_over_entropy": every["final_eval_loss"] / every["entropy"],
         "bf16_steps_per_s_ratio": results["diloco_bf16"]["steps_per_s"] / every["steps_per_s"],
-        "bf16_wire_bytes_over_diloco": results["diloco_bf16"]["wire_bytes"] / dl["wire_bytes"],
+        "bf16_wire_bytes_over_diloco": results["diloco_bf16"]["wire_bytes_per_step"]
+        / dl["wire_bytes_per_step"],
         "bf16_loss_ratio": results["diloco_bf16"]["final_eval_loss"] / every["final_eval_loss"],
         "int8_steps_per_s_ratio": results["diloco_int8"]["steps_per_s"] / every["steps_per_s"],
-        "int8_wire_bytes_over_diloco": results["diloco_int8"]["wire_bytes"] / dl["wire_bytes"],
+        "int8_wire_bytes_over_diloco": results["diloco_int8"]["wire_bytes_per_step"]
+        / dl["wire_bytes_per_step"],
         "int8_loss_ratio": results["diloco_int8"]["final_eval_loss"] / every["final_eval_loss"],
     }
     print("| run | steps/s | wire MB/step | final eval loss | digests equal |")
