@@ -138,6 +138,12 @@ class TrainMetrics:
             "Items of a round that no group trained: a group lost during it (diloco; "
             "counted by one group of the round, event items_lost).",
         )
+        self.items_partly_lost = counter(
+            "phalanx_items_partly_lost",
+            "Items a group trained and took with it before one fragment of the parameters "
+            "synced them (streaming diloco, ft.num_fragments > 1; counted once per fragment "
+            "by one group, event items_partly_lost).",
+        )
 
         # Every rank's own (label `rank`, the rank in its group): stragglers are ranks.
         def rank_gauge(name: str, doc: str) -> Any:
@@ -193,6 +199,8 @@ class TrainMetrics:
             self.pseudo_norm.set(sync.pseudo_norm)
         if sync.items_lost:
             self.items_lost.inc(sync.items_lost)
+        if sync.items_partly_lost:
+            self.items_partly_lost.inc(sync.items_partly_lost)
 
     def observe_rank(
         self, seconds: float, compute_s: float | None, straggler: bool, ratio: float | None

@@ -30,6 +30,7 @@ metric counts its items.
 from __future__ import annotations
 
 import math
+import secrets
 import time
 import warnings
 from collections.abc import Callable
@@ -45,12 +46,13 @@ from trainer.config.env import RankEnv
 from trainer.contracts import rank_events as events
 from trainer.data.shares import Quorum, group_share, rank_plan, split, step_items
 from trainer.data.sources import Sampler
+from trainer.data.sync_ledger import Ledger, settle, slots
 from trainer.forward_backward import ForwardBackward
-from trainer.ft import quantize
 from trainer.ft.divergence import check_replicas
 from trainer.ft.outer import OuterStep
 from trainer.ft.replication import Replication
 from trainer.ft.state import TrainState, as_param, local
+from trainer.ft.sync_exchange import exchange
 from trainer.optim import clip_grad_norm
 from trainer.parallel.group_ops import group_any, group_sum
 from trainer.parallel.mesh import Layout
@@ -69,7 +71,9 @@ class Sync:
     bytes: int = 0  # of the tensors averaged across groups
     norm: float | None = None  # the averaged pseudo-gradient's (None: nothing applied)
     added: bool = False  # this group's round is in it (not when it joined, healed, resumed)
-    tells: bool = False  # this group says what was lost: the lowest round rank that added
+    tells: bool = False  # this group says what was lost (trainer/data/sync_ledger.py)
+    partly: tuple[range, ...] = ()  # streaming: earlier shares the fragment synced never saw
+    fragment: int | None = None  # the fragment synced (None: every parameter)
 
 
 @dataclass
@@ -91,7 +95,10 @@ class RoundLoop:
     drained: bool = False
 
     def __post_init__(self) -> None:
-        self.every = self.cfg.ft.sync_steps
+        self.fragments = self.cfg.ft.num_fragments
+        self.every = self.cfg.ft.sync_steps // self.fragments  # steps per sync
+        self.ledger = Ledger(self.fragments - 1)  # the syncs this group added to
+        self.mark = _draw()  # this group's, until its parameters start over
         self.params = list(self.state.params.values())
         self.global_batch = self.cfg.train.global_batch
         per_rank = self.cfg.train.batch_size // self.layout.dp_shard
@@ -126,6 +133,7 @@ class RoundLoop:
         if first >= self.cfg.train.steps:
             return None
         members = self.members
+        self.outer.mark()
         self._schedule_at(first)
         share = group_share(first // self.every, self.every * self.global_batch, members)
         total = torch.zeros((), dtype=torch.float64, device=self.layout.device)
@@ -151,12 +159,18 @@ class RoundLoop:
             bytes=sync.bytes,
             pseudo_norm=sync.norm,
             items_lost=sum(len(r) for r in sync.lost) if writer else 0,
+            items_partly_lost=sum(len(r) for r in sync.partly) if writer else 0,
         )
         if writer:
             for lost in sync.lost:
                 self.log.warning(
                     events.ITEMS_LOST, step=first + self.every, items=[lost.start, lost.stop]
                 )
+            for part in sync.partly:  # streaming: the fragment synced now never saw them
+                self.log.warning(
+                    events.ITEMS_PARTLY_LOST, step=first + self.every,
+                    items=[part.start, part.stop], fragment=sync.fragment,
+                )  # fmt: skip
         items = share if sync.committed and sync.added else range(0)
         diverged = False
         if sync.committed:
@@ -223,25 +237,30 @@ class RoundLoop:
         if first == 0 and self.cold_start is not None:  # every group, while none committed
             self.cold_start()
         resumed = self.replication.current_step() != first and self.state.heals == heals
-        if resumed:
-            self.outer.rebase()  # the round starts where the checkpoint left off
-        # Healed or resumed: at the round's start now, with nothing to add.
+        # Healed or resumed: at the round's start now, with nothing to add; its parameters
+        # started over (a new mark: sync_ledger.py).
         healed = resumed or self.state.heals != heals
+        if healed:
+            self.mark = _draw()
         first = self.replication.current_step()  # a checkpoint's, or the peer's it healed from
         trained = 0.0 if members is None or healed or total is None else 1.0
         groups = max(1, self.env.num_replica_groups)
-        moved = self.outer.pseudo_gradients()
-        dtype = moved[-1].dtype if moved else torch.float32
-        which = torch.zeros(groups + 3, dtype=dtype, device=self.layout.device)
+        fragment = self._fragment(first)
+        moved = self.outer.pseudo_gradients(fragment)
+        which = torch.zeros(slots(groups), dtype=torch.float64, device=self.layout.device)
         if trained and total is not None and members is not None and members.rank is not None:
-            which[members.rank] = 1.0
-            which[groups] = total
-            which[groups + 1] = float(len(share))
-        which[groups + 2] = trained
+            which[members.rank] = self.mark
+            which[groups + members.rank] = float(len(self.ledger.added))
+            which[2 * groups] = total
+            which[2 * groups + 1] = float(len(share))
+        which[2 * groups + 2] = trained
         self.chaos.at("gradients")  # in the sync's quorum, nothing sent yet
         deltas = [d.mul_(trained) for d in self.state.buffers.deltas(self.layout.fsdp_group())]
         moved = [m.mul_(trained) for m in moved]
-        summed, size = self._exchange([*deltas, which], moved)
+        summed, size = exchange(
+            self.replication.sync_gradients, self.cfg.ft, self.env.num_replica_groups,
+            [*deltas, which], moved,
+        )  # fmt: skip
         quorum = self.replication.quorum()
         self.state.before_mutation()
         committed = self.replication.should_commit(finite and summed)
@@ -250,13 +269,13 @@ class RoundLoop:
             self.outer.roll_back()
             self.state.buffers.restore()
             return Sync(False, None, (), size)
-        weight = float(which[groups + 2])  # how many of the sync's groups trained
+        weight = float(which[2 * groups + 2])  # how many of the sync's groups trained
         norm = None
         if weight > 0:
             for t in (*deltas, *moved):
                 t.div_(weight)
-            norm = self._norm(moved)
-            self.outer.apply(moved)
+            norm = self._norm(moved, fragment)
+            self.outer.apply(moved, fragment)
             self.state.buffers.commit(deltas)
         else:  # nobody trained (every group joined): nothing moves
             self.outer.roll_back()
@@ -264,49 +283,37 @@ class RoundLoop:
         advanced = first + (self.every if weight > 0 else 0)
         self.replication.restore(advanced, self.replication.ft_state())
         if members is None or weight <= 0:
+            self.ledger = self.ledger.after(None)
             return Sync(True, None, (), size, norm)
-        items = float(which[groups + 1])
-        loss = float(which[groups]) / items if items > 0 else None
+        items = float(which[2 * groups + 1])
+        loss = float(which[2 * groups]) / items if items > 0 else None
         round_items = step_items(first // self.every, self.every * self.global_batch)
-        ranks = range(min(members.participants, groups))
-        lost = tuple(split(round_items, members.participants, k) for k in ranks if not which[k])
-        # The groups that added their round share its membership: the first of them says
-        # what the others did not add (a group that healed here knows another round's).
-        tells = bool(trained) and members.rank == next(k for k in ranks if which[k])
-        return Sync(True, loss, lost, size, norm, bool(trained), tells)
+        settled = settle(which.tolist(), groups, members, round_items, first, self.ledger)
+        self.ledger = self.ledger.after(settled.added if trained else None)
+        # The groups that added their round share its membership: one of them says what
+        # the others did not add (a group that healed here knows another round's).
+        tells = bool(trained) and settled.tells
+        return Sync(
+            True, loss, settled.lost, size, norm, bool(trained), tells, settled.partly, fragment
+        )
 
-    def _exchange(self, plain: list[torch.Tensor], moved: list[torch.Tensor]) -> tuple[bool, int]:
-        """Sum `plain` and the pseudo-gradients `moved` over the sync's groups, in place;
-        (whether the sums went through, the bytes this rank sent). The pseudo-gradients
-        cross as they are, as bfloat16 (ft.sync_bf16) or as int8 (ft.should_quantize,
-        trainer/ft/quantize.py: their rows' maxima first). Every group takes part in every
-        exchange, whatever an earlier one came to: a healing group's say False."""
-        sync = self.replication.sync_gradients
-        if self.cfg.ft.should_quantize:
-            maxima = quantize.row_maxima(moved)
-            ok = sync(maxima, "max")
-            steps = quantize.levels(self.env.num_replica_groups)
-            wire = quantize.quantize(moved, maxima, steps)
-        else:
-            maxima = []
-            wire = [m.to(torch.bfloat16) for m in moved] if self.cfg.ft.sync_bf16 else moved
-            ok = True
-        ok = sync([*plain, *wire], "sum") and ok
-        if self.cfg.ft.should_quantize:
-            quantize.dequantize(wire, maxima, steps, moved)
-        elif wire is not moved:  # the sum as sent, in the parameters' dtype
-            for m, w in zip(moved, wire, strict=True):
-                m.copy_(w)
-        size = sum(t.numel() * t.element_size() for t in (*maxima, *plain, *wire))
-        return ok, size
+    def _fragment(self, first: int) -> int | None:
+        """The fragment the sync after steps `first`.. exchanges (None: every parameter,
+        without fragments and at the job's last sync)."""
+        if self.fragments == 1 or first + self.every >= self.cfg.train.steps:
+            return None
+        return (first // self.every) % self.fragments
 
-    def _norm(self, moved: list[torch.Tensor]) -> float:
-        """The L2 norm of the averaged pseudo-gradient over the whole model (every shard),
-        as the gradient norm is taken (it stands in for the gradients for a moment)."""
-        for p, d in zip(self.params, moved, strict=True):
+    def _norm(self, moved: list[torch.Tensor], fragment: int | None) -> float:
+        """The L2 norm of the averaged pseudo-gradient over the fragment synced (every
+        shard), as the gradient norm is taken (it stands in for the gradients a moment)."""
+        params = [self.state.params[name] for name in self.outer.fragment(fragment)]
+        if not params:
+            return 0.0
+        for p, d in zip(params, moved, strict=True):
             p.grad = as_param(p, d)
-        norm = clip_grad_norm(self.params, 0.0, self.layout.group("pp"))
-        for p in self.params:
+        norm = clip_grad_norm(params, 0.0, self.layout.group("pp"))
+        for p in params:
             p.grad = None
         return norm
 
@@ -318,7 +325,9 @@ class RoundLoop:
         every, step = self.cfg.ft.digest_every, self.replication.current_step()
         if not (self.env.fault_tolerant and every) or step % every:
             return False
-        shards = [*(local(p) for p in self.params), *self.state.buffers.committed.values()]
+        # Streaming: the live parameters of fragments not synced here are each group's own.
+        held = self.outer.synced.values() if self.fragments > 1 else map(local, self.params)
+        shards = [*held, *self.state.buffers.committed.values()]
         return check_replicas(
             step, shards, self.replication, lambda f: group_any(self.layout, f), self.env.rank
         )
@@ -330,6 +339,11 @@ class RoundLoop:
             return float(mine), self.stop_requested()
         total, (drain,) = group_sum(self.layout, True, float(mine), [self.stop_requested()])
         return total, drain
+
+
+def _draw() -> float:
+    """A group's mark: a random whole number, exact in float64."""
+    return float(secrets.randbelow(2**52 - 1) + 1)
 
 
 class _NoStragglers:

@@ -141,7 +141,9 @@ def build(cfg: TrainerConfig, env: RankEnv, work: workload.Workload | None = Non
         replication = SingleGroup(state)
     outer = None  # diloco: only the syncs cross groups (round_loop.py), no FSDP hook
     if cfg.ft.semi_sync_method == "diloco":
-        outer = state.outer = OuterStep.build(params, cfg.ft.outer_lr, cfg.ft.outer_momentum)
+        outer = state.outer = OuterStep.build(
+            params, cfg.ft.outer_lr, cfg.ft.outer_momentum, cfg.ft.num_fragments
+        )
     else:
         replication.hook_fsdp(m for model in models for m in model.modules())
 

@@ -15,6 +15,7 @@ class SyncFigures:
     bytes: int  # of the tensors it averaged across groups
     pseudo_norm: float | None  # the averaged pseudo-gradient's L2 norm (None: not committed)
     items_lost: int = 0  # items of the round no group trained (counted by the writer)
+    items_partly_lost: int = 0  # streaming: earlier items the fragment synced never saw
 
 
 @dataclass(frozen=True)

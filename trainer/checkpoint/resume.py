@@ -177,12 +177,17 @@ def _load(ckpt: Checkpointer, replication: Checkpointing, path: Path) -> bool:
         # Saved in every-step mode (or before diloco): the outer momentum starts at zero.
         if "outer" in targets and not any(k.startswith("outer.") for k in keys):
             del targets["outer"]
+        # Saved without fragments (or in every-step mode): the synced are the live ones.
+        if "synced" in targets and not any(k.startswith("synced.") for k in keys):
+            del targets["synced"]
         dcp_load(targets, storage_reader=reader, planner=TensorOnlyPlanner(), process_group=ckpt.pg)
         scalars: dict[str, Any] = json.loads((path / SCALARS).read_text())
     except Exception as e:  # DCP raises on every rank when any rank's read fails
         ckpt.note("warning", events.CHECKPOINT_INVALID, path=str(path), reason=f"load failed: {e}")
         return False
     ckpt.state.buffers.restore()  # the live buffers are the loaded (committed) ones
+    if ckpt.state.outer is not None and "synced" not in targets:
+        ckpt.state.outer.rebase()  # saved at a sync of every parameter: they are the live
     ckpt.state.load_scalars(scalars)
     replication.restore(int(scalars["step"]), scalars.get("torchft", {}))
     # Every rank says what it loaded: a test (and an operator) can see they agree.

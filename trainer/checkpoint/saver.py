@@ -147,6 +147,9 @@ class Checkpointer:
         }
         if self.state.outer is not None:  # diloco: the outer momentum (saved at a round's end)
             held["outer"] = self.state.outer.tensors()
+            synced = self.state.outer.synced_tensors()  # streaming: they differ from the live
+            if synced:
+                held["synced"] = synced
         return held
 
     # -- saving

@@ -91,8 +91,17 @@ def _check_cp(cfg: TrainerConfig, fail: Callable[[str], None]) -> None:
 
 
 def _check_rounds(cfg: TrainerConfig, fail: Callable[[str], None]) -> None:
-    """DiLoCo commits whole rounds: what happens at a step happens at a round's end."""
-    every = cfg.ft.sync_steps
+    """DiLoCo commits whole rounds (with fragments, a sync's share of one): what happens
+    at a step happens at a sync."""
+    ft = cfg.ft
+    if ft.sync_steps % ft.num_fragments:
+        fail(
+            f"ft.sync_steps ({ft.sync_steps}) must be a multiple of ft.num_fragments "
+            f"({ft.num_fragments}): each fragment syncs every ft.sync_steps steps, one every "
+            "ft.sync_steps / ft.num_fragments; change one."
+        )
+        return
+    every = ft.sync_steps // ft.num_fragments
     for name, value in (
         ("train.steps", cfg.train.steps),
         ("checkpoint.interval_steps", cfg.checkpoint.interval_steps),
@@ -101,8 +110,9 @@ def _check_rounds(cfg: TrainerConfig, fail: Callable[[str], None]) -> None:
     ):
         if value % every:
             fail(
-                f"{name} ({value}) must be a multiple of ft.sync_steps ({every}) with "
-                "ft.semi_sync_method = 'diloco' (steps commit a round at a time); change one."
+                f"{name} ({value}) must be a multiple of {_sync_every(ft.num_fragments)} "
+                f"({every}) with ft.semi_sync_method = 'diloco' (steps commit a sync at a "
+                "time); change one."
             )
     if cfg.ft.should_quantize and cfg.ft.sync_bf16:
         fail(
@@ -115,6 +125,10 @@ def _check_rounds(cfg: TrainerConfig, fail: Callable[[str], None]) -> None:
             "rounds are not built for pipeline or context parallel yet); set them to 1 or "
             "ft.semi_sync_method = 'none'."
         )
+
+
+def _sync_every(fragments: int) -> str:
+    return "ft.sync_steps" if fragments == 1 else "ft.sync_steps / ft.num_fragments"
 
 
 def check_workload_findable(cfg: TrainerConfig) -> None:

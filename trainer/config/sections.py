@@ -349,6 +349,16 @@ class FaultToleranceConfig(Section):
         "bytes of float32 parameters, averaged in bfloat16; every group applies the same "
         "average, so the groups stay bitwise alike).",
     )
+    num_fragments: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="diloco: streaming DiLoCo. The parameters are cut into this many "
+        "fragments (in model order, nearly equal in size); a sync every sync_steps / "
+        "num_fragments steps exchanges one of them in turn, so each fragment still syncs "
+        "every sync_steps steps while the link carries a fragment at a time. The job's last "
+        "sync exchanges every fragment. torchtitan's name; sync_steps must be a multiple.",
+    )
     should_quantize: bool = Field(
         False,
         description="diloco: send the pseudo-gradients across groups as int8 (a quarter of "

@@ -20,6 +20,7 @@ STANDBY_READY = "standby_ready"  # a standby has imported and built what it can
 STEP_SKIPPED = "step_skipped"  # a step that did not commit (retried with the same data)
 STEP_ABANDONED = "step_abandoned"  # a drain left a step whose quorum did not form
 ITEMS_LOST = "items_lost"  # diloco: a share of a round no group of its sync trained
+ITEMS_PARTLY_LOST = "items_partly_lost"  # streaming diloco: a share one fragment never saw
 CHECKPOINT_LOADED = "checkpoint_loaded"  # every rank, with the step it resumed from
 CHECKPOINT_FAILED = "checkpoint_failed"  # a save failed (training goes on)
 STEP_NOT_FINITE = "step_not_finite"  # a step voted down for a NaN or infinite value

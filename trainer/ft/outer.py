@@ -29,13 +29,22 @@ from trainer.ft.state import as_param, copy_into, local
 @dataclass
 class OuterStep:
     live: dict[str, torch.Tensor]  # this rank's parameters (local shards), trained in place
-    synced: dict[str, torch.Tensor]  # the same, as of the last sync
+    synced: dict[str, torch.Tensor]  # the same, as of each one's last sync
     optimizer: SGD  # over `synced`
     params: Mapping[str, torch.nn.Parameter]  # the parameters, for their layout
+    # Streaming (ft.num_fragments > 1): the parameter names of each fragment, in sync
+    # order, and the live parameters at the start of the current sync's steps, which a
+    # failed sync goes back to (without fragments that is `synced`).
+    fragments: tuple[tuple[str, ...], ...] = ()
+    start: dict[str, torch.Tensor] | None = None
 
     @classmethod
     def build(
-        cls, params: Mapping[str, torch.nn.Parameter], lr: float, momentum: float
+        cls,
+        params: Mapping[str, torch.nn.Parameter],
+        lr: float,
+        momentum: float,
+        fragments: int = 1,
     ) -> OuterStep:
         """Start from the parameters as they are (the first round's start). The momentum
         buffers exist from the start (zeros: SGD's first step makes them the gradient
@@ -47,7 +56,27 @@ class OuterStep:
         if momentum > 0:
             for t in synced.values():
                 optimizer.state[t]["momentum_buffer"] = torch.zeros_like(t)
-        return cls(live, synced, optimizer, params)
+        parts = cut({name: p.numel() for name, p in params.items()}, fragments)
+        start = {name: t.clone() for name, t in live.items()} if fragments > 1 else None
+        return cls(live, synced, optimizer, params, parts, start)
+
+    def fragment(self, index: int | None) -> tuple[str, ...]:
+        """The names synced together as fragment `index` (None: every parameter)."""
+        return tuple(self.live) if index is None else self.fragments[index]
+
+    @torch.no_grad()
+    def mark(self) -> None:
+        """The steps of a sync begin: what a failed sync goes back to (streaming only)."""
+        if self.start is not None:
+            for name, t in self.live.items():
+                self.start[name].copy_(t)
+
+    def synced_tensors(self) -> dict[str, torch.Tensor]:
+        """The synced parameters as a checkpoint keeps them where they differ from the
+        live ones at a sync (streaming: the fragments not synced there), else nothing."""
+        if self.start is None:
+            return {}
+        return {name: as_param(self.params[name], t) for name, t in self.synced.items()}
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """The momentum as a checkpoint keeps it: by parameter name, a DTensor laid out as
@@ -60,34 +89,48 @@ class OuterStep:
             out[name] = as_param(self.params[name], buf)
         return out
 
-    def pseudo_gradients(self) -> list[torch.Tensor]:
-        """How far this group moved in the round, per parameter: new tensors, synced
-        less live (so that a step against it moves the synced parameters the same way)."""
-        return [self.synced[name] - t for name, t in self.live.items()]
+    def pseudo_gradients(self, index: int | None = None) -> list[torch.Tensor]:
+        """How far this group moved since the last sync of fragment `index` (None: every
+        parameter), per parameter: new tensors, synced less live (so that a step against
+        it moves the synced parameters the same way)."""
+        return [self.synced[name] - self.live[name] for name in self.fragment(index)]
 
-    def apply(self, averaged: Sequence[torch.Tensor]) -> None:
-        """The round synced: one outer step on the synced parameters with the groups'
-        average pseudo-gradient, and every live parameter set to the result."""
-        if len(averaged) != len(self.synced):
-            raise ValueError(f"{len(averaged)} pseudo-gradients for {len(self.synced)} parameters")
-        for t, g in zip(self.synced.values(), averaged, strict=True):
-            t.grad = g
-        self.optimizer.step()
-        for t in self.synced.values():
-            t.grad = None
-        self.roll_back()
+    def apply(self, averaged: Sequence[torch.Tensor], index: int | None = None) -> None:
+        """Fragment `index` synced (None: every parameter): one outer step on its synced
+        parameters with the groups' average pseudo-gradient, and its live parameters set
+        to the result; the others train on."""
+        names = self.fragment(index)
+        if len(averaged) != len(names):
+            raise ValueError(f"{len(averaged)} pseudo-gradients for {len(names)} parameters")
+        for name, g in zip(names, averaged, strict=True):
+            self.synced[name].grad = g
+        self.optimizer.step()  # a parameter without a gradient is left as it is
+        with torch.no_grad():
+            for name in names:
+                self.synced[name].grad = None
+                self.live[name].copy_(self.synced[name])
 
     @torch.no_grad()
     def rebase(self) -> None:
-        """The live parameters are the round's start (a checkpoint was loaded into them)."""
+        """The live parameters are the round's start (a checkpoint without synced
+        parameters of its own was loaded into them)."""
         for name, t in self.live.items():
             self.synced[name].copy_(t)
+        self.mark()
 
     @torch.no_grad()
     def roll_back(self) -> None:
-        """Every live parameter back to the last sync (a failed sync, or a heal)."""
+        """Every live parameter back to where the failed sync's steps began."""
+        held = self.synced if self.start is None else self.start
+        for name, t in self.live.items():
+            t.copy_(held[name])
+
+    @torch.no_grad()
+    def reset(self) -> None:
+        """Every live parameter set to the synced one (a heal: the peer's synced state)."""
         for name, t in self.live.items():
             t.copy_(self.synced[name])
+        self.mark()
 
     def state_dict(self) -> dict[str, Any]:
         """What a healing group or a checkpoint needs: the synced parameters and the outer
@@ -117,4 +160,16 @@ class OuterStep:
                 held.copy_(momentum[name])
             else:
                 self.optimizer.state[t] = {"momentum_buffer": momentum[name].clone()}
-        self.roll_back()
+        self.reset()
+
+
+def cut(sizes: Mapping[str, int], parts: int) -> tuple[tuple[str, ...], ...]:
+    """`parts` runs of the names in order, nearly equal in total size: a name goes to the
+    part its middle falls in (a part may be empty when there are more parts than names)."""
+    total = max(1, sum(sizes.values()))
+    out: list[list[str]] = [[] for _ in range(parts)]
+    seen = 0
+    for name, size in sizes.items():
+        out[min(parts - 1, (2 * seen + size) * parts // (2 * total))].append(name)
+        seen += size
+    return tuple(tuple(p) for p in out)

@@ -58,6 +58,15 @@ class Synced(Protocol):
         """What a checkpoint keeps of it, by parameter name (loaded in place)."""
         ...
 
+    def synced_tensors(self) -> dict[str, torch.Tensor]:
+        """The synced parameters where a checkpoint must keep them beside the live ones
+        (empty where they are the live ones at every sync), loaded in place."""
+        ...
+
+    def rebase(self) -> None:
+        """A checkpoint without synced parameters was loaded: they are the live ones."""
+        ...
+
 
 @dataclass
 class TrainState:
