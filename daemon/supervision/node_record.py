@@ -64,7 +64,12 @@ class NodeRecord:
         v = self.status()
         spanning = {"node_rank": v.node_rank, "generation": v.generation}
         ft = self.cfg.ft
-        exchange = {"semi_sync_method": ft.semi_sync_method, "sync_steps": ft.sync_steps}
+        exchange: dict[str, Any] = {
+            "semi_sync_method": ft.semi_sync_method,
+            "sync_steps": ft.sync_steps,
+        }
+        if ft.num_fragments > 1:  # streaming: a fragment every sync_steps / num_fragments
+            exchange["num_fragments"] = ft.num_fragments
         return {
             **(spanning if self.cfg.job.nodes_per_group > 1 else {}),
             **({"exchange": exchange} if ft.semi_sync_method != "none" else {}),

@@ -167,6 +167,8 @@ def status_table(doc: dict[str, Any]) -> str:
             f"\nexchange {exchange['semi_sync_method']}: groups sync every "
             f"{exchange.get('sync_steps')} steps"
         )
+        if exchange.get("num_fragments"):
+            head += f", in {exchange['num_fragments']} fragments synced in turn"
     checkpoint = doc.get("checkpoint")
     if checkpoint:
         head += f"\nlatest checkpoint: step {checkpoint.get('step')} at {checkpoint.get('path')}"

@@ -15,6 +15,7 @@ from torch import nn
 from trainer.workloads import Workload, WorkloadContext
 
 START = (0.5, -0.25)  # the weights before the first step
+BIAS = 0.125  # the bias's, with the option
 
 
 def item(index: int) -> tuple[tuple[float, float], float]:
@@ -24,9 +25,9 @@ def item(index: int) -> tuple[tuple[float, float], float]:
 
 
 class TwoWeights(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, bias: bool = False) -> None:
         super().__init__()
-        self.fc = nn.Linear(2, 1, bias=False)
+        self.fc = nn.Linear(2, 1, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.fc(x).squeeze(-1)
@@ -42,17 +43,21 @@ class Items:
 
 
 def init(name: str, like: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    if name == "fc.bias":
+        return torch.tensor([BIAS], dtype=like.dtype)
     if name != "fc.weight":
         raise ValueError(f"no start for {name}")
     return torch.tensor([START], dtype=like.dtype)
 
 
 def spec(ctx: WorkloadContext) -> Workload:
-    if ctx.options:
-        raise ValueError(f"two_weight_workload takes no options, got {sorted(ctx.options)}")
+    """Options: ``bias`` (false): a third weight, y = w . x + b (a second tensor)."""
+    if set(ctx.options) - {"bias"}:
+        raise ValueError(f"two_weight_workload takes only bias, got {sorted(ctx.options)}")
+    bias = bool(ctx.options.get("bias", False))
     return Workload(
         name="two_weights",
-        build_model=TwoWeights,
+        build_model=lambda: TwoWeights(bias),
         init=init,
         loss=F.mse_loss,
         train_data=Items(),

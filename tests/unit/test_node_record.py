@@ -203,3 +203,7 @@ def test_a_semi_synchronous_job_says_so_in_the_record_and_an_every_step_one_not(
     assert "exchange" not in record.build()  # the default: no bytes added to the record
     diloco, _, _ = made(tmp_path, 'ft.semi_sync_method="diloco"', "ft.sync_steps=10")
     assert diloco.build()["exchange"] == {"semi_sync_method": "diloco", "sync_steps": 10}
+    streaming, _, _ = made(
+        tmp_path, 'ft.semi_sync_method="diloco"', "ft.sync_steps=10", "ft.num_fragments=2"
+    )
+    assert streaming.build()["exchange"]["num_fragments"] == 2

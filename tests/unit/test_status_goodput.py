@@ -60,6 +60,9 @@ def test_status_says_how_the_groups_exchange() -> None:
     doc = status_json("j", _job({"a": diloco, "b": diloco}))
     assert doc["exchange"] == {"semi_sync_method": "diloco", "sync_steps": 20}
     assert "exchange diloco: groups sync every 20 steps" in status_table(doc)
+    fragments = {"exchange": {"semi_sync_method": "diloco", "sync_steps": 20, "num_fragments": 4}}
+    shown = status_table(status_json("j", _job({"a": fragments})))
+    assert "every 20 steps, in 4 fragments synced in turn" in shown
     plain = status_json("j", _job({"a": {}}))
     assert plain["exchange"] == {"semi_sync_method": "none"}
     assert "exchange" not in status_table(plain)
