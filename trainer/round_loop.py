@@ -97,7 +97,7 @@ class RoundLoop:
     def __post_init__(self) -> None:
         self.fragments = self.cfg.ft.num_fragments
         self.every = self.cfg.ft.sync_steps // self.fragments  # steps per sync
-        self.ledger = Ledger(self.fragments - 1)  # the syncs this group added to
+        self.ledger = Ledger(self.fragments - 1)  # the last committed syncs' adders
         self.mark = _draw()  # this group's, until its parameters start over
         self.params = list(self.state.params.values())
         self.global_batch = self.cfg.train.global_batch
@@ -240,8 +240,9 @@ class RoundLoop:
         # Healed or resumed: at the round's start now, with nothing to add; its parameters
         # started over (a new mark: sync_ledger.py).
         healed = resumed or self.state.heals != heals
-        if healed:
-            self.mark = _draw()
+        if healed:  # and where a failed sync would go back to is where it is now
+            self.mark, self.ledger = _draw(), Ledger(self.fragments - 1)
+            self.outer.mark()
         first = self.replication.current_step()  # a checkpoint's, or the peer's it healed from
         trained = 0.0 if members is None or healed or total is None else 1.0
         groups = max(1, self.env.num_replica_groups)
@@ -283,13 +284,14 @@ class RoundLoop:
         advanced = first + (self.every if weight > 0 else 0)
         self.replication.restore(advanced, self.replication.ft_state())
         if members is None or weight <= 0:
-            self.ledger = self.ledger.after(None)
+            if weight > 0:  # others' round, whose groups this group does not know
+                self.ledger = Ledger(self.fragments - 1)
             return Sync(True, None, (), size, norm)
         items = float(which[2 * groups + 1])
         loss = float(which[2 * groups]) / items if items > 0 else None
         round_items = step_items(first // self.every, self.every * self.global_batch)
         settled = settle(which.tolist(), groups, members, round_items, first, self.ledger)
-        self.ledger = self.ledger.after(settled.added if trained else None)
+        self.ledger = self.ledger.after(settled.added)
         # The groups that added their round share its membership: one of them says what
         # the others did not add (a group that healed here knows another round's).
         tells = bool(trained) and settled.tells

@@ -11,68 +11,27 @@ from __future__ import annotations
 
 import os
 import signal
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from tests.support.harness import (
-    PACE_S,
-    ROOT,
-    Event,
-    hurry,
-    slow,
-    start_daemon,
-    wait_for,
-    write_pace,
+from tests.support.diloco_runs import (
+    BATCH,
+    CONFIG,
+    EVERY,
+    Victim,
+    coverage,
+    diloco,
+    losses,
+    schedule_differs,
+    trained,
 )
+from tests.support.harness import PACE_S, hurry, slow, start_daemon, wait_for, write_pace
 from tests.support.job_queries import digest, status_json
 from tests.support.pair_runs import heal_divergence_to_end, run_to_end
-from tests.support.rank_groups import Group, Lighthouse, cleanup, launch_group, start_lighthouse
+from tests.support.rank_groups import Group, cleanup, launch_group, start_lighthouse
 
 pytestmark = pytest.mark.integration
-
-CONFIG = ROOT / "examples" / "single.toml"
-EVERY, BATCH = 5, 8  # ft.sync_steps, and examples/single.toml's global batch
-
-
-def diloco(steps: int) -> list[str]:
-    return ['ft.semi_sync_method="diloco"', f"ft.sync_steps={EVERY}", f"train.steps={steps}"]
-
-
-def trained(events: list[Event]) -> list[range]:
-    """The items of each round a group committed (train_step, or step_items between logs)."""
-    return [
-        range(*e["items"])
-        for e in events
-        if e["event"] in ("train_step", "step_items") and e["items"][1] > e["items"][0]
-    ]
-
-
-def schedule_differs(groups: list[Group]) -> dict[int, set[float]]:
-    """Steps whose learning rate differed between groups (the schedule is the job's, by
-    step, whether a group healed, joined without healing, or not)."""
-    lrs: dict[int, set[float]] = {}
-    for g in groups:
-        for e in g.events("train_step"):
-            lrs.setdefault(int(e["step"]), set()).add(float(e["lr"]))
-    return {step: lr for step, lr in lrs.items() if len(lr) > 1}
-
-
-def coverage(groups: list[Group], steps: int) -> tuple[list[int], list[int]]:
-    """(items trained more than once or never and not said lost, items said lost twice)."""
-    count = [0] * (steps * BATCH)
-    for g in groups:
-        for items in trained(g.events()):
-            for i in items:
-                count[i] += 1
-    lost = [0] * len(count)
-    for g in groups:
-        for e in g.events("items_lost"):
-            for i in range(*e["items"]):
-                lost[i] += 1
-    wrong = [i for i, n in enumerate(count) if n + lost[i] != 1]
-    return wrong, [i for i, n in enumerate(lost) if n > 1]
 
 
 @pytest.mark.parametrize("groups,bf16", [(2, False), (3, False), (2, True)])
@@ -112,7 +71,8 @@ def test_a_group_killed_mid_round_costs_the_other_nothing_and_heals_at_a_sync(
     sync and trains the rounds after. The pseudo-gradients cross as int8, so a healing
     group also takes part in the exchange of the rows' maxima."""
     steps = 200
-    run = Victim.start(tmp_path, steps, f"forward@+{2 * EVERY + 2}", int8=True)
+    int8 = ("ft.should_quantize=true",)
+    run = Victim.start(tmp_path, steps, f"forward@+{2 * EVERY + 2}", extra=int8)
     survivor, victim = run.survivor, run.victim
     with cleanup(run.lighthouse, survivor, victim):
         assert victim.wait(120) != [0], victim.rank0.tail()
@@ -136,53 +96,6 @@ def test_a_group_killed_mid_round_costs_the_other_nothing_and_heals_at_a_sync(
         int(e["step"]) for e in survivor.events() if e["event"] in ("train_step", "step_items")
     ]
     assert committed == list(range(EVERY, steps + 1, EVERY)), committed
-
-
-@dataclass
-class Victim:
-    """Group 0 paced, group 1 with a fault injected (PHALANX_CHAOS), on one lighthouse:
-    `relaunch` starts group 1 again (no fault) and lets both finish at full pace."""
-
-    tmp_path: Path
-    steps: int
-    lighthouse: Lighthouse
-    pace: Path
-    int8: bool = False  # ft.should_quantize
-    survivor: Group = field(init=False)
-    victim: Group = field(init=False)
-
-    @classmethod
-    def start(
-        cls, tmp_path: Path, steps: int, chaos: str, min_replicas: int = 1, int8: bool = False
-    ) -> Victim:
-        lighthouse = start_lighthouse(tmp_path, min_replicas=min_replicas)
-        run = cls(tmp_path, steps, lighthouse, write_pace(tmp_path / "pace", PACE_S), int8)
-        run.survivor = run.launch(0, "g0")
-        if min_replicas == 1:  # group 0 trains from the first round; group 1 joins it
-            wait_for(lambda: run.survivor.events("train_step"), 120, "group 0's first round")
-        run.victim = run.launch(1, "g1-killed", {"PHALANX_CHAOS": chaos})
-        return run
-
-    def launch(self, group: int, name: str, env: dict[str, str] | None = None) -> Group:
-        return launch_group(
-            CONFIG, self.tmp_path, group=group, name=name, num_groups=2,
-            lighthouse=self.lighthouse.address,
-            overrides=[*diloco(self.steps), f"ft.should_quantize={str(self.int8).lower()}"],
-            env={"PHALANX_CHAOS_DELAY": f"@{self.pace}", **(env or {})},
-        )  # fmt: skip
-
-    def relaunch(self) -> Group:
-        final = self.launch(1, "g1-final")
-        with cleanup(final):
-            wait_for(lambda: final.events("heal_done"), 120, "the relaunched group to heal")
-            write_pace(self.pace, 0.0)
-            assert final.wait(180) == [0], final.rank0.tail()
-            assert self.survivor.wait(60) == [0], self.survivor.rank0.tail()
-        return final
-
-
-def losses(events: list[Event]) -> dict[int, float]:
-    return {int(e["step"]): float(e["loss"]) for e in events if e["event"] == "train_step"}
 
 
 def test_a_cold_restart_resumes_the_trajectory_of_a_run_without_one(tmp_path: Path) -> None:

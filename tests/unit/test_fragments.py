@@ -94,9 +94,9 @@ def test_a_group_gone_after_adding_is_told_partly_lost_for_the_fragment_synced_n
         exchange(3, {0: (11, 1), 1: (22, 1), 2: (44, 0)}), 3, Quorum(3, 0), items20, 20, ledger
     )
     assert back.lost == () and back.partly == (range(50, 60),)
-    # The record keeps num_fragments - 1 syncs and starts over when this group adds nothing.
+    # The record keeps num_fragments - 1 syncs (none without fragments).
     assert len(ledger.after(second.added).after(back.added).added) == 1
-    assert ledger.after(None).added == ()
+    assert Ledger(keep=0).after(second.added).added == ()
 
 
 def test_the_group_whose_record_reaches_furthest_back_tells() -> None:

@@ -37,16 +37,15 @@ class Added:
 
 @dataclass(frozen=True)
 class Ledger:
-    """The last committed syncs this group added to, newest last, at most `keep`; it
-    starts over whenever this group adds nothing (it joined, healed or resumed)."""
+    """Who added what at the job's last committed syncs, newest last, at most `keep`, as
+    this group saw them; it starts over when this group's parameters do (it healed or
+    resumed) or when it joined a sync of others' whose round it did not know."""
 
     keep: int  # ft.num_fragments - 1
     added: tuple[Added, ...] = ()
 
-    def after(self, sync: Added | None) -> Ledger:
-        if sync is None or not self.keep:
-            return Ledger(self.keep)
-        return Ledger(self.keep, (*self.added, sync)[-self.keep :])
+    def after(self, sync: Added) -> Ledger:
+        return Ledger(self.keep, (*self.added, sync)[-self.keep :] if self.keep else ())
 
 
 @dataclass(frozen=True)
