@@ -49,7 +49,7 @@ RANK_SCRIPT = textwrap.dedent(
 
     m = TrainMetrics(RankEnv(rank=0, replica_group=1, job="doc-job", node="doc-node"))
     m.observe_step(StepReport(5, True, 1.5, 0.001, 0.5, 2, 7, 0.2, 4096, range(32, 48)))
-    sync = SyncFigures(every=5, seconds=0.1, bytes=1024, pseudo_norm=0.7, items_lost=16)
+    sync = SyncFigures(5, 0.1, 1024, pseudo_norm=0.7, items_lost=16, items_partly_lost=8)
     m.observe_step(StepReport(10, True, 1.4, 0.001, 0.5, 2, 9, 0.4, 4096, range(48, 64), sync=sync))
     m.observe_step(StepReport(6, False, 1.5, 0.001, 0.5, 1, 8, 0.2, 0, finite=False))
     m.observe_heal(0.5)
