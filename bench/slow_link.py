@@ -9,9 +9,10 @@ them (the environment contract), without daemons: the link carries only the grou
 exchange, which is what is measured.
 
 The same job (``examples/single.toml``'s model and synthetic corpus, every setting at
-its default but ``train.steps`` and ``train.eval_every``) runs five times in one
+its default but ``train.steps`` and ``train.eval_every``) runs six times in one
 invocation: every step, DiLoCo (``ft.sync_steps`` 20), the same sending its
-pseudo-gradients as bfloat16 (``ft.sync_bf16``) or as int8 (``ft.should_quantize``), and
+pseudo-gradients as bfloat16 (``ft.sync_bf16``) or as int8 (``ft.should_quantize``),
+streaming DiLoCo (``ft.num_fragments`` 4: a quarter of the parameters every 5 steps), and
 DiLoCo with group 2's rank SIGKILLed
 in its fourth round's eleventh step (not replaced). Printed and written as
 JSON: steps/s (from the first step all three groups committed together to the last),
@@ -47,6 +48,7 @@ from tests.support.ports import free_port
 CONFIG = ROOT / "examples" / "single.toml"
 GROUPS = 3
 SYNC_STEPS = 20
+FRAGMENTS = 4  # the streaming run's: a quarter of the parameters every 5 steps
 MODES: dict[str, list[str]] = {
     "every_step": [],
     "diloco": ['ft.semi_sync_method="diloco"', f"ft.sync_steps={SYNC_STEPS}"],
@@ -59,6 +61,11 @@ MODES: dict[str, list[str]] = {
         'ft.semi_sync_method="diloco"',
         f"ft.sync_steps={SYNC_STEPS}",
         "ft.should_quantize=true",
+    ],
+    "diloco_streaming": [
+        'ft.semi_sync_method="diloco"',
+        f"ft.sync_steps={SYNC_STEPS}",
+        f"ft.num_fragments={FRAGMENTS}",
     ],
 }
 
@@ -222,7 +229,7 @@ def main() -> None:
         results["diloco_kill"] = run(net, "diloco_kill", MODES["diloco"], args.steps, root, True)
     finally:
         net.close()
-    every, dl = results["every_step"], results["diloco"]
+    every, dl, streaming = results["every_step"], results["diloco"], results["diloco_streaming"]
     summary = {
         "rate": args.rate,
         "sync_steps": SYNC_STEPS,
@@ -239,6 +246,12 @@ def main() -> None:
         "int8_wire_bytes_over_diloco": results["diloco_int8"]["wire_bytes_per_step"]
         / dl["wire_bytes_per_step"],
         "int8_loss_ratio": results["diloco_int8"]["final_eval_loss"] / every["final_eval_loss"],
+        "streaming_steps_per_s_ratio": streaming["steps_per_s"] / every["steps_per_s"],
+        # a sync's bytes: per step times the steps between syncs
+        "streaming_bytes_per_sync_over_diloco": streaming["wire_bytes_per_step"]
+        * (SYNC_STEPS // FRAGMENTS)
+        / (dl["wire_bytes_per_step"] * SYNC_STEPS),
+        "streaming_loss_ratio": streaming["final_eval_loss"] / every["final_eval_loss"],
     }
     print("| run | steps/s | wire MB/step | final eval loss | digests equal |")
     print("|---|---|---|---|---|")
