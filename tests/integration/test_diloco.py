@@ -209,6 +209,37 @@ def test_under_daemons_a_killed_rank_is_restarted_and_heals_at_a_sync(
     assert steps_a and steps_a == list(range(steps_a[0], steps + 1, EVERY)), steps_a
 
 
+def test_under_daemons_the_leaders_loss_leaves_the_other_training_its_rounds(
+    tmp_path: Path, etcd_endpoint: str
+) -> None:
+    """Two `phalanx run` daemons on a diloco job; the leader's daemon is SIGKILLed (its
+    ranks and lighthouse die with it): the other node starts a lighthouse, and its ranks,
+    never restarted, sync alone on it, a round at a time, to the end. Every item is
+    trained once or said lost."""
+    steps = 200
+    job = [*diloco(steps), "train.eval_every=0"]
+    a, b = (start_daemon(tmp_path, n, [etcd_endpoint], overrides=job) for n in ("node-a", "node-b"))
+    try:
+        wait_for(lambda: a.step() > EVERY and b.step() > EVERY, 120, "both groups to sync")
+        leader, other = (a, b) if a.require_status()["leader"] else (b, a)
+        pids = other.rank_pids()
+        os.kill(leader.pid, signal.SIGKILL)
+        wait_for(lambda: other.events("lighthouse_started"), 30, "the other node to lead")
+        at = other.step()
+        wait_for(lambda: other.step() >= at + 2 * EVERY, 90, "rounds on the new lighthouse")
+        hurry(other)
+        assert other.wait(180) == 0, other.proc.tail()
+    finally:
+        a.stop()
+        b.stop()
+    assert not other.events("group_restarted")
+    assert [e["pids"] for e in other.events("group_started")] == [pids]
+    rounds = [int(e["step"]) for e in other.events("train_step")]
+    assert rounds == sorted(set(rounds)) and rounds[-1] == steps
+    assert all(r % EVERY == 0 for r in rounds), rounds
+    assert coverage([a, b], steps) == ([], [])
+
+
 def test_a_group_that_drifts_is_found_right_after_a_sync_and_heals(
     tmp_path: Path, etcd_endpoint: str
 ) -> None:

@@ -3,8 +3,10 @@ test_diloco*.py: the job's overrides, what each group trained, and a group that 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from tests.support.harness import PACE_S, ROOT, Event, wait_for, write_pace
 from tests.support.rank_groups import Group, Lighthouse, cleanup, launch_group, start_lighthouse
@@ -36,7 +38,13 @@ def schedule_differs(groups: list[Group]) -> dict[int, set[float]]:
     return {step: lr for step, lr in lrs.items() if len(lr) > 1}
 
 
-def coverage(groups: list[Group], steps: int) -> tuple[list[int], list[int]]:
+class Logged(Protocol):
+    """A rank group, or a daemon (whose log holds its ranks' events)."""
+
+    def events(self, name: str | None = None) -> list[Event]: ...
+
+
+def coverage(groups: Sequence[Logged], steps: int) -> tuple[list[int], list[int]]:
     """(items trained more than once or never and not said lost, items said lost twice)."""
     count = [0] * (steps * BATCH)
     for g in groups:
