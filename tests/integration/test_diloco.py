@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,16 @@ from tests.support.diloco_runs import (
     schedule_differs,
     trained,
 )
-from tests.support.harness import PACE_S, hurry, slow, start_daemon, wait_for, write_pace
+from tests.support.etcd_control import ControlledEtcd
+from tests.support.harness import (
+    HOLD_PACE_S,
+    PACE_S,
+    hurry,
+    slow,
+    start_daemon,
+    wait_for,
+    write_pace,
+)
 from tests.support.job_queries import digest, status_json
 from tests.support.pair_runs import heal_divergence_to_end, run_to_end
 from tests.support.rank_groups import Group, cleanup, launch_group, start_lighthouse
@@ -237,6 +247,37 @@ def test_under_daemons_the_leaders_loss_leaves_the_other_training_its_rounds(
     rounds = [int(e["step"]) for e in other.events("train_step")]
     assert rounds == sorted(set(rounds)) and rounds[-1] == steps
     assert all(r % EVERY == 0 for r in rounds), rounds
+    assert coverage([a, b], steps) == ([], [])
+
+
+def test_under_daemons_an_etcd_outage_fences_a_diloco_job_and_restarts_nothing(
+    tmp_path: Path, etcd: ControlledEtcd
+) -> None:
+    """Two daemons on a diloco job lose etcd for 10 s: their ranks may be paused (fenced,
+    SIGSTOP) wherever they are in a round, never restarted; once etcd is back the rounds
+    go on and the groups end alike."""
+    steps = 100
+    job = [*diloco(steps), "train.eval_every=0"]
+    a, b = (
+        start_daemon(tmp_path, n, [etcd.endpoint], overrides=job, pace_s=HOLD_PACE_S)
+        for n in ("node-a", "node-b")
+    )
+    try:
+        wait_for(lambda: a.step() > EVERY and b.step() > EVERY, 120, "both groups to sync")
+        etcd.stop()
+        time.sleep(10)
+        etcd.restart()
+        wait_for(lambda: a.events("group_resumed") and b.events("group_resumed"), 60, "resumed")
+        hurry(a, b)
+        run_to_end([a, b])
+    finally:
+        a.stop()
+        b.stop()
+    for d in (a, b):
+        assert d.events("fenced"), d.node_id
+        assert not d.events("group_restarted") and not d.events("group_failed"), d.node_id
+        assert len(d.events("group_started")) == 1, d.node_id
+    assert digest(a) == digest(b)
     assert coverage([a, b], steps) == ([], [])
 
 
