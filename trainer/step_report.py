@@ -10,7 +10,7 @@ from dataclasses import dataclass
 class SyncFigures:
     """What a DiLoCo round's sync cost and found (trainer/round_loop.py)."""
 
-    every: int  # inner steps per sync (ft.sync_steps)
+    every: int  # inner steps per sync (ft.sync_steps / ft.num_fragments)
     seconds: float  # the sync: its quorum, the exchange across groups and the commit
     bytes: int  # of the tensors it averaged across groups
     pseudo_norm: float | None  # the averaged pseudo-gradient's L2 norm (None: not committed)
