@@ -23,7 +23,7 @@ from tests.support.diloco_runs import (
     Victim,
     coverage,
     diloco,
-    losses,
+    resumed_against_whole,
     schedule_differs,
     trained,
 )
@@ -39,7 +39,7 @@ from tests.support.harness import (
 )
 from tests.support.job_queries import digest, status_json
 from tests.support.pair_runs import heal_divergence_to_end, run_to_end
-from tests.support.rank_groups import Group, cleanup, launch_group, start_lighthouse
+from tests.support.rank_groups import cleanup, launch_group, start_lighthouse
 
 pytestmark = pytest.mark.integration
 
@@ -112,28 +112,13 @@ def test_a_cold_restart_resumes_the_trajectory_of_a_run_without_one(tmp_path: Pa
     """One group, checkpoints every two rounds: killed in its fifth round and started
     again, it loads its last checkpoint (parameters, outer momentum, inner optimizer, LR
     schedule) and reaches the same losses, round by round, as a run never stopped."""
-    steps = 40
-    common = [*diloco(steps), f"checkpoint.interval_steps={2 * EVERY}"]
-
-    def run(name: str, env: dict[str, str] | None = None) -> Group:
-        ckpt = tmp_path / ("ckpt-" + name.split("-")[0])
-        overrides = [*common, f'checkpoint.dir="{ckpt}"']
-        return launch_group(CONFIG, tmp_path, name=name, overrides=overrides, env=env)
-
-    whole = run("whole")
-    assert whole.wait(180) == [0], whole.rank0.tail()
-    killed = run("cut-first", {"PHALANX_CHAOS": f"forward@+{4 * EVERY + 2}"})
-    assert killed.wait(180) != [0], killed.rank0.tail()
-    again = run("cut-again")
-    assert again.wait(180) == [0], again.rank0.tail()
-    (loaded,) = again.events("checkpoint_loaded")
-    assert int(loaded["step"]) in (2 * EVERY, 4 * EVERY), loaded
-    after = {s: v for s, v in losses(again.events()).items() if s > int(loaded["step"])}
-    assert after and after == {s: losses(whole.events())[s] for s in after}
-    assert (
-        again.events("train_done")[0]["params_sha256"]
-        == whole.events("train_done")[0]["params_sha256"]
+    overrides = [*diloco(40), f"checkpoint.interval_steps={2 * EVERY}"]
+    loaded, after, whole, same_digest = resumed_against_whole(
+        tmp_path, overrides, f"forward@+{4 * EVERY + 2}"
     )
+    assert loaded in (2 * EVERY, 4 * EVERY), loaded
+    assert after and after == whole
+    assert same_digest
 
 
 def test_a_failed_sync_is_not_applied_and_its_round_is_trained_again(tmp_path: Path) -> None:

@@ -18,9 +18,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.diloco_runs import CONFIG, EVERY, Victim, coverage, diloco, losses, trained
+from tests.support.diloco_runs import (
+    EVERY,
+    Victim,
+    coverage,
+    diloco,
+    resumed_against_whole,
+    trained,
+)
 from tests.support.harness import wait_for
-from tests.support.rank_groups import Group, cleanup, launch_group
+from tests.support.rank_groups import Group, cleanup
 
 pytestmark = pytest.mark.integration
 
@@ -89,25 +96,8 @@ def test_a_cold_restart_resumes_the_trajectory_with_the_synced_parameters(
     """One group, checkpoints every seven steps, where most fragments' synced parameters
     are not the live ones: killed in step 23 and started again, it reaches the same
     losses, step by step, and the same final digest as a run never stopped."""
-    steps = 35
-    common = [*diloco(steps), *FRAGMENTS, "checkpoint.interval_steps=7"]
-
-    def run(name: str, env: dict[str, str] | None = None) -> Group:
-        ckpt = tmp_path / ("ckpt-" + name.split("-")[0])
-        overrides = [*common, f'checkpoint.dir="{ckpt}"']
-        return launch_group(CONFIG, tmp_path, name=name, overrides=overrides, env=env)
-
-    whole = run("whole")
-    assert whole.wait(180) == [0], whole.rank0.tail()
-    killed = run("cut-first", {"PHALANX_CHAOS": "forward@+23"})
-    assert killed.wait(180) != [0], killed.rank0.tail()
-    again = run("cut-again")
-    assert again.wait(180) == [0], again.rank0.tail()
-    (loaded,) = again.events("checkpoint_loaded")
-    assert int(loaded["step"]) in (14, 21), loaded
-    after = {s: v for s, v in losses(again.events()).items() if s > int(loaded["step"])}
-    assert after and after == {s: losses(whole.events())[s] for s in after}
-    assert (
-        again.events("train_done")[0]["params_sha256"]
-        == whole.events("train_done")[0]["params_sha256"]
-    )
+    overrides = [*diloco(35), *FRAGMENTS, "checkpoint.interval_steps=7"]
+    loaded, after, whole, same_digest = resumed_against_whole(tmp_path, overrides, "forward@+23")
+    assert loaded in (14, 21), loaded
+    assert after and after == whole
+    assert same_digest

@@ -110,3 +110,29 @@ class Victim:
 
 def losses(events: list[Event]) -> dict[int, float]:
     return {int(e["step"]): float(e["loss"]) for e in events if e["event"] == "train_step"}
+
+
+def resumed_against_whole(
+    tmp_path: Path, overrides: list[str], kill: str
+) -> tuple[int, dict[int, float], dict[int, float], bool]:
+    """One group run whole, and once killed (PHALANX_CHAOS `kill`) and started again
+    from its checkpoint: (the step it loaded, the losses after it of the restarted run
+    and of the whole one at the same steps, whether their final digests agree)."""
+
+    def run(name: str, env: dict[str, str] | None = None) -> Group:
+        ckpt = tmp_path / ("ckpt-" + name.split("-")[0])
+        argv = [*overrides, f'checkpoint.dir="{ckpt}"']
+        return launch_group(CONFIG, tmp_path, name=name, overrides=argv, env=env)
+
+    whole = run("whole")
+    assert whole.wait(180) == [0], whole.rank0.tail()
+    killed = run("cut-first", {"PHALANX_CHAOS": kill})
+    assert killed.wait(180) != [0], killed.rank0.tail()
+    again = run("cut-again")
+    assert again.wait(180) == [0], again.rank0.tail()
+    (loaded,) = again.events("checkpoint_loaded")
+    step = int(loaded["step"])
+    after = {s: v for s, v in losses(again.events()).items() if s > step}
+    before = losses(whole.events())
+    digests = {g.events("train_done")[0]["params_sha256"] for g in (whole, again)}
+    return step, after, {s: before[s] for s in after if s in before}, len(digests) == 1
