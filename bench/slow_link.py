@@ -9,19 +9,19 @@ them (the environment contract), without daemons: the link carries only the grou
 exchange, which is what is measured.
 
 The same job (``examples/single.toml``'s model and synthetic corpus, every setting at
-its default but ``train.steps`` and ``train.eval_every``) runs six times in one
+its default but ``train.steps`` and ``train.eval_every``) runs eight times in one
 invocation: every step, DiLoCo (``ft.sync_steps`` 20), the same sending its
 pseudo-gradients as bfloat16 (``ft.sync_bf16``) or as int8 (``ft.should_quantize``),
-streaming DiLoCo (``ft.num_fragments`` 4: a quarter of the parameters every 5 steps), and
-DiLoCo with group 2's rank SIGKILLed
-in its fourth round's eleventh step (not replaced). Printed and written as
-JSON: steps/s (from the first step all three groups committed together to the last),
-the bytes that crossed the three links over those steps (sampled every 0.1 s; the
-whole run's, with the heals of groups that joined late, beside them), the evaluation loss at the last step (the same
-fixed items in both modes: equal tokens at equal steps) against the corpus entropy,
-the digests at the end, and for the kill the survivor's round whose sync went on
-without the dead group against its other rounds' median (its first round, which holds
-its start, left out). Nothing paces the ranks. Run as root:
+streaming DiLoCo (``ft.num_fragments`` 4: a quarter of the parameters every 5 steps),
+and three times DiLoCo with one group's rank SIGKILLed in its fourth round's eleventh
+step (not replaced), each group in turn. Printed and written as JSON: steps/s (from the
+first step all three groups committed together to the last), the bytes that crossed
+the three links over those steps (sampled every 0.1 s; the whole run's, with the heals
+of groups that joined late, beside them), the evaluation loss at the last step (the
+same fixed items in every mode: equal tokens at equal steps) against the corpus
+entropy, the digests at the end, and for each kill each survivor's round whose sync
+went on without the dead group against its other rounds' median (its first round,
+which holds its start, left out). Nothing paces the ranks. Run as root:
 ``python -m bench.slow_link [--steps 200] [--rate 50mbit] [--out FILE] [--keep DIR]``.
 """
 
@@ -151,8 +151,9 @@ def committed(events: list[Event]) -> list[Event]:
 
 
 def run(
-    net: Network, name: str, overrides: list[str], steps: int, root: Path, kill: bool = False
+    net: Network, name: str, overrides: list[str], steps: int, root: Path, kill: int | None = None
 ) -> dict[str, Any]:
+    """One run of the job on the three hosts; `kill`: the group whose rank dies."""
     log_dir = root / name
     log_dir.mkdir(parents=True)
     hosts = list(net.hosts.values())
@@ -161,29 +162,25 @@ def run(
     wire_samples = WireSamples(hosts)
     procs = []
     for g, host in enumerate(hosts):
-        chaos = {"PHALANX_CHAOS": f"forward@+{3 * SYNC_STEPS + 10}"} if kill and g == 2 else {}
+        chaos = {"PHALANX_CHAOS": f"forward@+{3 * SYNC_STEPS + 10}"} if g == kill else {}
         procs.append(launch(host, g, address, settings, log_dir, chaos))
     try:
         codes = [p.wait(1800) for p in procs]
     finally:
         lighthouse.stop()
         wire = wire_samples.stop()
-    survivors = procs[:2] if kill else procs
-    assert all(c == 0 for c in codes[: len(survivors)]), [p.tail() for p in procs]
+    alive = [g for g in range(GROUPS) if g != kill]
+    assert all(codes[g] == 0 for g in alive), [p.tail() for p in procs]
     events = [p.events() for p in procs]
-    together = [
-        [e for e in committed(ev) if e["participants"] == GROUPS] for ev in events[: len(survivors)]
-    ]
+    survivors = [events[g] for g in alive]
+    together = [[e for e in committed(ev) if e["participants"] == GROUPS] for ev in survivors]
     first = max(min(int(e["step"]) for e in t) for t in together) if all(together) else 0
-    ends = [committed(ev) for ev in events[: len(survivors)]]
+    ends = [committed(ev) for ev in survivors]
     t0 = max(event_time(next(e for e in ev if int(e["step"]) == first)) for ev in ends)
     t1 = max(event_time(ev[-1]) for ev in ends)
-    evals = [e for e in events[0] if e["event"] == "eval"]
-    started = next(e for e in events[0] if e["event"] == "rank_started")
-    done = [next(e for e in ev if e["event"] == "train_done") for ev in events[: len(survivors)]]
-    # The survivor's rounds after its first (which holds its start): the one whose sync
-    # went on without the killed group (the first with fewer groups) against the rest.
-    rounds = [e for e in committed(events[0]) if "step_seconds" in e][1:]
+    evals = [e for e in survivors[0] if e["event"] == "eval"]
+    started = next(e for e in survivors[0] if e["event"] == "rank_started")
+    done = [next(e for e in ev if e["event"] == "train_done") for ev in survivors]
     figures: dict[str, Any] = {
         "steps": steps,
         "measured_from_step": first,
@@ -198,16 +195,25 @@ def run(
             len(range(*e["items"])) for ev in events for e in ev if e["event"] == "items_lost"
         ),
     }
-    if kill:
-        hit = next(e for e in rounds if e["participants"] < GROUPS)
-        rest = [float(e["step_seconds"]) for e in rounds if e is not hit]
-        figures["survivor_round_s"] = {
-            "kill_round": float(hit["step_seconds"]),
-            "kill_round_step": int(hit["step"]),
-            "median_other_rounds": statistics.median(rest),
-            "pause": float(hit["step_seconds"]) - statistics.median(rest),
-        }
+    if kill is not None:
+        figures["killed_group"] = kill
+        figures["survivor_round_s"] = {str(g): kill_round(events[g]) for g in alive}
+        figures["pause"] = max(r["pause"] for r in figures["survivor_round_s"].values())
     return figures
+
+
+def kill_round(events: list[Event]) -> dict[str, float]:
+    """A survivor's rounds after its first (which holds its start): the one whose sync
+    went on without the killed group (the first with fewer groups) against the rest."""
+    rounds = [e for e in committed(events) if "step_seconds" in e][1:]
+    hit = next(e for e in rounds if e["participants"] < GROUPS)
+    rest = [float(e["step_seconds"]) for e in rounds if e is not hit]
+    return {
+        "kill_round": float(hit["step_seconds"]),
+        "kill_round_step": int(hit["step"]),
+        "median_other_rounds": statistics.median(rest),
+        "pause": float(hit["step_seconds"]) - statistics.median(rest),
+    }
 
 
 def main() -> None:
@@ -226,7 +232,9 @@ def main() -> None:
         for g in range(GROUPS):
             cap(net, net.add_host(f"g{g}"), args.rate)
         results = {name: run(net, name, o, args.steps, root) for name, o in MODES.items()}
-        results["diloco_kill"] = run(net, "diloco_kill", MODES["diloco"], args.steps, root, True)
+        for g in range(GROUPS):  # each group's rank killed in turn, every ring position
+            name = f"diloco_kill_g{g}"
+            results[name] = run(net, name, MODES["diloco"], args.steps, root, kill=g)
     finally:
         net.close()
     every, dl, streaming = results["every_step"], results["diloco"], results["diloco_streaming"]
@@ -263,12 +271,15 @@ def main() -> None:
     print(f"corpus entropy {every['entropy']:.4f} nats")
     for key, value in summary.items():
         print(f"{key}: {value if isinstance(value, str) else round(value, 4)}")
-    kill = results["diloco_kill"]["survivor_round_s"]
-    print(
-        f"kill: the survivors' round that synced without the dead group "
-        f"{kill['kill_round']:.3f} s against {kill['median_other_rounds']:.3f} s (median of the "
-        f"others): {kill['pause']:.3f} s more; items lost {results['diloco_kill']['items_lost']}"
-    )
+    for g in range(GROUPS):
+        killed = results[f"diloco_kill_g{g}"]
+        for survivor, r in killed["survivor_round_s"].items():
+            print(
+                f"group {g} killed: group {survivor}'s round that synced without it "
+                f"{r['kill_round']:.3f} s against {r['median_other_rounds']:.3f} s (median of "
+                f"its others): {r['pause']:.3f} s more; items lost {killed['items_lost']}"
+            )
+    summary["kill_pause_max_s"] = max(results[f"diloco_kill_g{g}"]["pause"] for g in range(GROUPS))
     if args.out:
         args.out.write_text(json.dumps({"summary": summary, "runs": results}, indent=1) + "\n")
 
