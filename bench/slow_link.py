@@ -13,8 +13,8 @@ its default but ``train.steps`` and ``train.eval_every``) runs eight times in on
 invocation: every step, DiLoCo (``ft.sync_steps`` 20), the same sending its
 pseudo-gradients as bfloat16 (``ft.sync_bf16``) or as int8 (``ft.should_quantize``),
 streaming DiLoCo (``ft.num_fragments`` 4: a quarter of the parameters every 5 steps),
-and three times DiLoCo with one group's rank SIGKILLed in its fourth round's eleventh
-step (not replaced), each group in turn. Printed and written as JSON: steps/s (from the
+and three times DiLoCo with one group's rank SIGKILLed in the job's seventh round's
+eleventh step (step 130; not replaced), each group in turn. Printed and written as JSON: steps/s (from the
 first step all three groups committed together to the last), the bytes that crossed
 the three links over those steps (sampled every 0.1 s; the whole run's, with the heals
 of groups that joined late, beside them), the evaluation loss at the last step (the
@@ -162,7 +162,9 @@ def run(
     wire_samples = WireSamples(hosts)
     procs = []
     for g, host in enumerate(hosts):
-        chaos = {"PHALANX_CHAOS": f"forward@+{3 * SYNC_STEPS + 10}"} if g == kill else {}
+        # The job's step 130 (its seventh round's eleventh step), whenever the victim
+        # joined: the groups have all trained together by then.
+        chaos = {"PHALANX_CHAOS": f"forward@{6 * SYNC_STEPS + 10}"} if g == kill else {}
         procs.append(launch(host, g, address, settings, log_dir, chaos))
     try:
         codes = [p.wait(1800) for p in procs]
