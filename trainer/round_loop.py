@@ -22,9 +22,14 @@ peer's synced parameters, outer momentum, inner optimizer and LR schedule). Then
    again with the same items. Each round sets the LR schedule at its first step.
 
 A group lost during a round is not waited for: the sync's quorum goes on without it,
-and its share of the round is trained by nobody. The first group of the round that added
-its share logs each such share (``items_lost``, trainer.contracts.rank_events) and the
-metric counts its items.
+and its share of the round is trained by nobody. One group of the round that added its
+share logs each such share (``items_lost``, trainer.contracts.rank_events; who tells:
+trainer/data/sync_ledger.py) and the metric counts its items.
+
+Streaming (``ft.num_fragments`` F > 1): a "round" is H/F steps and its sync exchanges
+one fragment of the parameters in turn (every fragment at the job's last sync); a failed
+sync goes back to where its steps began; shares a lost group trained at the last F-1
+syncs that the fragment synced now never received are logged as ``items_partly_lost``.
 """
 
 from __future__ import annotations
