@@ -38,7 +38,7 @@ from tests.support.harness import (
     write_pace,
 )
 from tests.support.job_queries import digest, status_json
-from tests.support.pair_runs import heal_divergence_to_end, run_to_end
+from tests.support.pair_runs import heal_divergence_to_end, resumed_to_end, run_to_end
 from tests.support.rank_groups import cleanup, launch_group, start_lighthouse
 
 pytestmark = pytest.mark.integration
@@ -252,9 +252,7 @@ def test_under_daemons_an_etcd_outage_fences_a_diloco_job_and_restarts_nothing(
         etcd.stop()
         time.sleep(10)
         etcd.restart()
-        wait_for(lambda: a.events("group_resumed") and b.events("group_resumed"), 60, "resumed")
-        hurry(a, b)
-        run_to_end([a, b])
+        resumed_to_end([a, b])
     finally:
         a.stop()
         b.stop()

@@ -12,7 +12,6 @@ because the retries backed off to 5 s). 9a8dc3f fixed the doubt; this keeps it f
 
 from __future__ import annotations
 
-import functools
 import itertools
 import os
 import signal
@@ -22,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from tests.support.etcd_control import ControlledEtcd
-from tests.support.harness import HOLD_PACE_S, Daemon, hurry, start_daemon, wait_for
+from tests.support.harness import HOLD_PACE_S, Daemon, start_daemon, wait_for
 from tests.support.job_queries import digest
-from tests.support.pair_runs import run_to_end
+from tests.support.pair_runs import resumed_to_end
 
 pytestmark = pytest.mark.integration
 
@@ -64,10 +63,7 @@ def test_every_lease_lapsed_keeps_every_group(tmp_path: Path, etcd: ControlledEt
         finally:
             for d in (a, b):
                 os.kill(d.proc.popen.pid, signal.SIGCONT)
-        for d in (a, b):
-            wait_for(functools.partial(d.events, "group_resumed"), 60, f"{d.node_id} to resume")
-        hurry(a, b)
-        run_to_end([a, b])
+        resumed_to_end([a, b])
     finally:
         a.stop()
         b.stop()

@@ -3,6 +3,7 @@ end, kill a pair once a checkpoint is on disk, start the pair again on its old s
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import time
@@ -21,6 +22,15 @@ def run_to_end(daemons: Sequence[Daemon], timeout: float = 240) -> None:
     finally:
         for d in daemons:
             d.stop()
+
+
+def resumed_to_end(daemons: Sequence[Daemon]) -> None:
+    """Once each daemon's fenced ranks are resumed (group_resumed), let them run unpaced
+    to the end (run_to_end)."""
+    for d in daemons:
+        wait_for(functools.partial(d.events, "group_resumed"), 60, f"{d.node_id} to resume")
+    hurry(*daemons)
+    run_to_end(daemons)
 
 
 def heal_divergence_to_end(daemons: Sequence[Daemon], minority: Daemon) -> None:
