@@ -295,7 +295,7 @@ class RoundLoop:
         items = float(which[2 * groups + 1])
         loss = float(which[2 * groups]) / items if items > 0 else None
         round_items = step_items(first // self.every, self.every * self.global_batch)
-        settled = settle(which.tolist(), groups, members, round_items, first, self.ledger)
+        settled = settle(which.tolist(), groups, members, round_items, self.ledger)
         self.ledger = self.ledger.after(settled.added)
         # The groups that added their round share its membership: one of them says what
         # the others did not add (a group that healed here knows another round's).

@@ -78,20 +78,18 @@ def test_a_group_gone_after_adding_is_told_partly_lost_for_the_fragment_synced_n
     items10, items20 = range(30, 60), range(60, 90)
     ledger = Ledger(keep=1)
     first = settle(
-        exchange(3, {0: (11, 0), 1: (22, 0), 2: (33, 0)}), 3, Quorum(3, 0), items10, 10, ledger
+        exchange(3, {0: (11, 0), 1: (22, 0), 2: (33, 0)}), 3, Quorum(3, 0), items10, ledger
     )
     assert first.lost == () and first.partly == () and first.tells
     ledger = ledger.after(first.added)
-    assert ledger.added == (
-        Added(10, {11.0: range(30, 40), 22.0: range(40, 50), 33.0: range(50, 60)}),
-    )
-    second = settle(exchange(3, {0: (11, 1), 1: (22, 1)}), 3, Quorum(3, 1), items20, 20, ledger)
+    assert ledger.added == (Added({11.0: range(30, 40), 22.0: range(40, 50), 33.0: range(50, 60)}),)
+    second = settle(exchange(3, {0: (11, 1), 1: (22, 1)}), 3, Quorum(3, 1), items20, ledger)
     assert second.lost == (range(80, 90),)
     assert second.partly == (range(50, 60),)
     assert not second.tells  # round rank 0 says it
     # A group that came back (a new mark) is not the one that went.
     back = settle(
-        exchange(3, {0: (11, 1), 1: (22, 1), 2: (44, 0)}), 3, Quorum(3, 0), items20, 20, ledger
+        exchange(3, {0: (11, 1), 1: (22, 1), 2: (44, 0)}), 3, Quorum(3, 0), items20, ledger
     )
     assert back.lost == () and back.partly == (range(50, 60),)
     # The record keeps num_fragments - 1 syncs (none without fragments).
@@ -101,8 +99,8 @@ def test_a_group_gone_after_adding_is_told_partly_lost_for_the_fragment_synced_n
 
 def test_the_group_whose_record_reaches_furthest_back_tells() -> None:
     ledger = Ledger(keep=3)
-    shown = settle(exchange(2, {0: (5, 1), 1: (6, 3)}), 2, Quorum(2, 1), range(0, 8), 0, ledger)
+    shown = settle(exchange(2, {0: (5, 1), 1: (6, 3)}), 2, Quorum(2, 1), range(0, 8), ledger)
     assert shown.tells
     assert not settle(
-        exchange(2, {0: (5, 1), 1: (6, 3)}), 2, Quorum(2, 0), range(0, 8), 0, ledger
+        exchange(2, {0: (5, 1), 1: (6, 3)}), 2, Quorum(2, 0), range(0, 8), ledger
     ).tells

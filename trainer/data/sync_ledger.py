@@ -31,7 +31,6 @@ def slots(groups: int) -> int:
 class Added:
     """One committed sync: the share each group added, by its mark."""
 
-    step: int  # the sync's first step
     shares: Mapping[float, range]
 
 
@@ -61,14 +60,13 @@ def settle(
     groups: int,
     members: Quorum,
     round_items: range,
-    step: int,
     ledger: Ledger,
 ) -> Settled:
     """Read a committed sync's exchange (`which`, as summed over its groups)."""
     ranks = range(min(members.participants, groups))
     marks = {k: float(which[k]) for k in ranks if which[k]}
     shares = {mark: split(round_items, members.participants, k) for k, mark in marks.items()}
-    added = Added(step, shares)
+    added = Added(shares)
     lost = tuple(split(round_items, members.participants, k) for k in ranks if k not in marks)
     partly = tuple(
         share for sync in ledger.added for mark, share in sync.shares.items() if mark not in shares
