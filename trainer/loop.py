@@ -37,7 +37,7 @@ from trainer.chaos import Chaos
 from trainer.config import TrainerConfig
 from trainer.config.env import RankEnv
 from trainer.contracts import rank_events as events
-from trainer.data.shares import Quorum, group_share, rank_plan
+from trainer.data.shares import Quorum, fixed_cuts, group_share, rank_plan
 from trainer.data.sources import Sampler
 from trainer.forward_backward import ForwardBackward
 from trainer.ft.buffers import joined, split
@@ -333,7 +333,9 @@ class Loop:
         total = failed.losses
         for rest in (range(whole.start, failed.share.start), range(failed.share.stop, whole.stop)):
             if rest:
-                plan = rank_plan(rest, 1, 0, self.micro, 1, self.global_batch, self.unit)
+                plan = rank_plan(
+                    rest, 1, 0, self.micro, 1, self.global_batch, self.unit, self._cuts(step)
+                )
                 total = total + self.passes.accumulate(step, plan)
         self.log.info(
             "gradients_reused",
@@ -360,8 +362,13 @@ class Loop:
             quorum.participants,
             self.global_batch,
             self.unit,
+            self._cuts(step),
         )
         return self.passes.run(step, plan), share
+
+    def _cuts(self, step: int) -> tuple[int, ...]:
+        """Where a full quorum's shares of `step` begin: no micro-batch crosses one."""
+        return fixed_cuts(step, self.global_batch, self.env.num_replica_groups, self.unit)
 
     def _quorum_settles(self) -> bool:
         """Whether every rank of the group saw this step's quorum form (the group leaves

@@ -104,6 +104,12 @@ def _kill_relaunch_heal(
     # The survivor's step count never went backwards: nothing committed was lost.
     committed = survivor.committed_steps()
     assert committed == sorted(committed) and committed[-1] == steps
+    if nproc == 1:
+        # Nor did the kills change a bit: two one-rank groups compute every share of a
+        # step in micro-batches of their own, whichever group computes it, so the update
+        # is the same bits as one group's alone (trainer/data/shares.py, fixed_cuts).
+        alone = _lone_digest(tmp_path, overrides)
+        assert done0["params_sha256"] == alone, (done0["params_sha256"], alone)
     if nproc == 1 and "gradients" in moments and "optimizer" in moments:
         # A one-rank survivor keeps the half it computed (trainer/loop.py, _reuse): after
         # the gradients kill its exchange failed (the peer died before it sent); after the
@@ -112,6 +118,20 @@ def _kill_relaunch_heal(
         # half can arrive before its SIGKILL, and the step commits with both; seen in CI.)
         why = {e["why"] for e in survivor.events("gradients_reused")}
         assert {"exchange_failed", "quorum_shrank"} <= why, why
+
+
+def _lone_digest(tmp_path: Path, overrides: list[str]) -> str:
+    """The digest one group of a two-group job ends on when it trains every step alone."""
+    logs = tmp_path / "alone"
+    logs.mkdir()
+    lighthouse = start_lighthouse(logs)
+    group = launch_group(
+        CONFIG, logs, num_groups=2, lighthouse=lighthouse.address, overrides=overrides
+    )
+    with cleanup(lighthouse, group):
+        assert group.wait(180) == [0], group.rank0.tail()
+    assert {e["participants"] for e in group.events("train_step")} == {1}
+    return str(group.events("train_done")[0]["params_sha256"])
 
 
 def test_sharded_groups_survive_kills_and_heal(tmp_path: Path) -> None:

@@ -16,10 +16,19 @@ Each rank's loss is scaled by ``items_on_micro_batch * dp * G / B`` before its b
 the data-parallel reduce inside the group and the all-reduce across groups both
 average, so the update is the mean gradient over the step's ``B`` items, whichever
 groups computed them.
+
+A micro-batch never crosses a boundary between the shares of a full quorum (the job's
+``max_replicas`` groups, ``fixed_cuts``): a group that trains more than its usual share
+(its peers gone or healing) computes each of the others' shares in passes of its own,
+so every item meets the same parameters in a pass over the same items whoever computes
+it. With two groups of one rank that makes the update bitwise the same whichever groups
+took part: each share's gradient is the same bits scaled by a power of two, and a sum of
+two terms does not depend on their order.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 
@@ -59,18 +68,33 @@ class RankPlan:
     weights: list[float]  # multiply the micro-batch's mean loss by this before backward
 
 
+def fixed_cuts(step: int, global_batch: int, groups: int, unit: int = 1) -> tuple[int, ...]:
+    """Where the shares of a full quorum of `groups` begin in `step`, but the first: the
+    items at which a micro-batch must begin (see the module's docstring)."""
+    items = step_items(step, global_batch)
+    return tuple(split(items, groups, k, unit).start for k in range(1, groups))
+
+
+def _pieces(mine: range, micro: int, cuts: tuple[int, ...]) -> list[range]:
+    """`mine` in micro-batches of at most `micro` items that begin at every cut."""
+    edges = [mine.start, *(c for c in cuts if mine.start < c < mine.stop), mine.stop]
+    return [
+        range(lo, min(lo + micro, hi))
+        for a, hi in itertools.pairwise(edges)
+        for lo in range(a, hi, micro)
+    ]
+
+
 def rank_plan(
     share: range, dp: int, dp_rank: int, micro: int, participants: int, global_batch: int,
-    unit: int = 1,
+    unit: int = 1, cuts: tuple[int, ...] = (),
 ) -> RankPlan:  # fmt: skip
     """Split a group's share among its `dp` data ranks and into micro-batches of at most
-    `micro` items. Every rank of the group gets the same number of micro-batches."""
-    widest = max(len(split(share, dp, k, unit)) for k in range(dp))
-    count = max(1, -(-widest // micro))
-    mine = split(share, dp, dp_rank, unit)
-    batches = [
-        range(min(mine.start + i * micro, mine.stop), min(mine.start + (i + 1) * micro, mine.stop))
-        for i in range(count)
-    ]
+    `micro` items, each beginning at every one of `cuts` it spans (``fixed_cuts``).
+    Every rank of the group gets the same number of micro-batches: one with fewer runs
+    empty ones (zero-weight passes) after its own."""
+    count = max(1, *(len(_pieces(split(share, dp, k, unit), micro, cuts)) for k in range(dp)))
+    mine = _pieces(split(share, dp, dp_rank, unit), micro, cuts)
+    batches = mine + [range(share.stop, share.stop)] * (count - len(mine))
     scale = dp * participants / global_batch
     return RankPlan(batches, [len(b) * scale for b in batches])
