@@ -64,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--workdir", help="keep the run's files here (default: a temporary directory)"
     )
+    demo.add_argument(
+        "--kill-at",
+        type=int,
+        help="kill node-b's ranks once node-a reaches this step (default: a third of the "
+        "steps; 0: no failure, for the digest a run without one ends on)",
+    )
     return parser
 
 
@@ -72,7 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         from daemon.demo import run_demo
 
-        return run_demo(steps=args.steps, workdir=args.workdir)
+        if args.kill_at is not None and not 0 <= args.kill_at < args.steps:
+            print(
+                f"error: --kill-at must be 0 (no failure) or below --steps ({args.steps})",
+                file=sys.stderr,
+            )
+            return EXIT_BAD_INPUT
+        return run_demo(steps=args.steps, workdir=args.workdir, kill_at=args.kill_at)
     try:
         cfg = load_daemon_config(args.config, args.overrides, args.node_id)
     except ConfigError as e:
