@@ -200,11 +200,11 @@ def cpu_rows() -> list[Row]:
     """What this command checks anywhere: FP8 refused on a CPU node, the FP8 conversion of
     the 937M model on the meta device, and a short trainer run."""
     phalanx = str(Path(sys.executable).parent / "phalanx")
+    argv = [phalanx, "run", "--config", str(SINGLE), "--set", "parallel.fp8=true"]
+    argv += ["--set", "node.device=cpu"]
     refused = subprocess.run(
-        [phalanx, "run", "--config", str(SINGLE), "--set", "parallel.fp8=true",
-         "--set", "node.device=cpu"],
-        capture_output=True, text=True, cwd=ROOT, timeout=120, check=False,
-    )  # fmt: skip
+        argv, capture_output=True, text=True, cwd=ROOT, timeout=120, check=False
+    )
     said = refused.stderr.strip().splitlines()[-1] if refused.stderr.strip() else ""
     rows = [
         Row(

@@ -28,7 +28,6 @@ from typing import Any
 
 from pyetcd import transactions as txn
 
-from daemon.config.etcd_settings import check_etcd_settings
 from daemon.coordination import slots as slot_keys
 from daemon.coordination.etcd_client import (
     CoordinationError,
@@ -105,15 +104,7 @@ class Coordinator:
     ) -> None:
         if not settings.endpoints:
             raise CoordinationError("no etcd endpoints configured; set etcd.endpoints.")
-        s = settings
-        try:  # the same check as a job file's (daemon.config)
-            check_etcd_settings(
-                s.endpoints, s.timeout_s, lease_ttl_s, job, node_id,
-                s.user, s.password, s.cert_file, s.key_file, s.ca_file,
-                s.allow_insecure_password,
-            )  # fmt: skip
-        except ValueError as e:
-            raise CoordinationError(f"{e}.") from None
+        settings.check(lease_ttl_s, job, node_id)  # the same check as a job file's
         self.settings, self.job = settings, job
         self.node_id, self.lease_ttl_s = node_id, lease_ttl_s
         self.prefix = f"/phalanx/{job}/"
@@ -209,10 +200,17 @@ class Coordinator:
             lambda c: c.get_prefix_response(self._key("nodes/"), count_only=True)
         ).count
         return slot_keys.claim_free(
-            self._txn, prefix, held, self._me, lease,
-            node_id=self.node_id, max_replicas=slots, preferred=preferred,
-            joiners=int(registered) - len(held), nodes_per_group=npg,
-        )  # fmt: skip
+            self._txn,
+            prefix,
+            held,
+            self._me,
+            lease,
+            node_id=self.node_id,
+            max_replicas=slots,
+            preferred=preferred,
+            joiners=int(registered) - len(held),
+            nodes_per_group=npg,
+        )
 
     def seat_holder(self, seat: int, nodes_per_group: int) -> str | None:
         """The node id holding seat `seat` now (None: free), read from etcd itself."""

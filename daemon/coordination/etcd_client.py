@@ -34,7 +34,7 @@ import grpc  # type: ignore[import-untyped]  # no stubs; not in the mypy overrid
 import grpc._common  # type: ignore[import-untyped]
 import pyetcd
 
-from daemon.config.etcd_settings import split_endpoint
+from daemon.config.etcd_settings import check_etcd_settings, split_endpoint
 
 T = TypeVar("T")
 
@@ -121,6 +121,26 @@ class EtcdSettings:
     password: str | None = field(default=None, repr=False)  # never printed
     timeout_s: float = 2.0  # below the lease TTL (daemon.config.check_etcd_settings)
     allow_insecure_password: bool = False  # the password may cross the network in clear
+
+    def check(self, lease_ttl_s: int, job: str, node_id: str) -> None:
+        """The job file's check of these settings (``check_etcd_settings``): raise
+        :class:`CoordinationError` with its sentence where one is wrong."""
+        try:
+            check_etcd_settings(
+                self.endpoints,
+                self.timeout_s,
+                lease_ttl_s,
+                job,
+                node_id,
+                self.user,
+                self.password,
+                self.cert_file,
+                self.key_file,
+                self.ca_file,
+                self.allow_insecure_password,
+            )
+        except ValueError as e:
+            raise CoordinationError(f"{e}.") from None
 
 
 def _rpc_error(exc: BaseException) -> Any:

@@ -67,8 +67,6 @@ from trainer.ft.state import TrainState, local
 from trainer.metrics import TrainMetrics
 from trainer.parallel.group_ops import on_every_rank
 
-# ------------------------------------------------------------------ the saver
-
 
 class Checkpointer:
     def __init__(
