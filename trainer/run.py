@@ -266,7 +266,7 @@ def _finish(b: Built) -> int:
         b.checkpointer.close()  # never leave a save half-written on a clean exit
     if b.loop.drained:
         if b.env.rank == 0:
-            log.info("train_stopped", step=step, reason="SIGTERM")
+            log.info(events.TRAIN_STOPPED, step=step, reason="SIGTERM")
         _leave(b)
         return EXIT_DRAINED
     digest = params_sha256(b.params, b.layout.group("pp"))

@@ -12,7 +12,9 @@ now. What the open interval is depends on the mode:
   the seconds the loop spent on a checkpoint save and an evaluation before it where
   there is something to say (``trainer.contracts.rank_events``; a step's end without
   them is all step); a heal says how long the peer's state took. A reading leaves this
-  interval out until then, so the counters never go back.
+  interval out until then, so the counters never go back. The ranks' ``train_done`` (or
+  ``train_stopped``) says their steps are over: what came after the last one (the final
+  save, the digest) and what follows until they exit is the job's end, draining.
 
 The seconds of the ledger always add up to its life: each credit closes the open
 interval and opens the next at the same instant.
@@ -29,6 +31,8 @@ from trainer.contracts import rank_events as events
 
 STEP_ENDS = frozenset({events.TRAIN_STEP, events.STEP_ITEMS})
 THROWN_AWAY = frozenset({events.STEP_SKIPPED, events.STEP_ABANDONED})
+# The ranks' last words: they took their last step, and saved it (the job's end, a drain).
+LEFT = frozenset({events.TRAIN_DONE, events.TRAIN_STOPPED})
 
 
 def _seconds(event: Mapping[str, Any], name: str) -> float:
@@ -104,6 +108,8 @@ class Ledger:
             return self._step_end(now, event, Activity.DISCARDED if redone else Activity.TRAINING)
         if name in THROWN_AWAY:
             return self._step_end(now, event, Activity.DISCARDED)
+        if name in LEFT:  # since the last step: the final save and the leaving, no step
+            return replace(self._credit(now, (), Activity.DRAINING), mode=Activity.DRAINING)
         return self
 
     def _step_end(self, now: float, event: Mapping[str, Any], rest: Activity) -> Ledger:

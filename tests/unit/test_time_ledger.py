@@ -144,6 +144,21 @@ def test_a_drain_counts_the_step_in_flight_as_a_step() -> None:
     assert spent(drained, 13.0) == {A.WAITING: 10.0, A.TRAINING: 2.0, A.DRAINING: 1.0}
 
 
+def test_after_the_ranks_last_step_the_jobs_end_is_draining() -> None:
+    """The final save, the digest and the ranks' exit are no step: before train_done
+    said so, the switch at the job's end counted them as the step in flight."""
+    stepped = running(10.0).event(12.0, step(step_seconds=2.0), 0)
+    done = stepped.event(15.0, {"event": events.TRAIN_DONE, "step": 5}, 0)  # a 3 s save
+    assert spent(done, 16.0) == {A.WAITING: 10.0, A.TRAINING: 2.0, A.DRAINING: 4.0}
+    assert done.in_flight(16.0) == 0.0
+    ended = done.switch(16.5, A.DRAINING)
+    assert spent(ended, 17.0) == {A.WAITING: 10.0, A.TRAINING: 2.0, A.DRAINING: 5.0}
+    # later rank events change nothing; a drained group's last words read the same
+    assert done.event(16.0, step(step=6, step_seconds=1.0), 0) is done
+    stopped = stepped.event(15.0, {"event": events.TRAIN_STOPPED, "step": 5}, 0)
+    assert spent(stopped, 16.0) == spent(done, 16.0)
+
+
 def test_goodput_is_trainings_share() -> None:
     assert goodput(dict.fromkeys(ORDER, 0.0)) is None
     assert goodput({A.TRAINING: 3.0, A.QUORUM: 1.0}) == 0.75
@@ -190,6 +205,8 @@ EVENTS = st.fixed_dictionaries(
                 events.STEP_ABANDONED,
                 events.HEAL_DONE,
                 events.CHECKPOINT_SAVED,
+                events.TRAIN_DONE,
+                events.TRAIN_STOPPED,
             ]
         ),
         "step": st.integers(0, 50),

@@ -9,6 +9,7 @@ TRAIN_STEP = "train_step"  # a committed step, logged (every train.log_every)
 STEP_ITEMS = "step_items"  # a committed step that train.log_every leaves out
 HEAL_DONE = "heal_done"
 TRAIN_DONE = "train_done"
+TRAIN_STOPPED = "train_stopped"  # a drained group's ranks leave after their last save
 RANK_STARTED = "rank_started"
 RANK_FAILED = "rank_failed"
 BAD_INPUT = "bad_input"
