@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.accounting_checks import (
+    goodput_by_life,
     incident_problems,
     ledger_goodput,
     life,
@@ -102,7 +103,7 @@ def test_random_faults_keep_every_promise(tmp_path: Path, network: Network) -> N
         assert not unaccounted(exited), unaccounted(exited)
         counted, logged = ledger_goodput(exited), log_goodput(c.lives, exited)
         print(f"goodput: {counted:.4f} from the daemons' accounts, {logged:.4f} from the logs")
-        assert abs(counted - logged) <= 0.02, (counted, logged)
+        assert abs(counted - logged) <= 0.02, (counted, logged, goodput_by_life(c.lives, exited))
         # Every fault is exactly one incident of its kind in the job's record, and no
         # incident is without a fault (each fault was over for every node before the next:
         # Cluster.wait_whole).

@@ -5,8 +5,11 @@ them agrees with a count from the logs alone, and each fault is one incident."""
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from daemon.coordination.incident_store import KEEP
@@ -94,30 +97,60 @@ STEP_ENDS_ALL = (*STEP_ENDS, "step_skipped", "step_abandoned")
 
 
 def log_goodput(lives_by_node: Mapping[str, Sequence[Daemon]], exited: Sequence[Life]) -> float:
-    """The job's goodput counted from the logs alone: each node's committed steps, each
-    step number once (the first time it committed: one trained again after a cold restart
-    is the redo the daemons count as discarded), times the step's own time
-    (:func:`own_time`), over the uptime of the daemons that exited. Steps of a daemon
-    that was killed count for neither side."""
-    counted = {x.name for x in exited}
-    trained = 0.0
-    for lives in lives_by_node.values():
-        kept: dict[int, tuple[str, float]] = {}
-        for d in lives:
-            events, name = d.events(), d.proc.stderr.name
-            paused, prev = fenced(events), None
-            for e in events:
-                kind = e.get("event")
-                if kind in RANK_STARTS:
-                    prev = None
-                elif kind == "heal_done":
-                    prev = event_time(e)
-                elif kind in STEP_ENDS_ALL:
-                    if kind in STEP_ENDS and int(e["step"]) not in kept:
-                        kept[int(e["step"])] = (name, own_time(e, prev, paused))
-                    prev = event_time(e)
-        trained += sum(own for name, own in kept.values() if name in counted)
-    return trained / sum(x.uptime for x in exited)
+    """The job's goodput counted from the logs alone (:func:`logged_training`) over the
+    uptime of the daemons that exited. Steps of a daemon that was killed count for
+    neither side."""
+    trained = logged_training(_histories(lives_by_node))
+    return sum(trained[x.name] for x in exited) / sum(x.uptime for x in exited)
+
+
+def goodput_by_life(lives_by_node: Mapping[str, Sequence[Daemon]], exited: Sequence[Life]) -> str:
+    """Each exited daemon's training seconds by its ledger and by its log, for a failure."""
+    trained = logged_training(_histories(lives_by_node))
+    return "; ".join(
+        f"{Path(x.name).name}: {x.seconds['training']:.2f} s ledger, {trained[x.name]:.2f} s log"
+        for x in exited
+    )
+
+
+def _histories(lives_by_node: Mapping[str, Sequence[Daemon]]) -> list[tuple[str, list[Event]]]:
+    return [(d.proc.stderr.name, d.events()) for lives in lives_by_node.values() for d in lives]
+
+
+def logged_training(histories: Sequence[tuple[str, Sequence[Event]]]) -> dict[str, float]:
+    """Each daemon life's training seconds from its log: its committed steps, times each
+    step's own time (:func:`own_time`), less the redone ones. A step is redone where the
+    job had reached it before the last cold restart (a checkpoint load, on any node) that
+    came before it: the rule the daemons count `discarded` by, whichever node trained the
+    step the first time (a node stopped then does not train it the first time after the
+    restart)."""
+    commits: list[tuple[float, str, int, float]] = []  # (time, life, step, own seconds)
+    loads: list[float] = []
+    for name, events in histories:
+        paused, prev = fenced(events), None
+        for e in events:
+            kind = e.get("event")
+            if kind == "checkpoint_loaded":
+                loads.append(event_time(e))
+            if kind in RANK_STARTS:
+                prev = None
+            elif kind == "heal_done":
+                prev = event_time(e)
+            elif kind in STEP_ENDS_ALL:
+                if kind in STEP_ENDS:
+                    commits.append((event_time(e), name, int(e["step"]), own_time(e, prev, paused)))
+                prev = event_time(e)
+    commits.sort()
+    times = [t for t, *_ in commits]
+    reach = list(itertools.accumulate((s for _, _, s, _ in commits), max))  # by time
+    trained: dict[str, float] = {name: 0.0 for name, _ in histories}
+    loads.sort()
+    for t, name, step, own in commits:
+        last_load = bisect.bisect_right(loads, t)
+        before = bisect.bisect_left(times, loads[last_load - 1]) if last_load else 0
+        if not before or step > reach[before - 1]:
+            trained[name] += own
+    return trained
 
 
 # The incident each injected fault must come out as (tests/support/faults.py). A slow
