@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from types import MappingProxyType
 from typing import Any
 
@@ -65,6 +66,24 @@ class RankProgress:
         }
 
 
+MOST_LAG_S = 5.0  # a rank's clock further behind than this is not believed
+
+
+def logged_ago(event: Mapping[str, Any], wall: float) -> float:
+    """How long before `wall` (epoch s) the rank logged `event`, by its own time stamp
+    (the same host's clock): the ledger closes a step where the rank ended it, not where
+    the daemon's reader got to its line, so a late read does not move a step's quorum
+    wait into the step before it. 0 where the event has no readable time."""
+    stamp = event.get("time")
+    if not wall or not isinstance(stamp, str):
+        return 0.0
+    try:
+        logged = datetime.fromisoformat(stamp).timestamp()
+    except ValueError:
+        return 0.0
+    return min(max(0.0, wall - logged), MOST_LAG_S)
+
+
 def fold(
     p: RankProgress, event: Mapping[str, Any], node_id: str, now: float, wall: float = 0.0
 ) -> tuple[RankProgress, int | None]:
@@ -115,7 +134,7 @@ def fold(
             flagged.pop(rank, None)
         new["stragglers"] = MappingProxyType(flagged)
     redo = max(p.redo_through, new.get("started_over_from", 0))  # (reached() set the first)
-    ledger = p.ledger.event(now, event, redo)
+    ledger = p.ledger.event(now - logged_ago(event, wall), event, redo)
     if ledger is not p.ledger:
         new["ledger"] = ledger
     incidents = take(p.incidents, event, wall, p.participants or 1, p.invalid_checkpoints)

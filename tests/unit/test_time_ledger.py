@@ -4,12 +4,14 @@ add up to the ledger's life."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from daemon.accounting import ORDER, Activity, Ledger, goodput
-from daemon.node_state.progress import ProgressFold, RankProgress, fold
+from daemon.node_state.progress import MOST_LAG_S, ProgressFold, RankProgress, fold, logged_ago
 from daemon.node_state.states import State
 from daemon.supervision.reports import STATE_TIME, time_goes_to
 from trainer.contracts import rank_events as events
@@ -170,6 +172,32 @@ def test_every_state_has_an_activity_and_only_running_defers_to_the_ranks() -> N
     assert time_goes_to(State.CLAIMING, True) == A.SPARE
     assert time_goes_to(State.WAITING, True) == A.SPARE
     assert time_goes_to(State.STOPPING, True) == A.RESTARTING
+
+
+def test_a_step_read_late_ends_where_the_rank_logged_it() -> None:
+    """The daemon's reader got to the line 0.3 s after the rank logged it: the step closes
+    at the rank's time, and the 0.3 s are the next step's (its quorum wait, here)."""
+    wall = 1_796_646_725.0
+    stamp = datetime.fromtimestamp(wall - 0.3, UTC).isoformat().replace("+00:00", "Z")
+    p = RankProgress(ledger=running(10.0))
+    late = step(events.TRAIN_STEP, step=6, step_seconds=1.0) | {"time": stamp}
+    p, _ = fold(p, late, "n", 11.3, wall)
+    assert p.ledger.since == pytest.approx(11.0)
+    assert spent(p.ledger, 11.0) == {A.WAITING: 10.0, A.TRAINING: 1.0}
+    p, _ = fold(p, step(events.TRAIN_STEP, step=7, step_seconds=1.0, quorum_s=0.5), "n", 12.0)
+    assert spent(p.ledger, 12.0) == {A.WAITING: 10.0, A.TRAINING: 1.5, A.QUORUM: 0.5}
+
+
+@pytest.mark.parametrize(
+    ("stamp", "ago"),
+    [(None, 0.0), ("not a time", 0.0), (-2.0, 2.0), (-60.0, MOST_LAG_S), (1.0, 0.0)],
+)
+def test_how_long_ago_a_rank_logged_an_event(stamp: float | str | None, ago: float) -> None:
+    wall = 1_796_646_725.0
+    if isinstance(stamp, float):
+        stamp = datetime.fromtimestamp(wall + stamp, UTC).isoformat()
+    assert logged_ago({"event": "x", "time": stamp}, wall) == pytest.approx(ago)
+    assert logged_ago({"event": "x", "time": stamp}, 0.0) == 0.0  # no wall clock given
 
 
 def test_the_fold_takes_a_start_over_as_redone_steps() -> None:
