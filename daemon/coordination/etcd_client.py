@@ -125,20 +125,11 @@ class EtcdSettings:
     def check(self, lease_ttl_s: int, job: str, node_id: str) -> None:
         """The job file's check of these settings (``check_etcd_settings``): raise
         :class:`CoordinationError` with its sentence where one is wrong."""
+        s = self
+        named = (s.endpoints, s.timeout_s, lease_ttl_s, job, node_id, s.user, s.password)
+        files = (s.cert_file, s.key_file, s.ca_file)
         try:
-            check_etcd_settings(
-                self.endpoints,
-                self.timeout_s,
-                lease_ttl_s,
-                job,
-                node_id,
-                self.user,
-                self.password,
-                self.cert_file,
-                self.key_file,
-                self.ca_file,
-                self.allow_insecure_password,
-            )
+            check_etcd_settings(*named, *files, s.allow_insecure_password)
         except ValueError as e:
             raise CoordinationError(f"{e}.") from None
 

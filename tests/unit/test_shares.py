@@ -7,16 +7,17 @@ from hypothesis import strategies as st
 
 from trainer.data.shares import Quorum, fixed_cuts, group_share, rank_plan, split, step_items
 
+# A step, its batch in whole units, the groups taking part, the micro-batch in units.
+SIZES = {
+    "step": st.integers(0, 1000),
+    "units": st.integers(1, 64),
+    "unit": st.integers(1, 4),
+    "groups": st.integers(1, 9),
+    "micro_units": st.integers(1, 5),
+}
 
-@given(
-    step=st.integers(0, 1000),
-    units=st.integers(1, 64),
-    unit=st.integers(1, 4),
-    groups=st.integers(1, 9),
-    dp=st.integers(1, 4),
-    micro_units=st.integers(1, 5),
-    more=st.integers(0, 3),
-)
+
+@given(**SIZES, dp=st.integers(1, 4), more=st.integers(0, 3))
 def test_every_item_of_a_step_exactly_once_and_equal_micro_batch_counts(
     step: int, units: int, unit: int, groups: int, dp: int, micro_units: int, more: int
 ) -> None:
@@ -42,13 +43,7 @@ def test_every_item_of_a_step_exactly_once_and_equal_micro_batch_counts(
     assert abs(weight - 1.0) < 1e-9
 
 
-@given(
-    step=st.integers(0, 1000),
-    units=st.integers(1, 64),
-    unit=st.integers(1, 4),
-    groups=st.integers(1, 9),
-    micro_units=st.integers(1, 5),
-)
+@given(**SIZES)
 def test_a_lone_group_runs_the_micro_batches_of_a_full_quorum(
     step: int, units: int, unit: int, groups: int, micro_units: int
 ) -> None:
