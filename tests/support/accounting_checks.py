@@ -120,10 +120,10 @@ def _histories(lives_by_node: Mapping[str, Sequence[Daemon]]) -> list[tuple[str,
 def logged_training(histories: Sequence[tuple[str, Sequence[Event]]]) -> dict[str, float]:
     """Each daemon life's training seconds from its log: its committed steps, times each
     step's own time (:func:`own_time`), less the redone ones. A step is redone where the
-    job had reached it before the last cold restart (a checkpoint load, on any node) that
-    came before it: the rule the daemons count `discarded` by, whichever node trained the
-    step the first time (a node stopped then does not train it the first time after the
-    restart)."""
+    job had reached it before the last cold restart (a checkpoint load on any node, or a
+    start over from step 1) that came before it: the rule the daemons count `discarded`
+    by, whichever node trained the step the first time (a node stopped then does not
+    train it the first time after the restart)."""
     commits: list[tuple[float, str, int, float]] = []  # (time, life, step, own seconds)
     loads: list[float] = []
     for name, events in histories:
@@ -143,12 +143,19 @@ def logged_training(histories: Sequence[tuple[str, Sequence[Event]]]) -> dict[st
     commits.sort()
     times = [t for t, *_ in commits]
     reach = list(itertools.accumulate((s for _, _, s, _ in commits), max))  # by time
-    trained: dict[str, float] = {name: 0.0 for name, _ in histories}
+
+    def reached_before(t: float) -> int:
+        i = bisect.bisect_left(times, t)
+        return reach[i - 1] if i else 0
+
+    # A step 1 after the job had gone further is a start over from nothing (no checkpoint
+    # to load): a cold restart too.
+    loads += [t for t, _, step, _ in commits if step == 1 and reached_before(t) > 1]
     loads.sort()
+    trained: dict[str, float] = {name: 0.0 for name, _ in histories}
     for t, name, step, own in commits:
-        last_load = bisect.bisect_right(loads, t)
-        before = bisect.bisect_left(times, loads[last_load - 1]) if last_load else 0
-        if not before or step > reach[before - 1]:
+        last = bisect.bisect_right(loads, t)
+        if not last or step > reached_before(loads[last - 1]):
             trained[name] += own
     return trained
 
