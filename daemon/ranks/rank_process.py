@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import json
 import os
 import re
 import subprocess
@@ -23,6 +22,7 @@ from typing import IO, Any, Protocol
 from prometheus_client.multiprocess import mark_process_dead
 
 from daemon.children import die_with_parent
+from trainer.contracts import rank_events
 
 RankEvent = Callable[[int, dict[str, Any]], None]
 # torchft's Rust side logs `2026-01-01T00:00:00.000 [INFO] [torchft::manager] - text`.
@@ -148,12 +148,7 @@ class Output:
             self.closed.set()
 
     def _relay(self, line: str, name: str) -> None:
-        event: dict[str, Any] | None = None
-        if line.startswith("{"):
-            with contextlib.suppress(json.JSONDecodeError):
-                parsed = json.loads(line)
-                if isinstance(parsed, dict) and "event" in parsed:
-                    event = parsed
+        event = rank_events.event_of(line)
         if event is None:
             rust = RUST_LINE.match(line)
             if rust:

@@ -22,6 +22,7 @@ from typing import Any
 from daemon.children import descendants
 from tests.support.netns import Host
 from tests.support.ports import free_port as free_port  # re-exported for the tests
+from trainer.contracts.rank_events import event_of
 
 # The daemon's own helper for /proc walking (not process groups); ports come from tests.support.ports.
 children = descendants
@@ -37,9 +38,9 @@ def read_events(path: Path) -> list[Event]:
     if not path.exists():
         return out
     for line in path.read_text(errors="replace").splitlines():
-        if line.startswith("{"):
-            with contextlib.suppress(json.JSONDecodeError):
-                out.append(json.loads(line))
+        event = event_of(line)  # also one written between a Rust log line's two writes
+        if event is not None:
+            out.append(event)
     return out
 
 

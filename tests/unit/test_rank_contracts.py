@@ -7,6 +7,7 @@ cannot drift apart."""
 from __future__ import annotations
 
 import ast
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -233,3 +234,16 @@ def test_a_spares_start_and_the_zygotes_answer_read_back() -> None:
     assert spare_messages.forked_pid(b"") == 0  # the zygote closed its socket
     with pytest.raises(ValueError, match="not a mapping"):
         spare_messages.started_env(b'{"env": ["RANK=1"]}')
+
+
+def test_an_event_written_between_a_rust_lines_two_writes_is_read() -> None:
+    """Seen in CI: torchft's Rust logger wrote its time stamp, a rank's heal_done landed,
+    then the rest of the Rust line followed on the next line."""
+    heal = '{"event": "heal_done", "step": 1, "seconds": 0.305, "rank": 0}'
+    assert rank_events.event_of(heal) == json.loads(heal)
+    assert rank_events.event_of("2026-12-07T13:28:29.051" + heal) == json.loads(heal)
+    rust = "2026-12-07T13:28:28.876 [INFO] [torchft::manager] - Quorum { quorum_id: 2 }"
+    assert rank_events.event_of(rust) is None
+    assert rank_events.event_of(" [INFO] [torchft::manager] - should_commit=true") is None
+    assert rank_events.event_of('{"step": 3}') is None  # JSON, but no event
+    assert rank_events.event_of('{"event": "train_step", "step"') is None  # cut short

@@ -5,6 +5,9 @@ Every other event a rank logs is relayed to the daemon's log as it is. Torch-fre
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 TRAIN_STEP = "train_step"  # a committed step, logged (every train.log_every)
 STEP_ITEMS = "step_items"  # a committed step that train.log_every leaves out
 HEAL_DONE = "heal_done"
@@ -35,3 +38,18 @@ STEP_SECONDS = "step_seconds"  # the step attempt, from its start to its end
 QUORUM_S = "quorum_s"  # of the step: waiting for its quorum to form (a heal in it included)
 CHECKPOINT_S = "checkpoint_s"  # the loop blocked on a checkpoint save after the last step
 EVAL_S = "eval_s"  # the loop ran an evaluation after the last step
+
+
+def event_of(line: str) -> dict[str, Any] | None:
+    """The event a line of a rank's output holds (a JSON object with an ``event``), or
+    None. A rank writes each event as one line, in one write; torchft's Rust logger
+    writes its time stamp and the rest of its line in two, so an event can land between
+    them, after a time stamp: it is read from its first brace."""
+    start = line.find('{"')
+    if start < 0:
+        return None
+    try:
+        parsed = json.loads(line[start:])
+    except json.JSONDecodeError:
+        return None
+    return parsed if isinstance(parsed, dict) and "event" in parsed else None
