@@ -49,6 +49,9 @@ class Ledger:
     # Seconds of the step in flight before a fence paused it: its end says what they were
     # (a step that commits after the fence is lifted, or one lost or skipped).
     held: float = 0.0
+    # The ranks said their steps are over (train_done, train_stopped): until they exit,
+    # while the node still shows them running, its time is the job's end (draining).
+    left: bool = False
 
     @classmethod
     def begin(cls, now: float) -> Ledger:
@@ -76,7 +79,7 @@ class Ledger:
         the ranks stop for a restart is lost; one in flight at a drain is counted as it
         would have ended; a fence pauses it (held): its end says, after the fence, or it
         is lost with the ranks the fence stops."""
-        if mode == self.mode:
+        if mode == self.mode or (mode is None and self.left):
             return self
         if self.mode is None and mode == Activity.FENCED:  # the step is held, not ended
             held = self.held + max(0.0, now - self.since)
@@ -90,7 +93,7 @@ class Ledger:
             closed = self._credit(now, (), Activity.DISCARDED if lost else self.pending())
         if mode is None:  # ranks start, or resume after a fence where they were paused
             return replace(closed, mode=None, stepped=self.stepped and self.mode == Activity.FENCED)
-        return replace(closed, mode=mode)
+        return replace(closed, mode=mode, left=False)
 
     def event(self, now: float, event: Mapping[str, Any], redo_through: int) -> Ledger:
         """A rank event at `now`; `redo_through`: the step the job had reached before a
@@ -109,7 +112,8 @@ class Ledger:
         if name in THROWN_AWAY:
             return self._step_end(now, event, Activity.DISCARDED)
         if name in LEFT:  # since the last step: the final save and the leaving, no step
-            return replace(self._credit(now, (), Activity.DRAINING), mode=Activity.DRAINING)
+            closed = self._credit(now, (), Activity.DRAINING)
+            return replace(closed, mode=Activity.DRAINING, left=True)
         return self
 
     def _step_end(self, now: float, event: Mapping[str, Any], rest: Activity) -> Ledger:

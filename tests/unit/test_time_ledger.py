@@ -153,6 +153,8 @@ def test_after_the_ranks_last_step_the_jobs_end_is_draining() -> None:
     done = stepped.event(15.0, {"event": events.TRAIN_DONE, "step": 5}, 0)  # a 3 s save
     assert spent(done, 16.0) == {A.WAITING: 10.0, A.TRAINING: 2.0, A.DRAINING: 4.0}
     assert done.in_flight(16.0) == 0.0
+    # the supervisor's ticks, the ranks not yet exited, still say they run: still draining
+    assert done.switch(15.5, None) is done
     ended = done.switch(16.5, A.DRAINING)
     assert spent(ended, 17.0) == {A.WAITING: 10.0, A.TRAINING: 2.0, A.DRAINING: 5.0}
     # later rank events change nothing; a drained group's last words read the same
