@@ -240,10 +240,10 @@ class NodeGroup:
         elif self.current is not None:
             self.current.request_stop()
 
-    def pause(self) -> None:
+    def pause(self, why: str) -> None:
         assert self.current is not None
         self.current.pause()
-        self.log.warning("group_paused", reason="fenced", pids=self.current.pids)
+        self.log.warning("group_paused", reason=why, pids=self.current.pids)
 
     def resume(self, why: str) -> None:
         assert self.current is not None

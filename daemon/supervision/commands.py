@@ -46,7 +46,7 @@ class StopRanks:
 
 @dataclass(frozen=True)
 class PauseRanks:
-    pass
+    why: str = "fenced"  # the lease in doubt, or a silent member asked about
 
 
 @dataclass(frozen=True)
@@ -177,8 +177,8 @@ def carry_out(
                 ranks.start(slot, lighthouse, part, reached, restart=restart)
             case StopRanks(cause):
                 ranks.stop(cause)
-            case PauseRanks():
-                ranks.pause()
+            case PauseRanks(why):
+                ranks.pause(why)
             case ResumeRanks(why):
                 ranks.resume(why)
             case DrainRanks():

@@ -66,6 +66,15 @@ def too_still(
 
 
 @dataclass(frozen=True)
+class Asking:
+    """What one round of asks about the group's other members came to."""
+
+    began: tuple[str, ...] = ()  # members an ask was put out for this round
+    waiting: bool = False  # an ask is still out: no answer yet, its seat not revoked
+    revoked: bool = False  # a member's seat was revoked this round
+
+
+@dataclass(frozen=True)
 class Asked:
     token: object  # what this ask is about: a generation waited on, or a silence
     revision: int  # the ask's: an answer is a progress key modified after it
@@ -147,6 +156,16 @@ class SeatProbe:
                 ),
             )
         return bool(revoked)
+
+    def token(self, member: str, seat: int) -> object:
+        """What the latest ask about `member` was for (None: never asked)."""
+        asked = self._asked.get((member, seat))
+        return None if asked is None else asked.token
+
+    def pending(self, member: str, seat: int) -> bool:
+        """An ask about `member` is out: not answered, its seat not revoked."""
+        asked = self._asked.get((member, seat))
+        return asked is not None and not asked.settled
 
     def _listen(self, key: tuple[str, int], address: tuple[str, int] | None) -> None:
         """Probe the asked member's status port from a thread while the ask runs."""

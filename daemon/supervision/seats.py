@@ -18,8 +18,10 @@ from daemon.config import DaemonConfig
 from daemon.coordination import Coordinator, JobView
 from daemon.host_probe import HostProbe
 from daemon.supervision.attempts import Attempts
-from daemon.supervision.seat_probe import SeatProbe
+from daemon.supervision.seat_probe import Asking, SeatProbe
 from trainer import logs
+
+__all__ = ["Asking", "Seats", "status_address"]
 
 
 class Seats:
@@ -118,25 +120,31 @@ class Seats:
         token = ("generation", job.generations.get(gid, 0))
         self._probe.check(node, gid * self.nodes + rank, token, status_address(job, node))
 
-    def probe_members(self, job: JobView, silence: float, gone: tuple[str, ...] = ()) -> bool:
+    def probe_members(self, job: JobView, silence: float, gone: tuple[str, ...] = ()) -> Asking:
         """Our running ranks have been still since `silence` (monotonic; a member dead
-        without a word leaves them blocked in a collective or the quorum): every other
-        seated member of the group is asked for a sign of life, once per silence; and
-        members whose status port refused (`gone`, :meth:`watch`: no daemon there) lose
-        their seat in this round, once per generation. True when a member's seat was
-        revoked this round."""
+        without a word leaves them blocked in a collective or the quorum), or a member's
+        status port went silent: every other seated member of the group is asked for a
+        sign of life, once per silence; and members whose status port refused (`gone`,
+        :meth:`watch`: no daemon there) lose their seat in this round, once per
+        generation. What the round came to: the asks put out, still out, or revoked."""
         gid = self.slot
         if gid is None:
-            return False
-        revoked = False
+            return Asking()
+        began: list[str] = []
+        revoked = waiting = False
         generation = ("gone", job.generations.get(gid, 0))
         for rank, node in sorted(job.seats.get(gid, {}).items()):
             if node == self.cfg.node_id:
                 continue
             seat, address, dead = gid * self.nodes + rank, status_address(job, node), node in gone
             token = generation if dead else ("silence", silence)
+            fresh = self._probe.token(node, seat) != token
             revoked |= self._probe.check(node, seat, token, address, unheard=dead)
-        return revoked
+            pending = self._probe.pending(node, seat)
+            waiting |= pending
+            if fresh and pending:
+                began.append(node)
+        return Asking(tuple(began), waiting, revoked)
 
     def watch(self, job: JobView | None) -> None:
         """While our ranks run (`job`; None stops it), connect to the status port of

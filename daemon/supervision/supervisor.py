@@ -28,6 +28,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from daemon import __version__
@@ -40,6 +41,7 @@ from daemon.node_state.states import TERMINAL, IllegalTransition, State, allowed
 from daemon.node_state.view import NodeView
 from daemon.ranks import stop_cause as stops
 from daemon.ranks.workers import ExitKind
+from daemon.supervision import aside as asides
 from daemon.supervision import commands as do
 from daemon.supervision import health_gate as gate
 from daemon.supervision.after_stop import after_stop
@@ -48,7 +50,6 @@ from daemon.supervision.generation import next_part
 from daemon.supervision.parts import Parts
 from daemon.supervision.reports import exit_report, node_status, time_goes_to, upkeep_input
 from daemon.supervision.restarts import RestartBudget
-from daemon.supervision.seat_probe import too_still
 from daemon.supervision.spanning import SpanningGroup
 from daemon.supervision.waiting import Waiting
 from trainer import logs
@@ -83,6 +84,7 @@ class Supervisor:
         self.restart_at = 0.0  # when RESTARTING's backoff ends
         self.restart_reason: str | None = None  # why the next start is a restart
         self.note: dict[str, Any] = {}  # fields for the next state_changed event
+        self.aside = asides.Aside()  # paused while a silent member is asked (aside.py)
         self.published = node_status(view, cfg)  # see publish
 
     # ------------------------------------------------------------------ the loop
@@ -132,8 +134,8 @@ class Supervisor:
             self.upkept = self.upkeep.report()  # as the handler's verbs left it
             if self.view.state == before:
                 break
-        live = self.view.state in STANDBY_STATES and not self.drain_requested.is_set()
-        self.group.tend_standbys(live, self.upkept.slot)
+        live = self.view.state in STANDBY_STATES or self.aside.active  # (not the fence's)
+        self.group.tend_standbys(live and not self.drain_requested.is_set(), self.upkept.slot)
         up = self.upkept  # a spare's wait is its own; etcd's answers: an outage (incidents)
         self.group.account(time_goes_to(self.view.state, up.spare), up.etcd_seen)
         self.ranked = self.group.report()  # what the ranks look like after this tick
@@ -164,6 +166,7 @@ class Supervisor:
         note, self.note = self.note, {}
         self.log.info("state_changed", **{"from": frm.value, "to": state.value}, **note)
         self.view.state, self.entered_at = state, time.monotonic()
+        self.aside = replace(self.aside, active=self.aside.active and state == State.FENCED)
         self.group.account(time_goes_to(state, self.upkept.spare))  # every state it passes
         self.view.waiting_for = None
         step = self.progress.step
@@ -262,20 +265,14 @@ class Supervisor:
             return to(State.FENCED, do.PauseRanks())
         told: tuple[Command, ...] = ()  # the group's hang, announced before anything else
         if self.spanning is not None and up.job is not None and up.slot is not None:
-            moved = self.spanning.must_stop(up.job, up.slot)
-            # Ranks that have begun to leave (the job's end, or a drain the group agreed
-            # on) go on by themselves: the member that left first finished the same step.
-            if moved is not None and not self.group.finishing():
-                return self._stop(stops.GroupRestart(moved))
-            # A member dead without a word blocks our ranks: the other groups' ranks
-            # blocked with its abandon the step at once, ours stop next round (must_stop).
-            r = self.ranked  # as the last tick left them
-            still = too_still(r.quiet_since, time.monotonic(), r.phases, r.step_time_median_s)
-            gone, mute = up.members_gone, up.members_silent  # a port refused, or silent
-            due = still or gone or mute
-            if due and self.upkeep.ask_members(up.job, r.quiet_since or 0, gone):
-                word = self.group.failure_word(ExitKind.HUNG, up.job.lighthouse)
-                told = (do.AnnounceFailure(word),)
+            w = asides.watch(self.spanning, up, self.ranked, self.aside, v.generation, self.parts)
+            # Ranks already leaving (the job's end, an agreed drain) finish by themselves.
+            if w.moved is not None and not self.group.finishing():
+                return self._stop(stops.GroupRestart(w.moved))
+            if w.aside is not None:  # a member's host answers nothing (aside.py)
+                self.aside, why = w.aside, w.aside.why(up.members_silent)
+                return to(State.FENCED, do.AnnounceFailure(w.word), do.PauseRanks(why))
+            told = (do.AnnounceFailure(w.word),) if w.word is not None else ()
         if gate.running_group_leaves(v.health, up.job, up.slot, self.cfg):
             assert v.health is not None
             return self._stop(stops.Unhealthy(v.health.summary())).preceded_by(*told)
@@ -299,18 +296,24 @@ class Supervisor:
         return self._stop(outcome).preceded_by(*told, *failed)
 
     def _fenced(self) -> Decision:
-        """Ranks paused until etcd answers; then resume them or discard their state."""
+        """Ranks paused until etcd answers, or while a silent member is asked about
+        (aside.py); then resume them, or discard their state (a seat revoked: restart)."""
         outcome = self.group.poll()
         if outcome is not None:  # a paused rank was killed from outside
             fields = {"kind": outcome.kind.value, "reason": outcome.reason}
             return self._stop(outcome).preceded_by(do.warning("group_failed", **fields))
-        verdict, why = self.upkeep.fence_verdict(upkeep_input(self.view, self.progress))
+        if self.aside.active and not self.upkept.must_pause:
+            since, up = self.entered_at, self.upkept
+            verdict, why = asides.held(self.spanning, up, self.aside, self.upkeep, since)
+        else:
+            self.aside = replace(self.aside, active=False)  # the fence's pause from here on
+            verdict, why = self.upkeep.fence_verdict(upkeep_input(self.view, self.progress))
         if verdict == Fence.KEEP:
             return to(State.RUNNING, do.ResumeRanks(why))
         if verdict == Fence.HOLD:
             self.view.waiting_for = why  # shown on /status while the ranks stay paused
             return to(State.FENCED)
-        return self._stop(stops.FENCED_OUT)
+        return self._stop(stops.GroupRestart(why) if self.aside.active else stops.FENCED_OUT)
 
     def _stopping(self) -> Decision:
         if not self.group.stopped(STOP_GRACE_S):
@@ -360,17 +363,15 @@ class Supervisor:
         ended = self.spanning.stopped() if self.spanning is not None else None
         if ended is None or self.upkept.slot is None:
             return to(State.STOPPING, do.StopRanks(cause))
-        self.view.generation = None  # published, so in our record at once: the first
-        # node waits on it (the record is read from the published status)
+        self.view.generation = None  # published: in our record at once (the first node waits)
         ending = (do.Publish(), do.EndGeneration(self.upkept.slot, ended), do.StopRanks(cause))
         return to(State.STOPPING, *ending)
 
     # ------------------------------------------------------------------ endings
 
     def _drain(self) -> Decision:
-        # A spanning group's generation is left as it is: the ranks of all its nodes agree
-        # to stop after the same step (and the writer group saves it); the others wait
-        # for a node to take this one's seat, given back as it leaves.
+        # A spanning group's generation is left as it is: its ranks agree to stop after the
+        # same step (the writer group saves it); a node takes this one's seat, given back.
         grace = {"grace_s": self.cfg.node.drain_grace_s}
         stopping = do.Notify("stopping", f"draining group={self.upkept.slot_label}")
         return to(State.DRAINING, do.info("draining", **grace), stopping, do.DrainRanks())

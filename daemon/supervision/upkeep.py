@@ -58,7 +58,7 @@ from daemon.supervision.held_id import HeldIdWait
 from daemon.supervision.job_follow import JobFollower
 from daemon.supervision.lighthouse_follow import LighthouseFollow
 from daemon.supervision.node_record import NodeRecord
-from daemon.supervision.seats import Seats
+from daemon.supervision.seats import Asking, Seats
 from trainer import logs
 from trainer.contracts import lease_file
 
@@ -161,9 +161,9 @@ class EtcdUpkeep:
         """Ask the member (node rank, node id) our group waits on for a sign of life."""
         self._seats.probe(job, member)
 
-    def ask_members(self, job: JobView, silence: float, gone: tuple[str, ...] = ()) -> bool:
-        """Ask every other member for a sign of life; True when a seat was revoked. Those
-        `gone` (their status port refused: no daemon) lose theirs without the wait."""
+    def ask_members(self, job: JobView, silence: float, gone: tuple[str, ...] = ()) -> Asking:
+        """Ask every other member for a sign of life (what came of it: seat_probe.Asking).
+        Those `gone` (their status port refused: no daemon) lose theirs without the wait."""
         return self._seats.probe_members(job, silence, gone)
 
     def start_generation(self, gid: int, seen: int, store: dict[str, Any]) -> bool:

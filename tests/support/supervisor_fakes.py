@@ -29,6 +29,7 @@ from daemon.ranks.stop_cause import FENCED_OUT, StopCause
 from daemon.ranks.workers import ExitKind, GroupExit
 from daemon.supervision.parts import Parts
 from daemon.supervision.reports import upkeep_input
+from daemon.supervision.seat_probe import Asking
 from daemon.supervision.supervisor import HANDLERS, Supervisor
 from daemon.supervision.systemd import Notifier
 
@@ -48,6 +49,8 @@ class FakeRanks:
     calls: list[str] = field(default_factory=list)
     restarts: list[str | None] = field(default_factory=list)  # each start's restart reason
     modes: list[Activity | None] = field(default_factory=list)  # what account() was told
+    standbys_live: list[bool] = field(default_factory=list)  # what tend_standbys() was told
+    paused_for: list[str] = field(default_factory=list)  # each pause's reason
 
     def next_replica_uuid(self) -> str:
         return "uuid"
@@ -71,7 +74,7 @@ class FakeRanks:
         self.modes.append(mode)
 
     def tend_standbys(self, live: bool, slot: int | None) -> None:
-        pass
+        self.standbys_live.append(live)
 
     def report(self) -> RanksReport:
         return RanksReport(pids=(101,) if self.running else ())
@@ -91,8 +94,9 @@ class FakeRanks:
     def drain(self) -> None:
         self.calls.append("drain")
 
-    def pause(self) -> None:
+    def pause(self, why: str) -> None:
         self.calls.append("pause")
+        self.paused_for.append(why)
 
     def resume(self, why: str) -> None:
         self.calls.append("resume")
@@ -116,6 +120,8 @@ class FakeUpkeep:
     joined: Join = Join.JOINED
     must_pause: bool = False
     verdict: tuple[Fence, str] = (Fence.KEEP, "etcd confirmed the lease")
+    asking: Asking = Asking()  # what ask_members comes to
+    silent: tuple[str, ...] = ()  # members whose host answers nothing (Seats.silent)
     free_slot: int | None = 0  # what claim() finds
     slot_lost: bool = False  # what the next round reports
     slot: int | None = 0
@@ -142,6 +148,7 @@ class FakeUpkeep:
             job=self.job,
             slot=self.slot,
             must_pause=self.must_pause,
+            members_silent=self.silent,
         )
 
     def serving_http(self, port: int) -> None:
@@ -168,8 +175,8 @@ class FakeUpkeep:
     def ask_member(self, job: JobView, member: tuple[int, str]) -> None:
         pass
 
-    def ask_members(self, job: JobView, silence: float, gone: tuple[str, ...] = ()) -> bool:
-        return False
+    def ask_members(self, job: JobView, silence: float, gone: tuple[str, ...] = ()) -> Asking:
+        return self.asking
 
     def start_generation(self, gid: int, seen: int, store: dict[str, Any]) -> bool:
         return True

@@ -14,7 +14,7 @@ from daemon.config import load_daemon_config
 from daemon.coordination import Coordinator
 from daemon.coordination.job_view import assemble
 from daemon.coordination.progress import Progress
-from daemon.supervision.seat_probe import PROBE_WAIT_S, SILENCE_S, SeatProbe, too_still
+from daemon.supervision.seat_probe import PROBE_WAIT_S, SILENCE_S, Asking, SeatProbe, too_still
 from daemon.supervision.seats import Seats
 
 JOB = Path(__file__).resolve().parents[1] / "integration" / "daemon_job.toml"
@@ -180,3 +180,30 @@ def test_the_running_members_status_ports_are_watched_and_a_dead_one_is_unheard(
             assert seats.gone() == ()
         finally:
             seats.close()
+
+
+def test_a_round_of_asks_says_which_went_out_which_wait_and_what_was_revoked(
+    tmp_path: Path,
+) -> None:
+    """Seats.probe_members: an ask goes out once per silence (`began` in that round
+    only), waits until the member answers or PROBE_WAIT_S passes, then its seat goes."""
+    cfg = load_daemon_config(JOB, ["node.id=a", "job.nodes_per_group=2", "parallel.dp_shard=2"])
+    etcd, now = Etcd(), [100.0]
+    etcd.seats = {3: "b"}
+    seats = Seats(cfg, cast(Coordinator, etcd), cast(Any, attempt), tmp_path)
+    seats._probe = probe(etcd, now)  # the ask's clock, moved by hand
+    seats.slot, seats.node_rank = 1, 0
+    job = assemble([("seats/1/0", {"node": "a"}, 3), ("seats/1/1", {"node": "b"}, 3)], 4)
+    try:
+        first = seats.probe_members(job, 50.0)
+        assert first.began == ("b",) and first.waiting and not first.revoked
+        again = seats.probe_members(job, 50.0)
+        assert again.began == () and again.waiting and etcd.asks == 1
+        etcd.answer("b")
+        assert seats.probe_members(job, 50.0) == Asking()  # answered: nothing waits
+        later = seats.probe_members(job, 60.0)  # a new silence of our ranks: asked again
+        assert later.began == ("b",) and etcd.asks == 2
+        now[0] += PROBE_WAIT_S
+        assert seats.probe_members(job, 60.0) == Asking(revoked=True) and etcd.seats == {}
+    finally:
+        seats.close()
