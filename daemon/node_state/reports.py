@@ -27,6 +27,8 @@ class UpkeepInput:
 
     registered: bool = False
     running: bool = False  # the node is RUNNING: a deposed lighthouse or epoch counts
+    watching: bool = False  # RUNNING, or its ranks paused while a member is asked about:
+    # a spanning group's members' status ports are watched (seats.py, aside.py)
     step: int = 0
     waiting_for: str | None = None  # shown while FENCED holds (the fence judge's reason)
     invalid_checkpoints: frozenset[str] = frozenset()  # paths our ranks refused to load

@@ -17,12 +17,14 @@ So, as the ask goes out, the node
   quorum forms without it.
 
 Then, by what the ask comes to: a seat revoked (or the group's generation moved on), the
-ranks are stopped and the group restarts, a spare in the seat; the member answered (a
-split, or two probes lost on the way), the ranks go on, and their step, which the other
-groups left, fails and is healed as after any announcement: a step of the other groups
-and a heal of ours, never a restart. Once per member and generation of our ranks; an ask
-still out after :data:`ASIDE_MAX_S` (etcd away) resumes the ranks, the fence judging the
-rest.
+ranks are stopped and the group restarts, a spare in the seat. The member answered: it is
+alive and reaches etcd, so its host's silence is a split inside the group, which can
+finish no step; the ranks stay paused, out of the other groups' quorums (alive and
+heartbeating, the group would hold every quorum for ``lighthouse.join_timeout_ms``),
+until its host answers again (or two probes were merely lost on the way), and then go on:
+their step, which the other groups left, fails and is healed as after any announcement,
+never a counted restart. Once per member and generation of our ranks; an ask still out
+after :data:`ASIDE_MAX_S` (etcd away) resumes the ranks, the fence judging the rest.
 """
 
 from __future__ import annotations
@@ -67,10 +69,15 @@ class Aside:
         return Aside(generation, done | frozenset(mute), silence, active=True)
 
 
-def verdict(asking: Asking, moved: str | None, held_s: float, gid: int) -> tuple[Fence, str]:
+def verdict(
+    asking: Asking, moved: str | None, held_s: float, gid: int, split: bool = False
+) -> tuple[Fence, str]:
     """What ranks paused for an ask do now, and why: DISCARD (a seat revoked, or the
-    group's generation moved on: the group restarts), HOLD (the ask is still out), KEEP
-    (the member answered, or nothing more will come of the ask)."""
+    group's generation moved on: the group restarts), HOLD (the ask is still out; or the
+    member answered it and its host still answers us nothing, `split`: a split inside
+    the group, which could not finish a step, kept out of the other groups' quorums until
+    it heals), KEEP (the member answered and its host answers again, or nothing more will
+    come of the ask)."""
     if moved is not None:
         return Fence.DISCARD, moved
     if asking.revoked:
@@ -79,7 +86,9 @@ def verdict(asking: Asking, moved: str | None, held_s: float, gid: int) -> tuple
         return Fence.HOLD, f"replica group {gid}'s silent member to answer the ask"
     if asking.waiting:
         return Fence.KEEP, f"the ask had no outcome in {ASIDE_MAX_S:.1f} s (etcd away?)"
-    return Fence.KEEP, "the silent member answered the ask: alive, cut from this node"
+    if split:
+        return Fence.HOLD, f"replica group {gid}'s split to heal (its member answers through etcd)"
+    return Fence.KEEP, "the member that went silent answers again"
 
 
 @dataclass(frozen=True)
@@ -131,4 +140,5 @@ def held(
     if spanning is None or job is None or slot is None:
         return verdict(Asking(waiting=True), None, held_s, -1)
     asking = upkeep.ask_members(job, aside.silence)
-    return verdict(asking, spanning.must_stop(job, slot), held_s, slot)
+    split = any(m in aside.members for m in up.members_silent)
+    return verdict(asking, spanning.must_stop(job, slot), held_s, slot, split)

@@ -84,12 +84,13 @@ def exit_report(
     return fields
 
 
-def upkeep_input(view: NodeView, progress: RankProgress) -> UpkeepInput:
+def upkeep_input(view: NodeView, progress: RankProgress, aside: bool = False) -> UpkeepInput:
     """What the etcd upkeep is handed of the node: the supervisor's state and the ranks'
-    progress, as values."""
+    progress, as values (`aside`: its ranks paused while a member is asked about)."""
     return UpkeepInput(
         registered=view.registered,
         running=view.state == State.RUNNING,
+        watching=view.state == State.RUNNING or aside,
         step=progress.step,
         waiting_for=view.waiting_for,
         invalid_checkpoints=progress.invalid_checkpoints,

@@ -121,7 +121,7 @@ class Supervisor:
         self.view.health = self.health.latest  # one immutable report (daemon.health)
         if self.drain_requested.is_set() and state not in (*TERMINAL, State.DRAINING):
             self.decide(self._drain())
-        self.upkept = self.upkeep.tick(upkeep_input(self.view, self.progress))
+        self.upkept = self.upkeep.tick(upkeep_input(self.view, self.progress, self.aside.active))
         if self.upkept.slot_lost and self.view.state in (State.RUNNING, State.FENCED):
             self.decide(self._stop(stops.SLOT_LOST))
         # Each live state's handler (HANDLERS); a move runs the next one in the same tick

@@ -271,7 +271,7 @@ class EtcdUpkeep:
             return
         self.judge.follow_epoch(job.leader_epoch, running, step, self._epoch_doubt_s)
         self.follow.follow(job)
-        self._seats.watch(job if running and self.cfg.job.nodes_per_group > 1 else None)
+        self._seats.watch(job if self.node.watching and self.cfg.job.nodes_per_group > 1 else None)
         self._publish_checkpoint()
         self._attempt("record", self._update_record)
 

@@ -1,7 +1,9 @@
-"""A split inside a replica group that spans nodes (issues 37, 51): group 1's two nodes
-cut from each other for a minute while both reach etcd and group 0. The split is a wait,
-never a counted restart, and neither seat is revoked (each node answers the other's ask
-for a sign of life).
+"""A split inside a replica group that spans nodes (issues 37, 49, 51): group 1's two
+nodes cut from each other for a minute while both reach etcd and group 0. The split is a
+wait, never a counted restart, and neither seat is revoked (each node answers the other's
+ask for a sign of life). Each node holds its ranks paused while its partner's host is
+silent (daemon/supervision/aside.py): group 0 is told at once and its quorums go on
+without a group that could not finish a step.
 """
 
 from __future__ import annotations
@@ -105,9 +107,19 @@ def test_a_partition_between_a_groups_nodes_stops_that_group_on_both_sides(
     )
     gap = largest_step_gap(held[(0, 0)].events("train_step"), after=cut_at)
     recovery("a two-node group split 60 s: the other group's longest pause", gap)
+    # Group 0 was told at once: its ranks abandoned the step they shared with group 1 on
+    # group 1's announcement (not after ft.timeout_s in a collective that could not end).
+    abandoned = [
+        e
+        for d in (held[(0, 0)], held[(0, 1)])
+        for e in d.events("quorum_members_lost")
+        if cut_at < event_time(e) < healed_at and "failed in quorum" in e["reason"]
+    ]
+    assert abandoned, said_between([held[(0, 0)], held[(0, 1)]], cut_at - 1.0, healed_at)
     # Neither of group 1's nodes gave up, and none counted the split against its budget:
-    # a restart meanwhile waited for the group's peers ("peers") or followed the other
-    # node's ("group"), never a crash of its own ("rank_exit") or a hang.
+    # it held its ranks paused while its partner's host was silent; a restart meanwhile
+    # waited for the group's peers ("peers") or followed the other node's ("group"),
+    # never a crash of its own ("rank_exit") or a hang.
     assert all(alive.values()), alive
     for d in one:
         counted = [
@@ -116,16 +128,21 @@ def test_a_partition_between_a_groups_nodes_stops_that_group_on_both_sides(
             if e.get("to") == "restarting" and cut_at < event_time(e) < healed_at
         ]
         assert not counted, (d.node_id, counted)
-        waited = [
+        aside = [
+            e
+            for e in d.events("group_paused")
+            if cut_at < event_time(e) < healed_at and "answers nothing" in e["reason"]
+        ]
+        assert aside, f"{d.node_id} never held its ranks while split"
+        # Held, its ranks neither failed nor were restarted while cut: the group stayed out
+        # of the other group's quorums, so no quorum waited for it while it could not step.
+        failed = [
             e
             for e in d.events()
             if cut_at < event_time(e) < healed_at
-            and (
-                e["event"] == "group_waiting_for_peers"
-                or (e["event"] == "state_changed" and e.get("reason") == "group")
-            )
+            and e["event"] in ("group_failed", "group_restarted", "rank_failed")
         ]
-        assert waited, f"{d.node_id}'s ranks never stopped while split"
+        assert not failed, (d.node_id, failed)
         # Both sides reached etcd throughout: asked for a sign of life, each gave one, and
         # neither seat was revoked (seat_probe.py).
         assert not d.events("seat_revoked") and not d.events("seat_lost"), d.node_id

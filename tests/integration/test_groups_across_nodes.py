@@ -6,7 +6,9 @@ A rank crash restarts its group's ranks on both of its nodes under a new generat
 nothing of the other group; a node lost (daemon and ranks SIGKILLed) stops its group's
 other node, the other group trains on, and the group starts again under a new generation
 once a replacement daemon holds the free seat, heals from the other group, and every
-node ends with the same parameters.
+node ends with the same parameters. A member whose host then loses power (cut off as it
+dies: nothing answers, no link is reset) has its partner step aside while it asks about
+it: the group's failure announced and its ranks paused before the ask decides.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from tests.support.spanning_groups import (
     SPAN,
     committed_with,
     seats,
+    stepped_aside_before_revoking,
     stops,
     together_since,
 )
@@ -57,10 +60,10 @@ def test_a_rank_crash_or_a_lost_node_restarts_only_its_group_across_both_its_nod
     tmp_path: Path, network: Network, recovery: Callable[[str, float], None]
 ) -> None:
     etcd_host = network.add_host("etcd")
-    hosts = [network.add_host(n) for n in ("a", "b", "c", "d", "e")]
+    hosts = [network.add_host(n) for n in ("a", "b", "c", "d", "e", "f")]
     etcd = etcd_on(etcd_host, tmp_path)
     endpoint = f"{etcd_host.address}:2379"
-    job = [*SPAN, "train.steps=140"]  # paced at HOLD_PACE_S from the crash: under 80 before
+    job = [*SPAN, "train.steps=300"]  # paced at HOLD_PACE_S from the crash: under 80 before
     daemons = [
         start_daemon(tmp_path, f"node-{h.name}", [endpoint], overrides=job, host=h)
         for h in hosts[:4]
@@ -147,7 +150,41 @@ def test_a_rank_crash_or_a_lost_node_restarts_only_its_group_across_both_its_nod
         for k, d in held.items():
             if k[0] == 0:
                 assert d.rank_pids() == survivor_pids[k], "group 0 was restarted"
-        live = [d for d in daemons if d is not lost]
+
+        # A node of group 1 loses power: its host cut off from everything as its daemon and
+        # ranks die, so nothing there answers and no link is reset. The group's other node
+        # steps aside while it asks (daemon/supervision/aside.py): it announces its group's
+        # failure and pauses its ranks as the ask goes out, so group 0 is told before the
+        # ask has decided.
+        # The node cut off is not the leader: a cut-off leader is another failure, its
+        # lighthouse replaced (test_multihost_leader_loss.py).
+        now = seats(daemons)
+        cut_off, asker = now[(1, 1)], now[(1, 0)]
+        if cut_off.require_status().get("leader"):
+            cut_off, asker = asker, cut_off
+        host_of = {d.node_id: h for d, h in zip(daemons, hosts[: len(daemons)], strict=True)}
+        cut = time.time()
+        network.isolate(host_of[cut_off.node_id])
+        cut_off.stop()
+        group_zero = [d for k, d in held.items() if k[0] == 0]
+        stepped_aside_before_revoking(asker, cut_off.node_id, group_zero, cut)
+        assert not [e for e in asker.events("group_resumed") if event_time(e) > cut]
+        another = start_daemon(tmp_path, "node-f", [endpoint], overrides=job, host=hosts[5])
+        daemons.append(another)
+        restarted = event_time(
+            wait_for(lambda: another.events("group_started"), 120, "the second replacement")[0]
+        )
+        wait_for(
+            lambda: together_since((asker, another), restarted),
+            180,
+            "group 1 to commit with group 0 after the power cut",
+        )
+        gap = largest_step_gap(first.events("train_step"), after=cut)
+        recovery("member of a two-node group loses power: the other group's longest pause", gap)
+        for k, d in held.items():
+            if k[0] == 0:
+                assert d.rank_pids() == survivor_pids[k], "group 0 was restarted"
+        live = [d for d in daemons if d not in (lost, cut_off)]
         hurry(*live)
         for d in live:
             assert d.wait(600) == 0, d.proc.tail()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tests.support.harness import Daemon, Event, event_time
+from tests.support.harness import Daemon, Event, event_time, wait_for
 
 SPAN = [
     "job.nodes_per_group=2",
@@ -60,3 +60,28 @@ def committed_with(d: Daemon, participants: int, after: float = 0.0) -> bool:
         e.get("participants") == participants and event_time(e) > after
         for e in d.events("train_step")
     )
+
+
+def stepped_aside_before_revoking(
+    asker: Daemon, lost: str, others: Sequence[Daemon], cut: float
+) -> Event:
+    """A member `lost` at `cut` (epoch s) without a word: `asker`, its group's other node,
+    paused its ranks naming it and announced its group's failure, and the other group's
+    nodes (`others`) told their ranks, all before the ask revoked the seat
+    (daemon/supervision/aside.py). Returns the revocation."""
+    revoked: Event = wait_for(
+        lambda: [e for e in asker.events("seat_revoked") if e["member"] == lost],
+        60,
+        "the silent member's seat to be revoked",
+    )[0]
+    until = event_time(revoked)
+
+    def between(d: Daemon, name: str) -> list[Event]:
+        return [e for e in d.events(name) if cut < event_time(e) <= until]
+
+    said = said_between([asker, *others], cut, until + 1)
+    assert [e for e in between(asker, "group_paused") if lost in e["reason"]], said
+    assert between(asker, "failure_announced"), said
+    told = [e for d in others for e in between(d, "ranks_told")]
+    assert [e for e in told if "failed in quorum" in e["reason"]], said
+    return revoked

@@ -120,7 +120,7 @@ class FakeUpkeep:
     joined: Join = Join.JOINED
     must_pause: bool = False
     verdict: tuple[Fence, str] = (Fence.KEEP, "etcd confirmed the lease")
-    asking: Asking = Asking()  # what ask_members comes to
+    asking: Asking = field(default_factory=Asking)  # what ask_members comes to
     silent: tuple[str, ...] = ()  # members whose host answers nothing (Seats.silent)
     free_slot: int | None = 0  # what claim() finds
     slot_lost: bool = False  # what the next round reports

@@ -37,7 +37,10 @@ def test_what_paused_ranks_do_by_what_the_ask_came_to() -> None:
     moved = "replica group 1 moved on to generation 5"
     assert verdict(Asking(waiting=True), moved, 0.5, 1) == (Fence.DISCARD, moved)
     assert verdict(Asking(waiting=True), None, 0.5, 1)[0] == Fence.HOLD
-    assert verdict(Asking(), None, 0.5, 1)[0] == Fence.KEEP  # answered
+    assert verdict(Asking(), None, 0.5, 1)[0] == Fence.KEEP  # answered, its host too
+    assert verdict(Asking(), None, 0.5, 1, split=True)[0] == Fence.HOLD  # a split
+    assert verdict(Asking(), None, 10 * ASIDE_MAX_S, 1, split=True)[0] == Fence.HOLD
+    assert verdict(Asking(revoked=True), None, 0.5, 1, split=True)[0] == Fence.DISCARD
     assert verdict(Asking(waiting=True), None, ASIDE_MAX_S + 0.1, 1)[0] == Fence.KEEP
 
 
@@ -56,11 +59,16 @@ def test_a_silent_members_ask_announces_the_groups_failure_and_pauses_its_ranks(
     n.sup.tick()  # the standbys stay warm: the group may restart as soon as the ask ends
     assert n.ranks.standbys_live[-1] and n.view.state == State.FENCED
     assert n.view.waiting_for is not None and "answer" in n.view.waiting_for
-    # The member answered: the ranks go on, and the node does not step aside again for
-    # the same member in the same generation (a split is a wait).
+    assert n.upkeep.handed[-1].watching  # the members' ports are still watched
+    # The member answered while its host still answers us nothing: a split inside the
+    # group, held out of the other groups' quorums until it heals.
     n.upkeep.asking = Asking()
+    assert handle(n) == State.FENCED and "split" in str(n.view.waiting_for)
+    # Its host answers again: the ranks go on, and the node does not step aside again for
+    # the same member in the same generation.
+    n.upkeep.silent = ()
     assert handle(n) == State.RUNNING and n.ranks.calls[-1] == "resume"
-    n.upkeep.asking = ASKED_B
+    n.upkeep.silent, n.upkeep.asking = ("node-b",), ASKED_B
     assert handle(n) == State.RUNNING and n.ranks.calls.count("pause") == 1
 
 
