@@ -137,6 +137,8 @@ def held(
     """Each tick of a step aside (since `since`, monotonic): what the ask came to
     (:func:`verdict`)."""
     job, slot, held_s = up.job, up.slot, time.monotonic() - since
+    if up.job_completed:  # the others finished it while ours were held (a long split)
+        return Fence.DISCARD, "the job completed elsewhere"
     if spanning is None or job is None or slot is None:
         return verdict(Asking(waiting=True), None, held_s, -1)
     asking = upkeep.ask_members(job, aside.silence)

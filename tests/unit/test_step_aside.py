@@ -5,6 +5,7 @@ parts (the integration test is test_groups_across_nodes's power cut)."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from daemon.fencing import Fence
 from daemon.node_state.states import State
@@ -85,6 +86,15 @@ def test_a_revoked_seat_stops_the_paused_ranks_and_a_lost_lease_is_the_fences() 
     assert handle(n) == State.FENCED and n.view.waiting_for == "etcd away"
     n.upkeep.must_pause, n.upkeep.verdict = False, (Fence.KEEP, "etcd confirmed the lease")
     assert handle(n) == State.RUNNING and n.ranks.calls[-1] == "resume"
+
+
+def test_a_split_held_when_the_job_completes_elsewhere_stops_its_ranks() -> None:
+    n = silent_member(State.RUNNING)
+    handle(n)
+    n.upkeep.asking = Asking()  # answered, the host still silent: a split, held
+    assert handle(n) == State.FENCED
+    n.upkeep.job = replace(n.upkeep.job, state={"state": "completed", "step": 10})
+    assert handle(n) == State.STOPPING and n.ranks.calls[-1] == "stop"
 
 
 def test_an_ask_without_an_outcome_resumes_the_ranks_after_its_time() -> None:
