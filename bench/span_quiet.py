@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from bench.pacing import PACING_LINE, UNPACED
-from bench.spare_takeover import JOB, longest_pause, together_after
+from bench.spare_takeover import JOB, longest_pause, tear_down, together_after
 from tests.support.harness import Daemon, event_time, start_daemon, wait_for
 from tests.support.multihost import etcd_on
 from tests.support.netns import Network
@@ -77,11 +77,7 @@ def run(seconds: float, work: Path) -> dict[str, object]:
             },
         }
     finally:
-        for d in daemons:
-            d.stop()
-        if etcd is not None:
-            etcd.stop()
-        net.close()
+        tear_down(daemons, etcd, net)
 
 
 def main() -> None:

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from bench.pacing import PACING_LINE, UNPACED
 from bench.pauses import longest_gap
-from tests.support.harness import Daemon, event_time, ready_standby, start_daemon, wait_for
+from tests.support.harness import Daemon, Proc, event_time, ready_standby, start_daemon, wait_for
 from tests.support.multihost import etcd_on
 from tests.support.netns import Host, Network
 from tests.support.spanning_groups import seats
@@ -187,11 +187,16 @@ def layout(nodes: int, repeats: int, work: Path, power_off: bool = False) -> lis
                 time.sleep(5.0)  # let the last heal settle before the next kill
         return figures
     finally:
-        for d in daemons:
-            d.stop()
-        if etcd is not None:
-            etcd.stop()
-        net.close()
+        tear_down(daemons, etcd, net)
+
+
+def tear_down(daemons: list[Daemon], etcd: Proc | None, net: Network) -> None:
+    """Stop every daemon, then etcd, then take the hosts down."""
+    for d in daemons:
+        d.stop()
+    if etcd is not None:
+        etcd.stop()
+    net.close()
 
 
 def spread(rows: list[dict[str, float]], key: str) -> str:
