@@ -23,15 +23,16 @@ finish no step; the ranks stay paused, out of the other groups' quorums (alive a
 heartbeating, the group would hold every quorum for ``lighthouse.join_timeout_ms``),
 until its host answers again (or two probes were merely lost on the way), and then go on:
 their step, which the other groups left, fails and is healed as after any announcement,
-never a counted restart. Once per member and generation of our ranks; an ask still out
-after :data:`ASIDE_MAX_S` (etcd away) resumes the ranks, the fence judging the rest.
+never a counted restart. Once per member, silence (a run of unanswered probes) and
+generation of our ranks; an ask still out after :data:`ASIDE_MAX_S` (etcd away) resumes
+the ranks, the fence judging the rest.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from daemon.fencing import Fence
@@ -60,6 +61,10 @@ class Aside:
         this round, and our ranks of this generation have not stepped aside for it."""
         done = self.members if generation == self.generation else frozenset()
         return any(m in asking.began and m not in done for m in mute)
+
+    def forgetting(self, mute: Iterable[str]) -> Aside:
+        """Members whose host answers again are forgotten: their next silence is new."""
+        return replace(self, members=self.members & frozenset(mute))
 
     def why(self, mute: Iterable[str]) -> str:
         return f"asking about {', '.join(mute)}, whose host answers nothing"
@@ -95,9 +100,10 @@ def verdict(
 class Watched:
     """What the running node's watch of its group's other members came to in a tick."""
 
+    aside: Aside  # the node's step aside record from now on
     moved: str | None = None  # the group moved on or lost a member: our ranks stop
     word: dict[str, Any] | None = None  # our group's failure, to announce (revoked or aside)
-    aside: Aside | None = None  # step aside now (the ranks pause while the ask is out)
+    why: str | None = None  # step aside now, for this (the ranks pause while the ask is out)
 
 
 def watch(
@@ -115,20 +121,21 @@ def watch(
     was revoked, so the other groups' ranks blocked with that member abandon the step."""
     upkeep, ranks = parts.upkeep, parts.ranks
     assert up.job is not None and up.slot is not None
+    gone, mute, silence = up.members_gone, up.members_silent, r.quiet_since or 0
+    aside = aside.forgetting(mute)
     moved = spanning.must_stop(up.job, up.slot)
     if moved is not None:
-        return Watched(moved)
+        return Watched(aside, moved)
     still = too_still(r.quiet_since, time.monotonic(), r.phases, r.step_time_median_s)
-    gone, mute, silence = up.members_gone, up.members_silent, r.quiet_since or 0
     if not (still or gone or mute):
-        return Watched()
+        return Watched(aside)
     asking = upkeep.ask_members(up.job, silence, gone)
     word = ranks.failure_word(ExitKind.HUNG, up.job.lighthouse)
     if asking.revoked:
-        return Watched(word=word)
+        return Watched(aside, word=word)
     if aside.steps_for(mute, asking, generation):
-        return Watched(word=word, aside=aside.taken(mute, generation, silence))
-    return Watched()
+        return Watched(aside.taken(mute, generation, silence), word=word, why=aside.why(mute))
+    return Watched(aside)
 
 
 def held(

@@ -266,12 +266,12 @@ class Supervisor:
         told: tuple[Command, ...] = ()  # the group's hang, announced before anything else
         if self.spanning is not None and up.job is not None and up.slot is not None:
             w = asides.watch(self.spanning, up, self.ranked, self.aside, v.generation, self.parts)
+            self.aside = w.aside  # a member's host answers nothing: step aside (aside.py)
             # Ranks already leaving (the job's end, an agreed drain) finish by themselves.
             if w.moved is not None and not self.group.finishing():
                 return self._stop(stops.GroupRestart(w.moved))
-            if w.aside is not None:  # a member's host answers nothing (aside.py)
-                self.aside, why = w.aside, w.aside.why(up.members_silent)
-                return to(State.FENCED, do.AnnounceFailure(w.word), do.PauseRanks(why))
+            if w.why is not None:
+                return to(State.FENCED, do.AnnounceFailure(w.word), do.PauseRanks(w.why))
             told = (do.AnnounceFailure(w.word),) if w.word is not None else ()
         if gate.running_group_leaves(v.health, up.job, up.slot, self.cfg):
             assert v.health is not None

@@ -17,7 +17,7 @@ SPANNING = ("job.nodes_per_group=2", "parallel.dp_shard=2")
 ASKED_B = Asking(began=("node-b",), waiting=True)
 
 
-def test_a_node_steps_aside_once_per_silent_member_and_generation() -> None:
+def test_a_node_steps_aside_once_per_silent_member_silence_and_generation() -> None:
     aside = Aside()
     assert aside.steps_for(["node-b"], ASKED_B, 3)
     # Not for a member asked about while its host answers (the ranks' stillness alone),
@@ -31,6 +31,9 @@ def test_a_node_steps_aside_once_per_silent_member_and_generation() -> None:
     assert taken.steps_for(["node-b"], ASKED_B, 4)  # the group's next generation
     assert taken.taken(["node-c"], 3, 0.0).members == {"node-b", "node-c"}
     assert taken.taken(["node-c"], 4, 0.0).members == {"node-c"}
+    # Its host answered again: forgotten, so its next silence is a new one.
+    assert taken.forgetting(["node-b"]).members == {"node-b"}
+    assert taken.forgetting([]).steps_for(["node-b"], ASKED_B, 3)
 
 
 def test_what_paused_ranks_do_by_what_the_ask_came_to() -> None:
@@ -65,12 +68,18 @@ def test_a_silent_members_ask_announces_the_groups_failure_and_pauses_its_ranks(
     # group, held out of the other groups' quorums until it heals.
     n.upkeep.asking = Asking()
     assert handle(n) == State.FENCED and "split" in str(n.view.waiting_for)
-    # Its host answers again: the ranks go on, and the node does not step aside again for
-    # the same member in the same generation.
+    # Its host answers again: the ranks go on. Silent again before a running round saw it
+    # answer: the same silence, not stepped aside for twice.
     n.upkeep.silent = ()
     assert handle(n) == State.RUNNING and n.ranks.calls[-1] == "resume"
     n.upkeep.silent, n.upkeep.asking = ("node-b",), ASKED_B
     assert handle(n) == State.RUNNING and n.ranks.calls.count("pause") == 1
+    # Its host answers for a while, then goes silent again: a new silence, asked about
+    # and stepped aside for again.
+    n.upkeep.silent, n.upkeep.asking = (), Asking()
+    assert handle(n) == State.RUNNING
+    n.upkeep.silent, n.upkeep.asking = ("node-b",), ASKED_B
+    assert handle(n) == State.FENCED and n.ranks.calls.count("pause") == 2
 
 
 def test_a_revoked_seat_stops_the_paused_ranks_and_a_lost_lease_is_the_fences() -> None:
