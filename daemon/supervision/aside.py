@@ -21,9 +21,10 @@ ranks are stopped and the group restarts, a spare in the seat. The member answer
 alive and reaches etcd, so its host's silence is a split inside the group, which can
 finish no step; the ranks stay paused, out of the other groups' quorums (alive and
 heartbeating, the group would hold every quorum for ``lighthouse.join_timeout_ms``),
-until its host answers again (or two probes were merely lost on the way), and then go on:
-their step, which the other groups left, fails and is healed as after any announcement,
-never a counted restart. Once per member, silence (a run of unanswered probes) and
+until its host answers again. Then, after a short silence (two probes merely lost on the
+way), they go on: their step, which the other groups left, fails and is healed as after
+any announcement; after a longer one the group restarts under a new generation (its links
+would come back only at TCP's next retransmission), never a counted restart. Once per member, silence (a run of unanswered probes) and
 generation of our ranks; an ask still out after :data:`ASIDE_MAX_S` (etcd away) resumes
 the ranks, the fence judging the rest.
 """
@@ -43,6 +44,11 @@ from daemon.supervision.seat_probe import PROBE_WAIT_S, Asking, too_still
 from daemon.supervision.spanning import SpanningGroup
 
 ASIDE_MAX_S = PROBE_WAIT_S + 2.0  # the ask's own wait, and its revoke's round trips
+# A split held longer than this restarts the group when it heals: TCP backs off while a
+# link is cut (its retransmissions 0.2, 0.4, 0.8, ... s apart), so the ranks' links would
+# come back only at their next retransmission, seconds after the heal; a new generation,
+# started from warm standbys and healed from the other groups, is back sooner.
+RESTART_AFTER_S = ASIDE_MAX_S
 
 
 @dataclass(frozen=True)
@@ -81,8 +87,9 @@ def verdict(
     group's generation moved on: the group restarts), HOLD (the ask is still out; or the
     member answered it and its host still answers us nothing, `split`: a split inside
     the group, which could not finish a step, kept out of the other groups' quorums until
-    it heals), KEEP (the member answered and its host answers again, or nothing more will
-    come of the ask)."""
+    it heals; a split held longer than :data:`RESTART_AFTER_S` then restarts the group),
+    KEEP (the member answered and its host answers again soon, or nothing more will come
+    of the ask)."""
     if moved is not None:
         return Fence.DISCARD, moved
     if asking.revoked:
@@ -93,6 +100,8 @@ def verdict(
         return Fence.KEEP, f"the ask had no outcome in {ASIDE_MAX_S:.1f} s (etcd away?)"
     if split:
         return Fence.HOLD, f"replica group {gid}'s split to heal (its member answers through etcd)"
+    if held_s > RESTART_AFTER_S:
+        return Fence.DISCARD, f"replica group {gid}'s split healed after {held_s:.1f} s"
     return Fence.KEEP, "the member that went silent answers again"
 
 

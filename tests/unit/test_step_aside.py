@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from daemon.fencing import Fence
 from daemon.node_state.states import State
-from daemon.supervision.aside import ASIDE_MAX_S, Aside, verdict
+from daemon.supervision.aside import ASIDE_MAX_S, RESTART_AFTER_S, Aside, verdict
 from daemon.supervision.seat_probe import Asking
 from tests.support.supervisor_fakes import Node, handle, node
 
@@ -44,6 +44,9 @@ def test_what_paused_ranks_do_by_what_the_ask_came_to() -> None:
     assert verdict(Asking(), None, 0.5, 1)[0] == Fence.KEEP  # answered, its host too
     assert verdict(Asking(), None, 0.5, 1, split=True)[0] == Fence.HOLD  # a split
     assert verdict(Asking(), None, 10 * ASIDE_MAX_S, 1, split=True)[0] == Fence.HOLD
+    # The split healed: a short one resumes the ranks, a long one restarts the group.
+    assert verdict(Asking(), None, RESTART_AFTER_S - 0.1, 1)[0] == Fence.KEEP
+    assert verdict(Asking(), None, RESTART_AFTER_S + 0.1, 1)[0] == Fence.DISCARD
     assert verdict(Asking(revoked=True), None, 0.5, 1, split=True)[0] == Fence.DISCARD
     assert verdict(Asking(waiting=True), None, ASIDE_MAX_S + 0.1, 1)[0] == Fence.KEEP
 
