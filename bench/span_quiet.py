@@ -23,11 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.pacing import PACING_LINE, UNPACED
-from bench.spare_takeover import JOB, longest_pause, tear_down, together_after
-from tests.support.harness import Daemon, event_time, start_daemon, wait_for
-from tests.support.multihost import etcd_on
-from tests.support.netns import Network
+from bench.pacing import PACING_LINE
+from bench.span_cluster import two_by_two
+from bench.spare_takeover import longest_pause
+from tests.support.harness import Daemon, event_time
 
 FALSE = ("failure_announced", "seat_revoked", "group_restarted", "group_failed", "leader_elected")
 
@@ -48,22 +47,8 @@ def counts(daemons: list[Daemon], start: float, end: float) -> dict[str, int]:
 
 
 def run(seconds: float, work: Path) -> dict[str, object]:
-    config = work / "job.toml"
-    work.mkdir(parents=True)
-    config.write_text(JOB.format(nodes=2))
-    net = Network()
-    daemons: list[Daemon] = []
-    etcd = None
-    try:
-        etcd_host = net.add_host("etcd")
-        hosts = [net.add_host(f"h{i}") for i in range(4)]
-        etcd = etcd_on(etcd_host, work)
-        endpoints = [f"{etcd_host.address}:2379"]
-        for i, host in enumerate(hosts):
-            daemons.append(
-                start_daemon(work, f"node-{i}", endpoints, config=config, host=host, env=UNPACED)
-            )
-        wait_for(lambda: together_after(daemons, 1, 0.0), 300, "both groups to commit together")
+    with two_by_two(work) as cluster:
+        daemons = cluster.daemons
         start = time.time()
         time.sleep(seconds)
         end = time.time()
@@ -76,8 +61,6 @@ def run(seconds: float, work: Path) -> dict[str, object]:
                 str(g): round(longest_pause(daemons, g, start, end), 3) for g in (0, 1)
             },
         }
-    finally:
-        tear_down(daemons, etcd, net)
 
 
 def main() -> None:

@@ -25,11 +25,10 @@ import time
 from functools import partial
 from pathlib import Path
 
-from bench.pacing import PACING_LINE, UNPACED
-from bench.spare_takeover import JOB, longest_pause, tear_down, together_after
-from tests.support.harness import Daemon, event_time, start_daemon, wait_for
-from tests.support.multihost import etcd_on
-from tests.support.netns import Network
+from bench.pacing import PACING_LINE
+from bench.span_cluster import two_by_two
+from bench.spare_takeover import longest_pause, together_after
+from tests.support.harness import Daemon, event_time, wait_for
 from tests.support.spanning_groups import seats
 
 DURING = ("group_paused", "group_resumed", "rank_failed", "group_failed", "group_restarted")
@@ -46,27 +45,10 @@ def said(daemons: list[Daemon], start: float, end: float) -> dict[str, int]:
 
 
 def run(cut_s: float, repeats: int, work: Path) -> list[dict[str, object]]:
-    config = work / "job.toml"
-    work.mkdir(parents=True)
-    config.write_text(JOB.format(nodes=2))
-    net = Network()
-    daemons: list[Daemon] = []
-    etcd = None
-    try:
-        etcd_host = net.add_host("etcd")
-        hosts = [net.add_host(f"h{i}") for i in range(4)]
-        etcd = etcd_on(etcd_host, work)
-        endpoints = [f"{etcd_host.address}:2379"]
-        by_id = {}
-        for i, host in enumerate(hosts):
-            name = f"node-{i}"
-            by_id[name] = host
-            daemons.append(
-                start_daemon(work, name, endpoints, config=config, host=host, env=UNPACED)
-            )
-        wait_for(lambda: together_after(daemons, 1, 0.0), 300, "both groups to commit together")
+    with two_by_two(work) as cluster:
+        net, daemons = cluster.net, cluster.daemons
         held = seats(daemons)
-        one = (by_id[held[(1, 0)].node_id], by_id[held[(1, 1)].node_id])
+        one = (cluster.host_of[held[(1, 0)].node_id], cluster.host_of[held[(1, 1)].node_id])
         rows: list[dict[str, object]] = []
         for repeat in range(repeats):
             time.sleep(5.0)
@@ -85,8 +67,6 @@ def run(cut_s: float, repeats: int, work: Path) -> list[dict[str, object]]:
             rows.append(row)
             print(f"  cut {repeat + 1}: {json.dumps(row)}", flush=True)
         return rows
-    finally:
-        tear_down(daemons, etcd, net)
 
 
 def main() -> None:
