@@ -64,7 +64,8 @@ class Aside:
 
     def steps_for(self, mute: Iterable[str], asking: Asking, generation: int | None) -> bool:
         """Whether to step aside now: a member whose host answers nothing was asked about
-        this round, and our ranks of this generation have not stepped aside for it."""
+        this round, and our ranks of this generation have not stepped aside for it in this
+        silence (one whose host answered since is forgotten: :meth:`forgetting`)."""
         done = self.members if generation == self.generation else frozenset()
         return any(m in asking.began and m not in done for m in mute)
 
