@@ -66,8 +66,12 @@ class Aside:
         """Whether to step aside now: a member whose host answers nothing was asked about
         this round, and our ranks of this generation have not stepped aside for it in this
         silence (one whose host answered since is forgotten: :meth:`forgetting`)."""
-        done = self.members if generation == self.generation else frozenset()
+        done = self._done_in(generation)
         return any(m in asking.began and m not in done for m in mute)
+
+    def _done_in(self, generation: int | None) -> frozenset[str]:
+        """The members stepped aside for under `generation` (none under another)."""
+        return self.members if generation == self.generation else frozenset()
 
     def forgetting(self, mute: Iterable[str]) -> Aside:
         """Members whose host answers again are forgotten: their next silence is new."""
@@ -77,8 +81,7 @@ class Aside:
         return f"asking about {', '.join(mute)}, whose host answers nothing"
 
     def taken(self, mute: Iterable[str], generation: int | None, silence: float) -> Aside:
-        done = self.members if generation == self.generation else frozenset()
-        return Aside(generation, done | frozenset(mute), silence, active=True)
+        return Aside(generation, self._done_in(generation) | frozenset(mute), silence, True)
 
 
 def verdict(
@@ -140,12 +143,13 @@ def watch(
     if not (still or gone or mute):
         return Watched(aside)
     asking = upkeep.ask_members(up.job, silence, gone)
-    word = ranks.failure_word(ExitKind.HUNG, up.job.lighthouse)
+    stepping = aside.steps_for(mute, asking, generation)
+    if not (asking.revoked or stepping):
+        return Watched(aside)
+    word = ranks.failure_word(ExitKind.HUNG, up.job.lighthouse)  # reads the heartbeats
     if asking.revoked:
         return Watched(aside, word=word)
-    if aside.steps_for(mute, asking, generation):
-        return Watched(aside.taken(mute, generation, silence), word=word, why=aside.why(mute))
-    return Watched(aside)
+    return Watched(aside.taken(mute, generation, silence), word=word, why=aside.why(mute))
 
 
 def held(
