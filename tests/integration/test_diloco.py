@@ -146,7 +146,12 @@ def test_a_failed_sync_is_not_applied_and_its_round_is_trained_again(tmp_path: P
 
 
 def test_a_group_joining_mid_job_takes_a_share_from_the_next_round(tmp_path: Path) -> None:
-    steps = 100
+    # The third group must join before the job ends. Paced, a round (0.4-0.5 s) stays
+    # under the lighthouse's join timeout (1 s), so no quorum forms without a group that
+    # is on its way; 400 steps leave the third group about 40 s to start (a cold start
+    # beside another test took over 10 s, longer than 100 steps left it). Once it has
+    # committed, the rest runs unpaced.
+    steps = 400
     lighthouse = start_lighthouse(tmp_path, min_replicas=2)
     common = dict(num_groups=3, lighthouse=lighthouse.address, overrides=diloco(steps))
     pace = write_pace(tmp_path / "pace", PACE_S)
