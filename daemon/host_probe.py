@@ -4,8 +4,11 @@ nothing of the process behind the port.
 A live host's kernel answers a connection at once, accepted or refused, however loaded
 the machine; a host that lost power or its network answers nothing. A probe connects and
 closes without a word (the leader's gate does not count that as a refusal).
-:class:`HostProbe` does it every :data:`PROBE_EVERY_S` from a thread of its own, so the
-daemon's loop never waits on a silent host. Used by the leader's watchers
+:class:`HostProbe` starts one every :data:`PROBE_EVERY_S` from a thread of its own, each
+probe in a short-lived thread, so the daemon's loop never waits on a silent host and a
+silent probe does not hold back the next: two silences in a row are known
+:data:`PROBE_EVERY_S` + :data:`CONNECT_S` after the first unanswered probe went out,
+where one probe after the other took twice :data:`CONNECT_S`. Used by the leader's watchers
 (``daemon.leadership.unreachable``: a silent host, not a refusing one, is suspect) and
 by a spanning group's nodes watching their partners (``daemon.supervision.seats``,
 ``seat_probe``: a refusal is a dead daemon; silence may be a split, and is asked about).
@@ -20,8 +23,12 @@ import time
 from collections.abc import Callable
 from enum import StrEnum
 
-PROBE_EVERY_S = 0.25
-CONNECT_S = 0.25  # a live kernel answers a connection in well under a millisecond
+PROBE_EVERY_S = 0.1  # a probe starts this often, whether the last one was answered or not
+# A live kernel answers a connection in well under a millisecond, loaded or not (its
+# SYN-ACK comes from the network stack, not from the process behind the port); a lost SYN
+# is resent only after a second, so a longer wait would not save a probe whose SYN was
+# dropped. Two in a row must go unanswered before it counts.
+CONNECT_S = 0.15
 FAILURES = 2  # the same answer this many probes in a row before it counts
 
 
@@ -54,10 +61,11 @@ def connect(host: str, port: int, timeout_s: float = CONNECT_S) -> Answer:
 
 
 class HostProbe:
-    """A thread that connects to one address every :data:`PROBE_EVERY_S` and keeps the
-    run of equal answers; :attr:`silent` and :attr:`refused` say that the last
-    :data:`FAILURES` probes in a row got that answer, and `wake` is called when a run of
-    either reaches it, so the daemon's loop acts on it at once."""
+    """A thread that starts a probe of one address every :data:`PROBE_EVERY_S`, each in
+    a thread of its own, and keeps the run of equal answers in the order the probes
+    started; :attr:`silent` and :attr:`refused` say that the last :data:`FAILURES`
+    probes in a row got that answer, and `wake` is called when a run of either reaches
+    it, so the daemon's loop acts on it at once."""
 
     def __init__(
         self, wake: Callable[[], None], probe: Callable[[str, int], Answer] = connect
@@ -66,6 +74,10 @@ class HostProbe:
         self._lock = threading.Lock()
         self._target: tuple[str, int] | None = None
         self._run_of: tuple[Answer, int] = (Answer.ACCEPTED, 0)  # answer, probes in a row
+        self._epoch = 0  # moves with the target: answers about an old one are dropped
+        self._started = 0  # probes started for this target
+        self._applied = 0  # probes whose answers are counted, in the order they started
+        self._early: dict[int, Answer] = {}  # answers in before an earlier probe's
         self._stop = threading.Event()
         self._changed = threading.Event()
         self._thread: threading.Thread | None = None
@@ -76,6 +88,8 @@ class HostProbe:
             if target == self._target:
                 return
             self._target, self._run_of = target, (Answer.ACCEPTED, 0)
+            self._epoch, self._started, self._applied = self._epoch + 1, 0, 0
+            self._early.clear()
         if target is not None and self._thread is None:
             self._thread = threading.Thread(target=self._loop, name="host-probe", daemon=True)
             self._thread.start()
@@ -103,19 +117,31 @@ class HostProbe:
     def _loop(self) -> None:
         while not self._stop.is_set():
             with self._lock:
-                target = self._target
+                target, epoch, number = self._target, self._epoch, self._started
+                self._started += target is not None
             if target is None:
                 self._changed.wait()
                 self._changed.clear()
                 continue
             started = time.monotonic()
-            answer = self._probe(*target)
-            with self._lock:
-                if target != self._target:
-                    continue  # the address moved while we probed the old one
+            threading.Thread(
+                target=self._one, args=(target, epoch, number), name="host-probe-1", daemon=True
+            ).start()
+            self._stop.wait(max(0.0, PROBE_EVERY_S - (time.monotonic() - started)))
+
+    def _one(self, target: tuple[str, int], epoch: int, number: int) -> None:
+        """One probe; its answer counts once every probe started before it has counted."""
+        answer = self._probe(*target)
+        reached = False
+        with self._lock:
+            if epoch != self._epoch:
+                return  # the address moved while we probed the old one
+            self._early[number] = answer
+            while self._applied in self._early:
+                answer = self._early.pop(self._applied)
+                self._applied += 1
                 seen, count = self._run_of
                 self._run_of = (answer, count + 1 if answer == seen else 1)
-                reached = answer != Answer.ACCEPTED and self._run_of[1] == FAILURES
-            if reached:
-                self._wake()
-            self._stop.wait(max(0.0, PROBE_EVERY_S - (time.monotonic() - started)))
+                reached |= answer != Answer.ACCEPTED and self._run_of[1] == FAILURES
+        if reached:
+            self._wake()

@@ -7,7 +7,7 @@ kernel answers a connection to the leader's gate at once (accepted, or refused i
 daemon is gone), whatever its load, while a host that lost power or its network
 answers nothing. So a few followers, the leader's *watchers* (the first
 :data:`WATCHERS` registered nodes by id, leader left out), connect to the published
-lighthouse address every 0.25 s (``daemon.host_probe``). One that gets no answer
+lighthouse address every 0.1 s (``daemon.host_probe``). One that gets no answer
 twice in a row says so in ``suspects/<node_id>`` (on its node lease,
 with the leader's node and epoch), and the watcher that finds a majority of the
 watchers agreeing deletes the leader key, if it still holds that leader (one

@@ -3,7 +3,7 @@ nothing (DESIGN.md, "Groups across nodes", 8).
 
 A member's status port silent twice in a row (``daemon.host_probe``) is a host without
 power or network, or a split inside the group; the ask through etcd tells the two apart
-within :data:`~daemon.supervision.seat_probe.PROBE_WAIT_S` (seat_probe.py). Meanwhile the
+within :data:`~daemon.supervision.seat_probe.SILENT_WAIT_S` (seat_probe.py). Meanwhile the
 other groups' ranks sit in a collective with the lost member's, and torchft's lighthouse
 keeps our group in their quorums for as long as our ranks heartbeat it (a group's first
 node is its lighthouse client): the other groups went on only once the seat was revoked,

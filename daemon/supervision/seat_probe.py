@@ -18,11 +18,12 @@ its state) and reads who answered:
 
 * the member answered: it is alive and reaches etcd (a split inside the group, a
   member slow to stop its ranks, a long step), so this node waits on it as before;
-* its daemon's status port refuses two connections in a row, 0.25 s apart
+* its daemon's status port refuses two connections in a row, 0.1 s apart
   (``daemon.host_probe``: its host is up and no daemon listens, so its ranks died with
   it): the seat is revoked as below, without waiting out the ask. A port that answers
   nothing may be a split inside the group as well as a lost host: it is asked about;
-* no answer within :data:`PROBE_WAIT_S`: the member's seat is deleted, if the member
+* no answer within :data:`PROBE_WAIT_S` (:data:`SILENT_WAIT_S` while its status port
+  answers nothing either): the member's seat is deleted, if the member
   still holds it (``Coordinator.revoke_seat``); our ranks stop because the group's
   seats changed (``SpanningGroup.must_stop``), and a spare, or the member itself once
   back, claims the seat. A member alive behind a partition from etcd loses nothing it
@@ -46,6 +47,10 @@ from daemon.host_probe import HostProbe
 from trainer import logs
 
 PROBE_WAIT_S = 1.5  # a live daemon answers within a round or two (0.25 s each)
+# The wait for a member whose status port answers nothing as well (its host lost, or cut
+# from us): an answer through etcd came in 4-260 ms in the suite's splits, and the longer
+# a lost host keeps its seat, the longer its group and the others wait for it.
+SILENT_WAIT_S = 0.75
 SILENCE_S = 2.0  # running ranks this long without a heartbeat: their group's members are asked
 
 Attempt = Callable[[str, Callable[[], Any]], tuple[bool, Any]]
@@ -135,7 +140,8 @@ class SeatProbe:
             return False
         listening = self._listening.get(key)
         unheard = unheard or (listening is not None and listening.refused)
-        if waited < PROBE_WAIT_S and not unheard:
+        silent = listening is not None and listening.silent
+        if waited < (SILENT_WAIT_S if silent else PROBE_WAIT_S) and not unheard:
             return False
         ok, revoked = self.attempt(
             "seat_probe", lambda: self.coord.revoke_seat(seat, self.nodes, member)

@@ -148,7 +148,7 @@ class Seats:
 
     def watch(self, job: JobView | None) -> None:
         """While our ranks run (`job`; None stops it), connect to the status port of
-        every other member of our spanning group every 0.25 s (daemon.host_probe): a
+        every other member of our spanning group every 0.1 s (daemon.host_probe): a
         member whose daemon died (refused: :meth:`gone`) or whose host answers nothing
         (:meth:`silent`) leaves our ranks blocked without a word, and the other groups
         with them, until they go still."""

@@ -14,7 +14,14 @@ from daemon.config import load_daemon_config
 from daemon.coordination import Coordinator
 from daemon.coordination.job_view import assemble
 from daemon.coordination.progress import Progress
-from daemon.supervision.seat_probe import PROBE_WAIT_S, SILENCE_S, Asking, SeatProbe, too_still
+from daemon.supervision.seat_probe import (
+    PROBE_WAIT_S,
+    SILENCE_S,
+    SILENT_WAIT_S,
+    Asking,
+    SeatProbe,
+    too_still,
+)
 from daemon.supervision.seats import Seats
 
 JOB = Path(__file__).resolve().parents[1] / "integration" / "daemon_job.toml"
@@ -143,6 +150,48 @@ def test_a_member_whose_status_port_refuses_loses_its_seat_without_the_wait() ->
             assert p.check("b", 3, 7, address) and etcd.seats == {}  # the ask's own wait
         finally:
             p.close()
+
+
+def _silent_port() -> tuple[socket.socket, socket.socket]:
+    """A listener whose accept queue is full: this kernel drops further SYNs, so a
+    connection to it gets no answer at all, as a host without power gives none."""
+    listening = socket.socket()
+    listening.bind(("127.0.0.1", 0))
+    listening.listen(0)
+    queued = socket.create_connection(listening.getsockname(), timeout=1.0)
+    return listening, queued
+
+
+def test_a_member_whose_status_port_answers_nothing_loses_its_seat_after_the_shorter_wait() -> None:
+    """Silent as well as unanswered through etcd (a lost host): revoked once the ask has
+    waited SILENT_WAIT_S, not PROBE_WAIT_S; an answer through etcd (a split) still keeps
+    the seat."""
+    assert SILENT_WAIT_S < PROBE_WAIT_S
+    listening, queued = _silent_port()
+    address = listening.getsockname()
+    try:
+        etcd, now = Etcd(), [100.0]
+        p = probe(etcd, now)
+        try:
+            assert not p.check("b", 3, 7, address)
+            assert not _wait(lambda: p.check("b", 3, 7, address), 1.0)  # no time on its clock
+            now[0] += SILENT_WAIT_S
+            assert p.check("b", 3, 7, address) and etcd.seats == {}
+        finally:
+            p.close()
+        etcd, now = Etcd(), [100.0]
+        p = probe(etcd, now)
+        try:
+            p.check("b", 3, 7, address)
+            etcd.answer("b")
+            now[0] += SILENT_WAIT_S
+            assert not _wait(lambda: p.check("b", 3, 7, address), 1.0)
+            assert etcd.seats == {3: "b"}
+        finally:
+            p.close()
+    finally:
+        queued.close()
+        listening.close()
 
 
 def test_a_member_already_unheard_loses_its_seat_in_the_round_that_asks() -> None:

@@ -72,6 +72,39 @@ def test_the_probe_is_silent_after_failures_in_a_row_and_wakes_the_loop_once() -
         probe.close()
 
 
+def test_a_probe_that_waits_does_not_hold_back_the_next_and_answers_count_in_order() -> None:
+    """The first probe goes unanswered for as long as the test holds it: the next ones
+    start meanwhile, and their answers count only once the first one's has."""
+    first, rest = threading.Event(), threading.Event()
+    calls: list[int] = []
+
+    def answers(host: str, port: int) -> hp.Answer:
+        calls.append(len(calls))
+        if len(calls) == 1:
+            first.wait(10)
+            return hp.Answer.SILENT
+        if len(calls) == 2:
+            return hp.Answer.SILENT
+        rest.wait(10)
+        return hp.Answer.ACCEPTED
+
+    woke = threading.Event()
+    probe = hp.HostProbe(woke.set, answers)
+    try:
+        probe.follow(("10.0.0.1", 29510))
+        _until(lambda: len(calls) >= 3)  # two more started while the first was out
+        assert not probe.silent and not woke.is_set()  # the second's silence waits its turn
+        first.set()
+        _until(lambda: probe.silent)  # both silent, in the order they started
+        assert woke.is_set()
+        rest.set()
+        _until(lambda: not probe.silent)  # the third was answered
+    finally:
+        first.set()
+        rest.set()
+        probe.close()
+
+
 class Suspects:
     def __init__(self, deposes: bool = True) -> None:
         self.calls: list[tuple[Any, ...]] = []
