@@ -376,10 +376,12 @@ class _Session:
         return ttl > 0
 
     def _run(self) -> None:
-        """Refresh every ``refresh_every_s(ttl)`` after the last confirmed send (a refresh
-        from the main loop counts); after a failure retry as often until the lease is lost."""
+        """Refresh at once (etcd's raft term, which the incident record waits for after a
+        cut, is then known; a refresh interval later, a daemon killed meanwhile lost the
+        cut's record), then every ``refresh_every_s(ttl)`` after the last confirmed send
+        (a refresh from the main loop counts); after a failure as often until it is lost."""
         interval = self.every_s
-        wait, failing = interval, False
+        wait, failing = 0.0, False
         ctx = {"job": self.job, "lease": f"{self.lease_id:x}"}
         while not self._stop.wait(wait):
             try:

@@ -15,6 +15,8 @@ import time
 import pytest
 
 from daemon.coordination.coordinator import Coordinator, EtcdSettings, EtcdUnavailable
+from daemon.coordination.etcd_client import _Connection
+from daemon.coordination.keepalive import LeaseKeepAlive, _Session
 from daemon.coordination.lease_timing import refresh_every_s
 from tests.support.coordinators import MakeCoordinator, wait_for
 from tests.support.etcd_control import ControlledEtcd
@@ -86,6 +88,28 @@ def test_one_stream_carries_every_keepalive_and_the_main_loop_sends_none(
     assert expected / 2 <= keepalives(etcd) - sent <= expected + 3
     last = a.lease_confirmation()
     assert last is not None and last[0] == first[0] and last[1] > first[1] + HOLD_S / 2
+
+
+def test_a_new_leases_first_keepalive_goes_at_once_and_tells_etcds_term(
+    etcd: ControlledEtcd,
+) -> None:
+    """A session refreshing once an hour still refreshes as it starts: etcd's raft term
+    is known at once (the incident record waits for it after a cut, and a daemon killed
+    before a refresh interval had passed lost the cut's record)."""
+    settings = EtcdSettings([etcd.endpoint], timeout_s=1.0)
+    conn = _Connection(settings, 1.0)
+    keepalive = LeaseKeepAlive(_Connection(settings, 1.0))  # its own: nobody else's answers
+    try:
+        grant = conn.call(lambda c: c.lease(TTL_S))
+        hourly = _Session(int(grant.id), int(grant.ttl), keepalive, "itest", every_s=3600.0)
+        sent = keepalives(etcd)
+        hourly.start()
+        wait_for(lambda: keepalive.raft_told[0] is not None, 10, "a keepalive's answer")
+        assert keepalives(etcd) == sent + 1
+        hourly.stop()
+    finally:
+        keepalive.close()
+        conn.close()
 
 
 def test_a_restarted_etcd_is_reached_on_a_new_stream_and_the_lease_is_kept(
