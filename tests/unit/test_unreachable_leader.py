@@ -77,13 +77,16 @@ def test_a_probe_that_waits_does_not_hold_back_the_next_and_answers_count_in_ord
     start meanwhile, and their answers count only once the first one's has."""
     first, rest = threading.Event(), threading.Event()
     calls: list[int] = []
+    counting = threading.Lock()  # the probes run on the pool's threads
 
     def answers(host: str, port: int) -> hp.Answer:
-        calls.append(len(calls))
-        if len(calls) == 1:
+        with counting:
+            calls.append(len(calls) + 1)
+            number = calls[-1]
+        if number == 1:
             first.wait(10)
             return hp.Answer.SILENT
-        if len(calls) == 2:
+        if number == 2:
             return hp.Answer.SILENT
         rest.wait(10)
         return hp.Answer.ACCEPTED
