@@ -24,9 +24,9 @@ heartbeating, the group would hold every quorum for ``lighthouse.join_timeout_ms
 until its host answers again. Then, after a short silence (two probes merely lost on the
 way), they go on: their step, which the other groups left, fails and is healed as after
 any announcement; after a longer one the group restarts under a new generation (its links
-would come back only at TCP's next retransmission), never a counted restart. Once per member, silence (a run of unanswered probes) and
-generation of our ranks; an ask still out after :data:`ASIDE_MAX_S` (etcd away) resumes
-the ranks, the fence judging the rest.
+would come back only at TCP's next retransmission), never a counted restart. Once per
+member, silence (a run of unanswered probes) and generation of our ranks; an ask still
+out after :data:`ASIDE_MAX_S` (etcd away) resumes the ranks, the fence judging the rest.
 """
 
 from __future__ import annotations
