@@ -7,6 +7,7 @@ from typing import Any
 
 from daemon.accounting.incidents import Action, IncidentLog, Kind
 from trainer.contracts import rank_events as events
+from trainer.contracts.checkpoint_names import NO_MARKER
 
 STEP_ENDS = frozenset({events.TRAIN_STEP, events.STEP_ITEMS})
 # Events that are a failure of their own: the kind, and the field that says why.
@@ -30,7 +31,7 @@ def take(
     refused before (one refused again is no new failure: a cold restart that finds it
     newest is the ranks' failure, not the checkpoint's)."""
     name = event.get("event")
-    if name == events.CHECKPOINT_INVALID and str(event.get("path")) in refused:
+    if name == events.CHECKPOINT_INVALID and not _failed(event, refused):
         return log
     if name in STEP_ENDS:
         return log.committed(now)
@@ -45,3 +46,15 @@ def take(
         refusal = str(event.get("path", "")) if name == events.CHECKPOINT_INVALID else ""
         return log.opened(kind, now, detail=str(event.get(field, ""))[:200], checkpoint=refusal)
     return log
+
+
+def _failed(refusal: Mapping[str, Any], refused: frozenset[str]) -> bool:
+    """Whether a ``checkpoint_invalid`` is a checkpoint's failure: one refused at load for
+    what it holds (corrupt, unreadable, another layout's), not refused before. A partial
+    one (no completion marker) is what is left of a save that a failure cut short, and
+    that failure was recorded when it happened (a rank killed mid-save: its exit); found
+    at a load or by a later save's retention scan (``deleted: false``, nobody loading it)
+    it is no new failure, and would take the kind of the cold restart it is found in."""
+    partial = refusal.get("reason") == NO_MARKER
+    scan = refusal.get("deleted") is False
+    return not partial and not scan and str(refusal.get("path")) not in refused

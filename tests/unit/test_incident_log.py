@@ -14,6 +14,7 @@ from daemon.coordination.incident_store import merged, one_per_failure
 from daemon.node_state.progress import ProgressFold
 from trainer.contracts import heartbeat
 from trainer.contracts import rank_events as events
+from trainer.contracts.checkpoint_names import NO_MARKER
 
 STEP = {"event": events.STEP_ITEMS, "step": 9}
 
@@ -189,6 +190,26 @@ def test_a_checkpoint_refused_again_is_no_new_failure() -> None:
     log = IncidentLog("a").opened(Kind.RANK_EXIT, 1.0).acted(Action.RESTART)
     assert take(log, refused, 2.0, 3, frozenset({"/c/step-50"})).open == log.open
     assert take(log, refused, 2.0, 3).open.kind == Kind.CHECKPOINT  # type: ignore[union-attr]
+
+
+def test_a_partial_checkpoint_is_no_new_failure_and_a_retention_report_none() -> None:
+    """A rank killed mid-save (its exit, healed) left step-500 without its marker. Every
+    rank killed later: the cold restart's load skips step-500 (partial), then refuses
+    step-450 (corrupt): the incident is step-450's, not step-500's (which took the kind
+    first and hid the corrupt one). A retention scan's report (``deleted: false``), of
+    either, opens none: nobody is loading it."""
+    partial = {"event": events.CHECKPOINT_INVALID, "path": "/c/step-500", "reason": NO_MARKER}
+    corrupt = {"event": events.CHECKPOINT_INVALID, "path": "/c/step-450", "reason": "sha256"}
+    cold = IncidentLog("b").opened(Kind.RANK_EXIT, 1.0).acted(Action.RESTART)
+    skipped = take(cold, partial, 2.0, 3)
+    assert skipped.open == cold.open  # a rank exit, as it was
+    told = take(skipped, corrupt, 2.1, 3).open
+    assert told is not None and (told.kind, told.checkpoint) == (Kind.CHECKPOINT, "/c/step-450")
+    healed = IncidentLog("b").opened(Kind.RANK_EXIT, 1.0).acted(Action.HEAL).committed(2.0)
+    for found in (partial, corrupt):
+        later = take(healed, {**found, "deleted": False}, 12.0, 3)
+        assert later.open is None and later.closed == healed.closed
+    assert take(healed, corrupt, 12.0, 3).open is not None  # the same refused at load
 
 
 def test_a_failure_after_etcd_came_back_is_its_own_and_the_outage_ended_with_etcd() -> None:

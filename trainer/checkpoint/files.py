@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.contracts.checkpoint_names import MARKER as MARKER  # re-exported
+from trainer.contracts.checkpoint_names import NO_MARKER as NO_MARKER  # re-exported
 from trainer.contracts.checkpoint_names import RUN_PREFIX, STEP_PREFIX
 from trainer.contracts.checkpoint_names import SCALARS as SCALARS  # re-exported
 
@@ -118,9 +119,6 @@ def candidates(root: Path) -> list[Candidate]:
         if entry.is_dir() and entry.name.startswith(PREFIX) and number.isdigit():
             found.append(Candidate(int(number), entry))
     return sorted(found, key=lambda c: c.step, reverse=True)
-
-
-NO_MARKER = "no completion marker (a save that never finished)"
 
 
 def problem(candidate: Candidate, model_hash: str) -> str | None:
