@@ -17,7 +17,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.support.harness import Daemon, Proc, event_time, start_daemon, wait_for
+from tests.support.harness import (
+    HOLD_PACE_S,
+    PACE_S,
+    Daemon,
+    Proc,
+    event_time,
+    start_daemon,
+    wait_for,
+)
 from tests.support.multihost import etcd_on
 from tests.support.netns import Host, Network
 
@@ -85,6 +93,7 @@ class Cluster:
     lives: dict[str, list[Daemon]] = field(default_factory=dict)
     hosts: dict[str, Host] = field(default_factory=dict)
     etcd: Proc | None = None
+    pace_s: float = PACE_S  # what every life's ranks sleep at each forward (see keep_up)
 
     def __post_init__(self) -> None:
         self.etcd_host = self.network.add_host("etcd")
@@ -110,13 +119,25 @@ class Cluster:
         ]
         d = start_daemon(
             self.root, f"node-{node}", [self.endpoint], overrides=settings,
-            host=self.hosts[node], name=f"node-{node}.{life}",
+            host=self.hosts[node], name=f"node-{node}.{life}", pace_s=self.pace_s,
         )  # fmt: skip
         self.lives[node].append(d)
         return d
 
     def daemon(self, node: str) -> Daemon:
         return self.lives[node][-1]
+
+    def keep_up(self, done: int, count: int, room: int) -> float:
+        """Pace the job so that it leaves the faults not yet injected their share of
+        `room` steps: with `done` of `count` injected, a job past `done + 1` shares (one
+        ahead) sleeps HOLD_PACE_S a step, else PACE_S. A faster machine trains more
+        steps in a fault's seconds (a hang is found in ~18 s whatever the pace); left at
+        PACE_S, it ran out of steps before the last faults. Returns the pace set."""
+        ahead = self.step() > room * (done + 1) // count
+        self.pace_s = HOLD_PACE_S if ahead else PACE_S
+        for node in NODES:
+            self.daemon(node).slow(self.pace_s)
+        return self.pace_s
 
     def every_life(self) -> list[Daemon]:
         return [d for lives in self.lives.values() for d in lives]
