@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from daemon.accounting.incidents import Action, IncidentLog, Kind
+from daemon.accounting.incidents import Action, IncidentLog, Kind, Refusal
 from trainer.contracts import rank_events as events
 from trainer.contracts.checkpoint_names import NO_MARKER
 
@@ -24,12 +24,13 @@ def take(
     event: Mapping[str, Any],
     now: float,
     groups: int,
-    refused: frozenset[str] = frozenset(),
+    refused: frozenset[Refusal] = frozenset(),
 ) -> IncidentLog:
     """`log` with one rank event taken in at `now` (epoch s); `groups`: the groups in the
-    node's last quorum (the ones a cold restart stopped); `refused`: checkpoints its ranks
-    refused before (one refused again is no new failure: a cold restart that finds it
-    newest is the ranks' failure, not the checkpoint's)."""
+    node's last quorum (the ones a cold restart stopped); `refused`: the saves its ranks
+    refused before (:data:`Refusal`; one refused again is no new failure: a cold restart
+    that finds it newest is the ranks' failure, not the checkpoint's; the same step saved
+    again since, by any node, is another checkpoint)."""
     name = event.get("event")
     if name == events.CHECKPOINT_INVALID and not _failed(event, refused):
         return log
@@ -43,12 +44,18 @@ def take(
         return log.acted(Action.COLD_RESTART).struck(groups)
     if name in STRIKES:
         kind, field = STRIKES[str(name)]
-        refusal = str(event.get("path", "")) if name == events.CHECKPOINT_INVALID else ""
+        refusal = refusal_of(event) if name == events.CHECKPOINT_INVALID else ("", None)
         return log.opened(kind, now, detail=str(event.get(field, ""))[:200], checkpoint=refusal)
     return log
 
 
-def _failed(refusal: Mapping[str, Any], refused: frozenset[str]) -> bool:
+def refusal_of(event: Mapping[str, Any]) -> Refusal:
+    """Which save a ``checkpoint_invalid`` refused: its path and its marker's time."""
+    saved = event.get("saved")
+    return str(event.get("path", "")), float(saved) if isinstance(saved, int | float) else None
+
+
+def _failed(refusal: Mapping[str, Any], refused: frozenset[Refusal]) -> bool:
     """Whether a ``checkpoint_invalid`` is a checkpoint's failure: one refused at load for
     what it holds (corrupt, unreadable, another layout's), not refused before. A partial
     one (no completion marker) is what is left of a save that a failure cut short, and
@@ -57,4 +64,4 @@ def _failed(refusal: Mapping[str, Any], refused: frozenset[str]) -> bool:
     it is no new failure, and would take the kind of the cold restart it is found in."""
     partial = refusal.get("reason") == NO_MARKER
     scan = refusal.get("deleted") is False
-    return not partial and not scan and str(refusal.get("path")) not in refused
+    return not partial and not scan and refusal_of(refusal) not in refused

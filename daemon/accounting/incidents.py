@@ -55,6 +55,9 @@ UPGRADES: dict[Kind, frozenset[Kind]] = {
     Kind.ETCD_OUTAGE: frozenset({Kind.RANK_EXIT, Kind.HANG, Kind.PARTITION}),
 }
 CUT_OFF = "etcd unreachable from this node while it ran"
+# A refused checkpoint as the record knows it: its directory and when that save finished
+# (None without a readable marker). The same step saved again is another checkpoint.
+Refusal = tuple[str, float | None]
 ETCD_LOST_MIN_S = 0.5  # etcd away shorter than this is a blip, not an incident
 TERM_WAIT_S = 5.0  # how long etcd's term is waited for once it answers again
 
@@ -88,6 +91,12 @@ class Incident:
     groups: int = 1  # replica groups it stopped
     detail: str = ""
     checkpoint: str = ""  # the checkpoint refused at load, for a refusal (its directory)
+    checkpoint_time: float | None = None  # when that save finished (its marker's time)
+
+    @property
+    def refusal(self) -> Refusal:
+        """Which save it refused: a later save of the same step takes the same name."""
+        return self.checkpoint, self.checkpoint_time
 
     @property
     def cost_group_s(self) -> float:
@@ -111,11 +120,18 @@ class Incident:
             "cost_group_s": round(self.cost_group_s, 3),
             "detail": self.detail,
             "checkpoint": self.checkpoint,
+            "checkpoint_time": None
+            if self.checkpoint_time is None
+            else round(self.checkpoint_time, 3),
         }
 
     def shown(self) -> dict[str, Any]:
         """As /status and ``phalanx status --incidents --json`` show it: named."""
         return {"name": self.key, **self.record()}
+
+
+def _seconds(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) else None
 
 
 def from_record(key: str, value: Mapping[str, Any]) -> Incident | None:
@@ -134,6 +150,7 @@ def from_record(key: str, value: Mapping[str, Any]) -> Incident | None:
             groups=int(value.get("groups", 1)),
             detail=str(value.get("detail", ""))[:400],
             checkpoint=str(value.get("checkpoint", ""))[:400],
+            checkpoint_time=_seconds(value.get("checkpoint_time")),
         )
     except (KeyError, TypeError, ValueError):
         return None
@@ -169,7 +186,7 @@ class IncidentLog:
         detail: str = "",
         key: str | None = None,
         groups: int = 1,
-        checkpoint: str = "",
+        checkpoint: Refusal = ("", None),
     ) -> IncidentLog:
         """A failure seen at `now` (epoch s). While one is open it is part of that one,
         which takes its kind (and a shared name) only where that explains it better
@@ -185,7 +202,8 @@ class IncidentLog:
                     began=min(began, current.began),
                     key=key or current.key,
                     groups=max(groups, current.groups),
-                    checkpoint=checkpoint or current.checkpoint,
+                    checkpoint=checkpoint[0] or current.checkpoint,
+                    checkpoint_time=checkpoint[1] if checkpoint[0] else current.checkpoint_time,
                 )
             return replace(self, open=current)
         incident = Incident(
@@ -197,7 +215,8 @@ class IncidentLog:
             detected=now if detected is None else max(began, min(detected, now)),
             groups=groups,
             detail=detail,
-            checkpoint=checkpoint,
+            checkpoint=checkpoint[0],
+            checkpoint_time=checkpoint[1],
         )
         return replace(self, open=incident)
 

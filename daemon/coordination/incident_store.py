@@ -27,6 +27,7 @@ from daemon.accounting.incidents import (
     Action,
     Incident,
     Kind,
+    Refusal,
     from_record,
 )
 from daemon.coordination.job_view import dump
@@ -62,6 +63,7 @@ def merged(old: Incident, new: Incident) -> Incident:
         groups=max(old.groups, new.groups),
         detail=old.detail if kind == old.kind else new.detail,
         checkpoint=old.checkpoint if kind == old.kind else new.checkpoint,
+        checkpoint_time=old.checkpoint_time if kind == old.kind else new.checkpoint_time,
     )
 
 
@@ -96,16 +98,18 @@ def refused_once(incidents: list[Incident]) -> list[Incident]:
     """`incidents` (by when they began) with a cold restart that refused a checkpoint an
     earlier incident refused (nothing is written to a refused checkpoint: until a newer
     one is saved, each cold restart finds it newest again, on nodes that never saw it)
-    told as what it was: the ranks lost, the checkpoint's failure being old news."""
-    seen: set[str] = set()
+    told as what it was: the ranks lost, the checkpoint's failure being old news. A
+    checkpoint is a save (:attr:`Incident.refusal`): the same step saved again since, and
+    refused, is a new failure."""
+    seen: set[Refusal] = set()
     out = []
     for incident in incidents:
-        again = incident.kind == Kind.CHECKPOINT and incident.checkpoint in seen
+        again = incident.kind == Kind.CHECKPOINT and incident.refusal in seen
         if again and incident.action == Action.COLD_RESTART:
             why = f"every group's ranks lost; {incident.checkpoint} refused again"
             incident = replace(incident, kind=Kind.RANK_EXIT, detail=why)
         if incident.checkpoint:
-            seen.add(incident.checkpoint)
+            seen.add(incident.refusal)
         out.append(incident)
     return out
 

@@ -17,8 +17,8 @@ from types import MappingProxyType
 from typing import Any
 
 from daemon.accounting import Action, Activity, IncidentLog, Kind, Ledger
-from daemon.accounting.incident_events import take
-from daemon.accounting.incidents import EtcdSeen
+from daemon.accounting.incident_events import refusal_of, take
+from daemon.accounting.incidents import EtcdSeen, Refusal
 from trainer.contracts import rank_events as events
 
 
@@ -45,6 +45,7 @@ class RankProgress:
     train_done: Mapping[str, Any] | None = None
     latest_checkpoint: Mapping[str, Any] | None = None  # from a rank's checkpoint_saved
     invalid_checkpoints: frozenset[str] = frozenset()  # paths our ranks refused to load
+    refusals: frozenset[Refusal] = frozenset()  # ... each as the save it was (incidents)
     # The highest step the job had reached before the ranks last started, as far as this
     # node knows (etcd's reached step, its own ranks' steps): a step committed up to it
     # is trained again (a cold restart, from a checkpoint or from step 0).
@@ -113,6 +114,7 @@ def fold(
         new.update(train_done=MappingProxyType(dict(event)), step=int(event.get("step", p.step)))
     elif name == events.CHECKPOINT_INVALID:
         new["invalid_checkpoints"] = p.invalid_checkpoints | {str(event.get("path"))}
+        new["refusals"] = p.refusals | {refusal_of(event)}
     elif name == events.CHECKPOINT_SAVED:
         new["invalid_checkpoints"] = p.invalid_checkpoints - {str(event.get("path"))}
         new["latest_checkpoint"] = MappingProxyType(
@@ -137,7 +139,7 @@ def fold(
     ledger = p.ledger.event(now - logged_ago(event, wall), event, redo)
     if ledger is not p.ledger:
         new["ledger"] = ledger
-    incidents = take(p.incidents, event, wall, p.participants or 1, p.invalid_checkpoints)
+    incidents = take(p.incidents, event, wall, p.participants or 1, p.refusals)
     if incidents is not p.incidents:
         new["incidents"] = incidents
     return (replace(p, **new) if new else p), lost_from

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from daemon.accounting import Action, Activity, Incident, IncidentLog, Kind
-from daemon.accounting.incident_events import take
+from daemon.accounting.incident_events import refusal_of, take
 from daemon.accounting.incidents import KEEP, EtcdSeen, from_record, shared_key
 from daemon.accounting.life_file import last_life, write_life
 from daemon.coordination.incident_store import merged, one_per_failure
@@ -188,7 +188,7 @@ def test_a_checkpoint_refused_again_is_no_new_failure() -> None:
     is a rank exit (the kill), not a checkpoint failure."""
     refused = {"event": events.CHECKPOINT_INVALID, "reason": "sha256", "path": "/c/step-50"}
     log = IncidentLog("a").opened(Kind.RANK_EXIT, 1.0).acted(Action.RESTART)
-    assert take(log, refused, 2.0, 3, frozenset({"/c/step-50"})).open == log.open
+    assert take(log, refused, 2.0, 3, frozenset({("/c/step-50", None)})).open == log.open
     assert take(log, refused, 2.0, 3).open.kind == Kind.CHECKPOINT  # type: ignore[union-attr]
 
 
@@ -232,10 +232,13 @@ def test_a_cold_restart_that_refuses_an_old_news_checkpoint_again_is_the_ranks_f
     back, the second is the ranks lost; a newly refused checkpoint is one again."""
     old, new = "/ckpt/run-1/step-700", "/ckpt/run-1/step-750"
 
-    def cold(node: str, at: float, kind: Kind, checkpoint: str = "") -> Incident:
+    def cold(
+        node: str, at: float, kind: Kind, checkpoint: str = "", saved: float = 9.0
+    ) -> Incident:
         log = IncidentLog(node).opened(Kind.RANK_EXIT, at)
         if checkpoint:
-            log = log.opened(kind, at + 2, detail="sha256 mismatch", checkpoint=checkpoint)
+            refusal = (checkpoint, saved)
+            log = log.opened(kind, at + 2, detail="sha256 mismatch", checkpoint=refusal)
         return log.acted(Action.COLD_RESTART).left(at + 5).closed[0]
 
     record = [
@@ -255,6 +258,33 @@ def test_a_cold_restart_that_refuses_an_old_news_checkpoint_again_is_the_ranks_f
     refusal = {"event": events.CHECKPOINT_INVALID, "path": old, "reason": "sha256 mismatch"}
     told = take(IncidentLog("a").opened(Kind.RANK_EXIT, 200.1), refusal, 202.0, 3).open
     assert told is not None and (told.kind, told.checkpoint) == (Kind.CHECKPOINT, old)
+
+
+def test_a_step_saved_again_and_refused_again_is_a_new_checkpoint_failure() -> None:
+    """Soak seed 708768: step-950 corrupted; node a refused it in two cold restarts (one
+    checkpoint failure, then the ranks'). Node c's ranks saved step 950 again, and that
+    save was corrupted too: node a's daemon, which never saw the save, must count the
+    refusal of the new one (its marker's time differs), on its own and read back."""
+    path = "/ckpt/run-1/step-950"
+    first = {"event": events.CHECKPOINT_INVALID, "path": path, "reason": "sha256", "saved": 10.0}
+    resaved = {**first, "saved": 25.0}
+    seen = frozenset({refusal_of(first)})
+    log = IncidentLog("a").opened(Kind.RANK_EXIT, 30.0).acted(Action.RESTART)
+    assert take(log, first, 31.0, 3, seen).open == log.open  # the same save: old news
+    told = take(log, resaved, 31.0, 3, seen).open
+    assert told is not None and told.kind == Kind.CHECKPOINT and told.refusal == (path, 25.0)
+
+    def cold(at: float, refusal: dict[str, object]) -> Incident:
+        opened = IncidentLog("a").opened(Kind.RANK_EXIT, at).acted(Action.COLD_RESTART)
+        return take(opened, refusal, at + 1, 3).left(at + 5).closed[0]
+
+    once, again, new = one_per_failure([cold(0.0, first), cold(20.0, first), cold(40.0, resaved)])
+    assert [i.kind for i in (once, again, new)] == [
+        Kind.CHECKPOINT,
+        Kind.RANK_EXIT,
+        Kind.CHECKPOINT,
+    ]
+    assert from_record(new.key, new.record()) == new
 
 
 def test_a_rank_exit_over_before_a_cold_restart_began_is_a_failure_of_its_own() -> None:

@@ -121,6 +121,16 @@ def candidates(root: Path) -> list[Candidate]:
     return sorted(found, key=lambda c: c.step, reverse=True)
 
 
+def saved_at(path: Path) -> float | None:
+    """When the save at `path` finished (its marker's time), None without a readable one:
+    which save a refusal refused, where a later save of the same step took the name."""
+    try:
+        value = json.loads((path / MARKER).read_text()).get("time")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return float(value) if isinstance(value, int | float) else None
+
+
 def problem(candidate: Candidate, model_hash: str) -> str | None:
     """Why a checkpoint directory cannot be trusted, or None if it can (reads every file)."""
     marker_path = candidate.path / MARKER

@@ -41,6 +41,7 @@ from trainer.checkpoint.files import (
     candidates,
     problem,
     resume_source,
+    saved_at,
 )
 from trainer.checkpoint.safe_load import SafeReader, TensorOnlyPlanner
 from trainer.checkpoint.saver import Checkpointer
@@ -145,7 +146,10 @@ def _newest_valid(ckpt: Checkpointer, source: Source, bound: int | None) -> int:
                 "differs); point it at a checkpoint of this model or unset it."
             )
         reasons.append(f"{candidate.path.name}: {why}")
-        ckpt.note("warning", events.CHECKPOINT_INVALID, path=str(candidate.path), reason=why)
+        saved = saved_at(candidate.path)
+        ckpt.note(
+            "warning", events.CHECKPOINT_INVALID, path=str(candidate.path), reason=why, saved=saved
+        )
     if source.strict and bound is None:
         found = "; ".join(reasons) or "no step-<N> directory there"
         raise ConfigError(
@@ -183,7 +187,9 @@ def _load(ckpt: Checkpointer, replication: Checkpointing, path: Path) -> bool:
         dcp_load(targets, storage_reader=reader, planner=TensorOnlyPlanner(), process_group=ckpt.pg)
         scalars: dict[str, Any] = json.loads((path / SCALARS).read_text())
     except Exception as e:  # DCP raises on every rank when any rank's read fails
-        ckpt.note("warning", events.CHECKPOINT_INVALID, path=str(path), reason=f"load failed: {e}")
+        why = f"load failed: {e}"
+        saved = saved_at(path)
+        ckpt.note("warning", events.CHECKPOINT_INVALID, path=str(path), reason=why, saved=saved)
         return False
     ckpt.state.buffers.restore()  # the live buffers are the loaded (committed) ones
     if ckpt.state.outer is not None and "synced" not in targets:
