@@ -50,9 +50,11 @@ def take(
 
 
 def refusal_of(event: Mapping[str, Any]) -> Refusal:
-    """Which save a ``checkpoint_invalid`` refused: its path and its marker's time."""
+    """Which save a ``checkpoint_invalid`` refused: its path and its marker's time, to the
+    millisecond the record keeps (one save reads the same on every node, and read back)."""
     saved = event.get("saved")
-    return str(event.get("path", "")), float(saved) if isinstance(saved, int | float) else None
+    at = round(float(saved), 3) if isinstance(saved, int | float) else None
+    return str(event.get("path", "")), at
 
 
 def _failed(refusal: Mapping[str, Any], refused: frozenset[Refusal]) -> bool:
