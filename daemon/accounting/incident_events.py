@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from daemon.accounting.incidents import Action, IncidentLog, Kind, Refusal
+from daemon.accounting.incidents import Action, IncidentLog, Kind, Refusal, refusal
 from trainer.contracts import rank_events as events
 from trainer.contracts.checkpoint_names import NO_MARKER
 
@@ -44,26 +44,23 @@ def take(
         return log.acted(Action.COLD_RESTART).struck(groups)
     if name in STRIKES:
         kind, field = STRIKES[str(name)]
-        refusal = refusal_of(event) if name == events.CHECKPOINT_INVALID else ("", None)
-        return log.opened(kind, now, detail=str(event.get(field, ""))[:200], checkpoint=refusal)
+        which = refusal_of(event) if name == events.CHECKPOINT_INVALID else ("", None)
+        return log.opened(kind, now, detail=str(event.get(field, ""))[:200], checkpoint=which)
     return log
 
 
 def refusal_of(event: Mapping[str, Any]) -> Refusal:
-    """Which save a ``checkpoint_invalid`` refused: its path and its marker's time, to the
-    millisecond the record keeps (one save reads the same on every node, and read back)."""
-    saved = event.get("saved")
-    at = round(float(saved), 3) if isinstance(saved, int | float) else None
-    return str(event.get("path", "")), at
+    """Which save a ``checkpoint_invalid`` refused: its path and its marker's time."""
+    return refusal(str(event.get("path", "")), event.get("saved"))
 
 
-def _failed(refusal: Mapping[str, Any], refused: frozenset[Refusal]) -> bool:
+def _failed(event: Mapping[str, Any], refused: frozenset[Refusal]) -> bool:
     """Whether a ``checkpoint_invalid`` is a checkpoint's failure: one refused at load for
     what it holds (corrupt, unreadable, another layout's), not refused before. A partial
     one (no completion marker) is what is left of a save that a failure cut short, and
     that failure was recorded when it happened (a rank killed mid-save: its exit); found
     at a load or by a later save's retention scan (``deleted: false``, nobody loading it)
     it is no new failure, and would take the kind of the cold restart it is found in."""
-    partial = refusal.get("reason") == NO_MARKER
-    scan = refusal.get("deleted") is False
-    return not partial and not scan and refusal_of(refusal) not in refused
+    partial = event.get("reason") == NO_MARKER
+    scan = event.get("deleted") is False
+    return not partial and not scan and refusal_of(event) not in refused

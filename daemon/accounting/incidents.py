@@ -134,6 +134,13 @@ def _seconds(value: object) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
+def refusal(path: str, saved: object) -> Refusal:
+    """A refused save as the record keeps it: `saved` (its marker's time, when a number)
+    to the millisecond, so one save reads the same on every node and read back."""
+    at = _seconds(saved)
+    return path, None if at is None else round(at, 3)
+
+
 def from_record(key: str, value: Mapping[str, Any]) -> Incident | None:
     """An incident read back from etcd, or None when the value is not one."""
     try:
