@@ -1,5 +1,6 @@
 # Phalanx: `make demo` runs the main job, `make test` the suite, `make lint` ruff + mypy.
-# Each target bootstraps .venv: torch first (a pinned build), then the project with its dev extras.
+# Each target bootstraps .venv: torch first (a pinned build), then the project with its dev extras,
+# then torchtitan for the GPU check (bench/titan-requirements.txt, without its own requirements).
 
 TORCH_VERSION ?= 2.13.0
 PYTHON ?= python3
@@ -20,11 +21,12 @@ TEST_WORKERS ?= 2
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml bench/titan-requirements.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==$(TORCH_VERSION)
 	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet --no-deps -r bench/titan-requirements.txt
 	touch $@
 
 demo: $(STAMP)

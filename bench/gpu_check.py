@@ -3,7 +3,8 @@ on CUDA, appends it to docs/benchmarks.md.
 
 On CUDA:
 * the built-in Llama at 937M parameters, one rank: tokens/s and MFU in bf16, with
-  compile, and with FP8 (`parallel.fp8`, its ratio to bf16);
+  compile, and with FP8 (`parallel.fp8`, its ratio to bf16); torchtitan's own trainer at
+  the same shape beside it (bench/gpu_titan.py);
 * the asynchronous checkpoint's stall on the GPU (blocked time / a synchronous save's,
   bench/checkpoint_stall.py);
 * two replica groups of one rank on the GPU (gloo across groups), one rank SIGKILLed
@@ -14,7 +15,8 @@ On CUDA:
 
 Without CUDA it says so in one line, skips those rows, checks what runs on a CPU (FP8
 refused with exit 2, the FP8 conversion of the 937M model on the meta device, a short
-run of the trainer) and exits 0 when those pass. `--no-write` leaves the docs alone.
+run of the trainer, torchtitan's trainer at a tiny shape) and exits 0 when those pass.
+`--no-write` leaves the docs alone.
 
     .venv/bin/python -m bench.gpu_check [--no-write]
 """
@@ -23,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import json
 import os
 import statistics
@@ -34,6 +35,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from bench.gpu_machine import machine
 
 ROOT = Path(__file__).resolve().parent.parent
 SINGLE = ROOT / "examples" / "single.toml"
@@ -53,10 +56,13 @@ BIG = {  # the 937M model of docs/benchmarks.md's first GPU runs
 # Dense bf16 peaks (FLOP/s) by a word of the device's name; MFU is n/a for others.
 PEAKS = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12, "L40S": 362.05e12}
 SKIP_STEPS = 10  # the first steps (allocation, compile) are left out of tokens/s
+BF16 = {"parallel.param_dtype": "bfloat16"}
+COMPILED = {**BF16, "parallel.compile": "true"}
 
 
 RESULTS = ROOT / "bench" / "results"
-CHECKS = ("cpu", "speed", "stall", "heal", "standby", "demo")  # --rows picks from these
+# --rows picks from these
+CHECKS = ("cpu", "speed", "titan", "stall", "heal", "standby", "demo")
 
 
 @dataclass
@@ -110,6 +116,11 @@ def flops_per_token(events: list[dict[str, Any]]) -> float | None:
     return 6 * n + 12 * layers * dim * seq
 
 
+def peak_bytes(events: list[dict[str, Any]]) -> int | None:
+    done = [e for e in events if e.get("event") == "train_done"]
+    return done[-1].get("device_peak_bytes") if done else None
+
+
 def peak(name: str) -> float | None:
     return next((p for word, p in PEAKS.items() if word in name), None)
 
@@ -118,10 +129,9 @@ def speed_rows(name: str) -> list[Row]:
     """bf16, bf16 + compile, and FP8 with compile in both recipes: tokens/s and MFU; each
     FP8 run's ratio to bf16 + compile. (FP8 without compile ran at 0.48x of eager bf16 on
     an H100 on 2026-11-27: its casts run as separate eager kernels.)"""
-    bf16 = {"parallel.param_dtype": "bfloat16"}
-    compiled = {**bf16, "parallel.compile": "true"}
+    compiled = COMPILED
     runs = {
-        "bf16": bf16,
+        "bf16": BF16,
         "bf16 + compile": compiled,
         "fp8 tensorwise + compile": {**compiled, "parallel.fp8": "true"},
         "fp8 rowwise + compile": {
@@ -143,6 +153,7 @@ def speed_rows(name: str) -> list[Row]:
         mfu = rate * per_token / top if per_token and top else None
         said = f", MFU {mfu:.3f}" if mfu is not None else ", MFU n/a"
         data = {"tokens_per_s": rate, "mfu": mfu, "sets": extra}
+        data["peak_bytes"] = peak_bytes(events)  # train_done's device_peak_bytes
         rows.append(Row(f"937M {label}: tokens/s", f"{rate:,.0f}{said}", data=data))
     for label in ("fp8 tensorwise + compile", "fp8 rowwise + compile"):
         if "bf16 + compile" in rates and label in rates:
@@ -242,6 +253,9 @@ def cpu_rows() -> list[Row]:
             code == 0 and rate is not None,
         )
     )
+    from bench.gpu_titan import cpu_row
+
+    rows.append(cpu_row())
     return rows
 
 
@@ -266,47 +280,6 @@ def write(meta: dict[str, Any], rows: list[Row], results: Path) -> None:
     section = f"\n## `make gpu-check` on {meta['card']} ({day}, commit {sha})\n\n"
     source = f"Raw results: `{results.relative_to(ROOT)}`.\n\n"
     DOCS.write_text(DOCS.read_text() + section + source + table(rows) + "\n")
-
-
-def machine(name: str | None) -> dict[str, Any]:
-    """What the figures were measured on: card, driver, versions, commit."""
-    import torch
-
-    def out(argv: list[str]) -> str:
-        try:
-            done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            return ""
-        return done.stdout.strip()
-
-    try:
-        from importlib.metadata import version
-
-        torchft = version("torchft")
-    except Exception:
-        torchft = "absent"
-    import torch.distributed as dist
-
-    from trainer.parallel.mesh import group_backend
-
-    return {
-        "card": name,
-        # What a group of several ranks on this torch asks for (its checks here run groups
-        # of one rank, which make no process group of their own).
-        "group_backend_cuda": group_backend("cuda", dist.Backend.backend_list),
-        "backends_registered": list(dist.Backend.backend_list),
-        "driver": out(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "torchft": torchft,
-        "python": sys.version.split()[0],
-        # A copy of the tree without .git (a lent machine's) names its commit in the env.
-        "commit": os.environ.get("PHALANX_COMMIT")
-        or out(["git", "rev-parse", "HEAD"])
-        or "unknown",
-        "dirty": bool(out(["git", "status", "--porcelain", "--untracked-files=no"])),
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-    }
 
 
 def write_json(meta: dict[str, Any], rows: list[Row], seconds: dict[str, float]) -> Path:
@@ -355,15 +328,18 @@ def main(argv: list[str] | None = None) -> int:
     if name is None:
         print(
             "no CUDA device here: skipping the GPU rows (937M tokens/s and MFU in bf16, with "
-            "compile and with fp8; the async checkpoint stall; two groups healing on the GPU, cold "
-            "and from a warm standby; "
+            "compile and with fp8, and torchtitan's beside it; the async checkpoint stall; two "
+            "groups healing on the GPU, cold and from a warm standby; "
             "the demo on the GPU); "
             "checking the CPU-runnable parts"
         )
     else:
         print(f"CUDA device: {name}")
+        from bench.gpu_titan import titan_rows
+
         checks: dict[str, Callable[[], list[Row]]] = {
             "speed": lambda: speed_rows(name),
+            "titan": lambda: titan_rows(rows),  # bench/gpu_titan.py
             "stall": lambda: [stall_row()],
             "heal": lambda: [heal_row()],
             "standby": lambda: [standby_row()],

@@ -280,9 +280,18 @@ def _finish(b: Built) -> int:
             buffers_sha256=buffers,
             tokens=b.state.tokens,
             seconds=round(time.monotonic() - b.started, 3),
+            device_peak_bytes=_device_peak_bytes(b.layout.device),
         )
     _leave(b)
     return 0
+
+
+def _device_peak_bytes(device: torch.device) -> int | None:
+    """The most memory this rank's tensors held on its accelerator (read once, at the
+    end: no sync in the step loop); None on a CPU."""
+    if device.type != "cuda":
+        return None
+    return int(torch.cuda.max_memory_allocated(device))
 
 
 def _evaluator(

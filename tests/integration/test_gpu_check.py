@@ -1,7 +1,8 @@
 """Issue 39: `make gpu-check` runs anywhere. Its CPU rows (`--rows cpu`) pass on any
 machine; without CUDA (this suite's machines) it says so in one line and skips the GPU
 rows, and on a machine with a GPU it names the card (issue 53: the suite must not assume
-there is none)."""
+there is none). Its CPU rows include torchtitan's own trainer at a tiny shape (issue 53:
+the path the GPU's torchtitan row takes, checked before a card's minutes go to it)."""
 
 from __future__ import annotations
 
@@ -30,3 +31,4 @@ def test_gpu_check_on_a_cpu_says_so_and_checks_what_runs_here() -> None:
     assert "| parallel.fp8 on a CPU node | exit 2: error: parallel.fp8 = true needs a GPU" in out
     assert "Linear layers in float8, output layer kept |" in out
     assert "tokens/s |" in out and "FAILED" not in out
+    assert "| torchtitan 0.3.0's trainer on the CPU (tiny shape, SDPA, 4 steps) | " in out
