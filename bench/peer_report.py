@@ -223,14 +223,38 @@ def print_cpu(runs: dict[str, list[RunResult]]) -> dict[str, dict[str, float]]:
         if not med:
             continue
         outside = statistics.median(peer_cpu.outside_ranks(r.cpu) for r in rs if r.cpu)
-        out[name] = med | {"outside ranks": outside}
+        per_step = statistics.median(ranks_ms_per_step(r) for r in rs if r.cpu)
+        out[name] = med | {"outside ranks": outside, "ranks ms per step": per_step}
         rest = (RANKS, IDLE, STEAL)
         parts = ", ".join(f"{k} {v:.3f}" for k, v in med.items() if k not in rest and v >= 0.0005)
         print(
             f"  {name:<12} ranks {med.get(RANKS, 0):.3f}; outside the ranks {outside:.3f}"
-            f" ({parts or 'nothing'}); idle {med.get(IDLE, 0):.3f}; steal {med.get(STEAL, 0):.3f}"
+            f" ({parts or 'nothing'}); idle {med.get(IDLE, 0):.3f}; steal {med.get(STEAL, 0):.3f};"
+            f" the ranks' CPU per step {per_step:.0f} ms"
         )
+    if "phalanx" in out and "torchft" in out:
+        print_split(out["phalanx"], out["torchft"])
     return out
+
+
+def ranks_ms_per_step(r: RunResult) -> float:
+    """CPU milliseconds all of a system's ranks spent per step of the job (a torchrun
+    world step or a step of both groups: 2 x R rows each): the ranks' share of the
+    machine over its failure-free steps/s."""
+    cpus = os.cpu_count() or 1
+    return 1000.0 * r.cpu.get(RANKS, 0.0) * cpus / r.steps_per_s if r.steps_per_s else 0.0
+
+
+def print_split(phalanx: dict[str, float], torchft: dict[str, float]) -> None:
+    """Phalanx / bare torchft throughput as the product of what its ranks got of the
+    machine and how much CPU they spent per step (medians, so the product is near the
+    measured ratio, not equal to it)."""
+    share = phalanx.get(RANKS, 0.0) / max(torchft.get(RANKS, 0.0), 1e-9)
+    cost = torchft["ranks ms per step"] / max(phalanx["ranks ms per step"], 1e-9)
+    print(
+        f"  phalanx / torchft: the ranks' share of the machine {share:.3f} x their CPU per step"
+        f" (torchft's / Phalanx's) {cost:.3f} = {share * cost:.3f}"
+    )
 
 
 def print_soak(doc: dict[str, Any]) -> None:
