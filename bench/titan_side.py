@@ -58,8 +58,10 @@ class Shape:
 
     @property
     def hidden(self) -> int:
-        """SwiGLU width as trainer/config/sections.py computes it (multiple_of 32)."""
-        return 32 * ((int(8 * self.dim / 3) + 31) // 32)
+        """The SwiGLU width Phalanx's model has at this shape (its default multiple_of)."""
+        from trainer.config.sections import ModelConfig
+
+        return ModelConfig(dim=self.dim, n_heads=self.n_heads).hidden
 
 
 SHAPES = {
@@ -76,19 +78,16 @@ class _Unused(types.ModuleType):
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
-        module = self.__name__
+        module, why = self.__name__, self.why
 
         class Absent:
             def __init__(self, *args: Any, **kwargs: Any) -> None:
-                raise RuntimeError(f"{module}.{name} is not available here ({self.why})")
-
-            why = ""
+                raise RuntimeError(f"{module}.{name} is not available here ({why})")
 
             class Config:
                 def __init__(self, *args: Any, **kwargs: Any) -> None:
                     self.fields = kwargs
 
-        Absent.why = self.why
         return Absent
 
     why = ""
